@@ -1,0 +1,141 @@
+-- mc_queue: shared helpers, pasted into a script where it says "--@include common".
+-- Defines no KEYS/ARGV of its own. Every helper that writes is called only after the calling
+-- script has validated everything it needs (Lua in Redis is isolated, not all-or-nothing).
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Integers up to 2^53 as decimal strings (tostring would print 1.7e+15).
+local function fmt(n)
+  return string.format('%.0f', n)
+end
+
+-- Append one event to a stream. fields: flat list of name, value; empty values are left out.
+local function emit(key, typ, fields)
+  local args = {'XADD', key, '*', 'type', typ}
+  for i = 1, #fields, 2 do
+    local v = fields[i + 1]
+    if v ~= nil and v ~= '' and v ~= false then
+      args[#args + 1] = fields[i]
+      args[#args + 1] = tostring(v)
+    end
+  end
+  return redis.call(unpack(args))
+end
+
+-- Attempt fields live in one hash per task as "<n>.<field>".
+local function aget(k_att, n, field)
+  return redis.call('HGET', k_att, n .. '.' .. field)
+end
+
+local function aset(k_att, n, fields)
+  local args = {'HSET', k_att}
+  for i = 1, #fields, 2 do
+    args[#args + 1] = n .. '.' .. fields[i]
+    args[#args + 1] = tostring(fields[i + 1])
+  end
+  redis.call(unpack(args))
+end
+
+local TERMINAL_ATTEMPT = {succeeded = true, failed = true, canceled = true}
+
+local function move_count(k_counts, queue, from, to)
+  if from == to then return end
+  if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, -1) end
+  if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, 1) end
+end
+
+-- The next fence for a task: one above the current one and above the namespace floor that
+-- `mcq recover` raises, so a fence is never issued twice even if Redis lost the counter.
+local function next_fence(k_meta, current)
+  local f = (tonumber(current) or 0) + 1
+  local floor = tonumber(redis.call('HGET', k_meta, 'floor') or '0') or 0
+  if f <= floor then f = floor + 1 end
+  return f
+end
+
+local function mark_lost(k_meta, k_nslog, why, who)
+  local ts = now_ms()
+  redis.call('HSET', k_meta, 'state', 'lost', 'lost_at', ts, 'lost_reason', why)
+  if redis.call('HEXISTS', k_meta, 'floor') == 0 then redis.call('HSET', k_meta, 'floor', 0, 'seq', 0) end
+  emit(k_nslog, 'state_loss_detected', {'reason', why, 'actor', who})
+  return {'E_NSLOST', why}
+end
+
+-- Is the namespace usable? nil when yes, else an error reply. A missing meta, an unknown epoch or
+-- a claim sequence lower than one a client has already seen means Redis lost acknowledged state:
+-- the namespace is marked lost and refuses transitions until `mcq recover` has run.
+-- allow_retired: a fenced write from before a recovery goes on to the fence check (which refuses it).
+local function ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow_retired)
+  local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq')
+  if not m[1] then
+    return mark_lost(k_meta, k_nslog,
+      'namespace meta is missing: Redis lost its data (restart without persistence, flush, or an older snapshot)', who)
+  end
+  if m[1] ~= 'ok' then
+    return {'E_NSLOST', 'namespace state is ' .. m[1] .. ' (' .. (redis.call('HGET', k_meta, 'lost_reason') or '') .. '): run `mcq recover`'}
+  end
+  if epoch ~= '' and epoch ~= m[2] then
+    if redis.call('SISMEMBER', k_epochs, epoch) == 1 then
+      if allow_retired then return nil end
+      return {'E_EPOCH', m[2]}
+    end
+    return mark_lost(k_meta, k_nslog, 'a client presented epoch ' .. epoch .. ' which this Redis never issued (current ' .. m[2] .. ')', who)
+  end
+  if (tonumber(min_seq) or 0) > (tonumber(m[3]) or 0) then
+    return mark_lost(k_meta, k_nslog, 'claim sequence went backwards: a client saw ' .. min_seq .. ', Redis has ' .. (m[3] or '0'), who)
+  end
+  return nil
+end
+
+-- The check every fenced write (renew, complete, fail, checkpoint, ...) makes before writing.
+-- Returns nil when the write may go on; otherwise records a stale_write_refused event and returns
+-- the error reply. A presented fence above the current one proves Redis went back in time.
+local function fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, op, ts)
+  local t = redis.call('HMGET', k_task, 'fence', 'attempts')
+  if not t[1] then return {'E_NOTASK', 'no such task'} end
+  local cur = tonumber(t[1])
+  local presented = tonumber(fence)
+  if presented == nil then return {'E_BADARG', 'fence must be an integer'} end
+  if presented > cur then
+    emit(k_ev, 'state_loss_detected', {'attempt', n, 'op', op, 'presented_fence', fence, 'current_fence', fmt(cur), 'worker', worker})
+    return mark_lost(k_meta, k_nslog, 'a worker presented fence ' .. fence .. ' but Redis holds ' .. fmt(cur) .. ' for ' .. k_task, worker)
+  end
+  local state = aget(k_att, n, 'state')
+  local refusal = nil
+  local code = nil
+  if presented ~= cur or tostring(n) ~= t[2] then
+    refusal, code = 'stale_fence', 'E_STALE'
+  elseif state ~= 'running' then
+    refusal, code = 'attempt_' .. tostring(state), 'E_STATE'
+  elseif ts >= tonumber(aget(k_att, n, 'lease_exp')) then
+    refusal, code = 'lease_expired', 'E_EXPIRED'
+  end
+  if refusal then
+    emit(k_ev, 'stale_write_refused', {'attempt', n, 'op', op, 'refusal', refusal, 'presented_fence', fence,
+      'current_fence', fmt(cur), 'worker', worker, 'payload_digest', digest, 'attempt_state', state or 'missing'})
+    return {code, fmt(cur), tostring(state), aget(k_att, n, 'lease_exp') or ''}
+  end
+  return nil
+end
+
+-- All fields of Attempt n as a flat list (name, value, ...), without the "<n>." prefix.
+local function attempt_snapshot(k_att, n)
+  local prefix = n .. '.'
+  local out = {}
+  local all = redis.call('HGETALL', k_att)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, #prefix) == prefix then
+      out[#out + 1] = string.sub(all[i], #prefix + 1)
+      out[#out + 1] = all[i + 1]
+    end
+  end
+  return out
+end

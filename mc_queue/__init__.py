@@ -1,0 +1,95 @@
+"""mc_queue: a Redis-backed task queue that never loses track of what happened.
+
+Tasks keep a stable identity; every try is an append-only Attempt; a lease with a fencing
+generation is the only authority to write; every transition and every refusal is an event.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .client import DEFAULT_LEASE_MS, Client
+from .errors import (
+    AttemptNotRunning,
+    ClaimRejected,
+    ConfigurationError,
+    IdempotencyConflict,
+    InvalidArgument,
+    InvalidPayload,
+    LeaseExpired,
+    McqError,
+    NamespaceLost,
+    ResultConflict,
+    RetryRefused,
+    StaleFence,
+    TaskNotFound,
+    TransitionRefused,
+    WriteRefused,
+)
+from .failures import make_failure
+from .models import (
+    Attempt,
+    AttemptState,
+    Event,
+    ExpiredLease,
+    Failure,
+    FailureClass,
+    Lease,
+    Manifest,
+    NamespaceInfo,
+    Task,
+    TaskState,
+)
+
+__version__ = "0.1.0"
+
+
+def connect(url: str | None = None, *, prefix: str | None = None, home: str | None = None, **kw: object) -> Client:
+    """Connect to a namespace. ``url`` (or ``MCQ_REDIS_URL``) may be ``redis://``, ``rediss://``
+    (TLS) or ``unix://``, with a password or ACL user. With neither, start or reuse the embedded
+    private redis-server under ``home`` (``MCQ_HOME``, default ``./.mcq``).
+    """
+    url = url or os.environ.get("MCQ_REDIS_URL") or None
+    prefix = prefix or os.environ.get("MCQ_PREFIX") or "mcq"
+    if url:
+        return Client(url, prefix=prefix, **kw)  # type: ignore[arg-type]
+    from .embedded import ensure_server
+
+    server = ensure_server(home)
+    client = Client(server.url, prefix=prefix, witness_path=server.witness, **kw)  # type: ignore[arg-type]
+    client.embedded = server
+    return client
+
+
+__all__ = [
+    "DEFAULT_LEASE_MS",
+    "Attempt",
+    "AttemptNotRunning",
+    "AttemptState",
+    "ClaimRejected",
+    "Client",
+    "ConfigurationError",
+    "Event",
+    "ExpiredLease",
+    "Failure",
+    "FailureClass",
+    "IdempotencyConflict",
+    "InvalidArgument",
+    "InvalidPayload",
+    "Lease",
+    "LeaseExpired",
+    "Manifest",
+    "McqError",
+    "NamespaceInfo",
+    "NamespaceLost",
+    "ResultConflict",
+    "RetryRefused",
+    "StaleFence",
+    "Task",
+    "TaskNotFound",
+    "TaskState",
+    "TransitionRefused",
+    "WriteRefused",
+    "connect",
+    "make_failure",
+]

@@ -1,0 +1,461 @@
+"""The Client: one typed method per Lua contract, and the reads that explain what happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .codec import canonical_json, digest, encode_payload
+from .errors import InvalidArgument, NamespaceLost, TaskNotFound, raise_for_reply
+from .failures import failure_from_exception
+from .keys import Keys, TaskKeys, check_queue, new_task_id, parse_attempt_id
+from .models import (
+    Attempt,
+    ExpiredLease,
+    Failure,
+    FailureClass,
+    Lease,
+    Manifest,
+    NamespaceInfo,
+    Task,
+)
+from .scripts import Scripts
+
+DEFAULT_LEASE_MS = 30_000
+_HANDLER_NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
+_RESENDS = 3  # explicit resends of an idempotent script after a connection error or timeout
+
+T = TypeVar("T")
+
+
+def _default_actor() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Client:
+    """A connection to one mc_queue namespace.
+
+    Transitions run on a redis-py client whose automatic retries are off: redis-py would otherwise
+    re-send a script after a timeout without saying so (it re-ran a claim 11 times here). Every
+    script is idempotent (by a request id, a fence and digest, or by re-checking its condition), so
+    mc_queue re-sends it itself, at most ``_RESENDS`` times, with the same request id.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "mcq",
+        witness_path: str | os.PathLike[str] | None = None,
+        actor: str | None = None,
+        socket_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.keys = Keys(prefix)
+        self.actor = actor or _default_actor()
+        self.witness_path = Path(witness_path) if witness_path else None
+        common: dict[str, Any] = dict(decode_responses=True, socket_timeout=socket_timeout,
+                                      socket_connect_timeout=socket_timeout, health_check_interval=30)
+        self.redis: redis.Redis = redis.Redis.from_url(url, **common)
+        self._w: redis.Redis = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **common)
+        self._scripts = Scripts(self._w)
+        self._epoch: str | None = None
+        self._seq_seen = 0
+        self.embedded: Any = None  # set by connect() when it started or reused the embedded server
+
+    # ----------------------------------------------------------------- plumbing
+
+    def close(self) -> None:
+        self.redis.close()
+        self._w.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
+        last: Exception | None = None
+        for i in range(_RESENDS + 1):
+            try:
+                reply = self._scripts.call(name, keys, argv)
+                return reply if isinstance(reply, list) else [reply]
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                last = exc
+                time.sleep(min(0.05 * (2**i), 1.0))
+        assert last is not None
+        raise last
+
+    def _ns(self) -> str:
+        """The namespace epoch, creating the namespace on first use."""
+        if self._epoch is None:
+            self._load_namespace()
+        assert self._epoch is not None
+        return self._epoch
+
+    def _load_namespace(self) -> NamespaceInfo:
+        witness = self._read_witness()
+        reply = self._run("init", {"meta": self.keys.meta, "nslog": self._nslog},
+                          {"epoch": uuid.uuid4().hex[:12], "witness": witness or "", "actor": self.actor})
+        info = NamespaceInfo(self.keys.prefix, reply[1], reply[2], int(reply[3]), int(reply[4]))
+        if info.epoch != self._epoch:
+            self._seq_seen = 0
+        self._epoch = info.epoch
+        if info.state == "ok" and info.epoch != witness:
+            self._write_witness(info.epoch)
+        return info
+
+    @property
+    def _nslog(self) -> str:
+        return f"{self.keys.tag}:nslog"
+
+    def _ns_keys(self) -> dict[str, str]:
+        return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self._nslog}
+
+    def _read_witness(self) -> str | None:
+        if not self.witness_path or not self.witness_path.exists():
+            return None
+        try:
+            data = json.loads(self.witness_path.read_text())
+        except (OSError, ValueError):
+            return None
+        value = data.get(self.keys.prefix)
+        return value if isinstance(value, str) else None
+
+    def _write_witness(self, epoch: str) -> None:
+        if not self.witness_path:
+            return
+        try:
+            data = json.loads(self.witness_path.read_text()) if self.witness_path.exists() else {}
+        except (OSError, ValueError):
+            data = {}
+        data[self.keys.prefix] = epoch
+        tmp = self.witness_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.witness_path)
+
+    def _with_epoch(self, call: Callable[[str], list[Any]]) -> list[Any]:
+        """Run a call that presents the epoch; after a recovery elsewhere, refresh once and resend."""
+        reply = call(self._ns())
+        if reply[0] == "E_EPOCH":
+            self._epoch = None
+            reply = call(self._ns())
+        return reply
+
+    def _task_keys(self, task_id: str) -> TaskKeys:
+        try:
+            return self.keys.task(task_id)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), task_id=task_id) from None
+
+    def _attempt(self, attempt_id: str) -> tuple[str, int, TaskKeys]:
+        try:
+            task_id, n = parse_attempt_id(attempt_id)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), attempt_id=attempt_id) from None
+        return task_id, n, self.keys.task(task_id)
+
+    def _note_seq(self, seq: Any) -> None:
+        s = int(seq)
+        if s > self._seq_seen:
+            self._seq_seen = s
+
+    # ----------------------------------------------------------------- contracts
+
+    def enqueue(
+        self,
+        queue: str,
+        handler: str,
+        payload: Any,
+        idempotency_key: str | None = None,
+        *,
+        executor: str | None = None,
+        model: str | None = None,
+        context: Mapping[str, Any] | None = None,
+        base_sha: str | None = None,
+        retry_policy: str | None = None,
+        budget: str | None = None,
+        policy_version: str = "default-v1",
+        task_id: str | None = None,
+    ) -> Task:
+        """Create a Task and its first Attempt. The same idempotency key returns the same task."""
+        try:
+            check_queue(queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not handler or not isinstance(handler, str) or len(handler) > 128 or set(handler) - _HANDLER_NAME_OK:
+            raise InvalidArgument(
+                f"invalid handler name {handler!r}: use 1-128 letters, digits, '_', '.', ':', '-'"
+            )
+        if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 512 or " " in idempotency_key):
+            raise InvalidArgument("idempotency key must be 1-512 characters without spaces (or None)")
+        text, payload_digest = encode_payload(payload)
+        manifest = Manifest(handler=handler, payload_digest=payload_digest, policy_version=policy_version,
+                            executor=executor, model=model, context=dict(context or {}), base_sha=base_sha)
+        canonical_json(manifest.context, what="context")
+        tid = task_id or new_task_id(queue)
+        tk = self._task_keys(tid)
+        if tk.pending != self.keys.pending(queue):
+            raise InvalidArgument(f"task id {tid!r} does not belong to queue {queue!r}")
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("enqueue", {
+                **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
+                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+            }, {
+                "task_id": tid, "queue": queue, "handler": handler, "payload": text,
+                "payload_digest": payload_digest, "idem_key": idempotency_key or "",
+                "manifest": manifest.model_dump_json(), "retry_policy": retry_policy or "", "budget": budget or "",
+                "epoch": epoch, "actor": self.actor,
+            })
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="enqueue", task_id=tid)
+        return self.get_task(str(reply[1]))
+
+    def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int = DEFAULT_LEASE_MS, *,
+                      request_id: str | None = None) -> Lease:
+        """Atomically take the task's pending Attempt and a lease with a new fence."""
+        tk = self._task_keys(task_id)
+        req = request_id or uuid.uuid4().hex
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("claim", {
+                **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases,
+                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+            }, {"worker": worker_id, "lease_ms": lease_ms, "epoch": epoch, "min_seq": self._seq_seen,
+                "request_id": req})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="claim", task_id=task_id)
+        n = int(reply[1])
+        self._note_seq(reply[4])
+        return Lease(attempt_id=f"{task_id}/{n}", fence=int(reply[2]), expires_at_ms=int(reply[3]),
+                     worker_id=worker_id, task_id=task_id, number=n)
+
+    def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
+                    lease_ms: int | None = None) -> int:
+        """Extend the lease; returns the new expiry (ms, Redis clock). Raises StaleFence/LeaseExpired."""
+        return self._renew(attempt_id, fence, worker_id, lease_ms)[0]
+
+    def _renew(self, attempt_id: str, fence: int, worker_id: str, lease_ms: int | None) -> tuple[int, bool]:
+        task_id, n, tk = self._attempt(attempt_id)
+        reply = self._run("renew", {
+            **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts,
+            "events": tk.events,
+        }, {"n": n, "fence": fence, "worker": worker_id, "lease_ms": "" if lease_ms is None else lease_ms,
+            "epoch": self._ns(), "min_seq": self._seq_seen})
+        raise_for_reply(reply, script="renew", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return int(reply[1]), reply[2] == "1"
+
+    def complete_attempt(self, attempt_id: str, fence: int, result: Any = None, *, worker_id: str = "",
+                         cost: float = 0.0, tokens: int = 0) -> Attempt:
+        """Record success. Same fence + same result again is a no-op; a different result a conflict."""
+        task_id, n, tk = self._attempt(attempt_id)
+        text = canonical_json(result, what="result")
+        reply = self._run("complete", {
+            **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "attempts": tk.attempts, "events": tk.events,
+        }, {"n": n, "fence": fence, "worker": worker_id, "result": text, "result_digest": digest(text),
+            "cost": repr(float(cost)), "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
+        raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return _attempt_from_snapshot(task_id, n, reply[2])
+
+    def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | BaseException | Mapping[str, Any], *,
+                     worker_id: str = "", cost: float = 0.0, tokens: int = 0) -> Attempt:
+        """Record a classified failure. Exceptions are recorded as internal failures unless classified."""
+        task_id, n, tk = self._attempt(attempt_id)
+        f = _as_failure(failure)
+        text = f.model_dump_json()
+        reply = self._run("fail", {
+            **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "attempts": tk.attempts, "events": tk.events,
+        }, {"n": n, "fence": fence, "worker": worker_id, "failure": text, "failure_digest": digest(text),
+            "fclass": f.failure_class.value, "fingerprint": f.fingerprint, "cost": repr(float(cost)),
+            "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
+        raise_for_reply(reply, script="fail", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return _attempt_from_snapshot(task_id, n, reply[2])
+
+    def expire_leases(self, *, limit: int = 500, actor: str | None = None, max_batches: int = 1000) -> list[ExpiredLease]:
+        """Every lease past its expiry (Redis clock) -> Attempt suspect, fence bumped. Bounded batches."""
+        out: list[ExpiredLease] = []
+        for _ in range(max_batches):
+            due = self._run("due_leases", {"leases": self.keys.leases}, {"limit": limit})
+            members = [str(m) for m in due[1:]]
+            if not members:
+                break
+            out.extend(self._expire(members, actor or self.actor, force=False, reason="lease expired"))
+            if len(members) < limit:
+                break
+        return out
+
+    def _expire(self, attempt_ids: list[str], actor: str, *, force: bool, reason: str) -> list[ExpiredLease]:
+        out = []
+        pipe = self._w.pipeline(transaction=False)
+        for aid in attempt_ids:
+            _, n, tk = self._attempt(aid)
+            self._scripts.call("expire", {
+                "meta": self.keys.meta, "counts": self.keys.counts, "leases": self.keys.leases,
+                "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            }, {"n": n, "actor": actor, "force": force, "reason": reason}, client=pipe)
+        for aid, reply in zip(attempt_ids, pipe.execute(), strict=True):
+            if reply[0] == "OK":
+                out.append(ExpiredLease(aid, old_fence=int(reply[2]), new_fence=int(reply[1])))
+        return out
+
+    def reconcile_attempt(self, attempt_id: str, *, actor: str | None = None) -> Attempt:
+        """Suspect -> reconciling -> settled.
+
+        With no side effects recorded there is nothing to find at a provider: the outcome of the
+        Attempt is unknown, so it is settled as failed with the executor class, and the task waits
+        for a decision (retry_task).
+        """
+        task_id, n, tk = self._attempt(attempt_id)
+        who = actor or self.actor
+        reply = self._run("reconcile_begin", {"task": tk.task, "attempts": tk.attempts, "events": tk.events},
+                          {"n": n, "actor": who})
+        raise_for_reply(reply, script="reconcile_begin", task_id=task_id, attempt_id=attempt_id)
+        evidence = {"effects": [], "finding": "no side effects recorded for this attempt",
+                    "decision": "failed (executor): the worker lost its lease and proved nothing"}
+        failure = Failure(failure_class=FailureClass.EXECUTOR, type="LeaseLost",
+                          message="the worker's lease expired before it completed",
+                          fingerprint=_fp(FailureClass.EXECUTOR, "LeaseLost", "lease expired"))
+        return self._settle(attempt_id, who, "failed", "failed", failure=failure, evidence=evidence)
+
+    def _settle(self, attempt_id: str, actor: str, outcome: str, task_state: str, *, result: Any = None,
+                failure: Failure | None = None, evidence: Any = None) -> Attempt:
+        task_id, n, tk = self._attempt(attempt_id)
+        reply = self._run("reconcile_settle", {
+            "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts,
+            "events": tk.events,
+        }, {"n": n, "actor": actor, "outcome": outcome, "task_state": task_state,
+            "result": canonical_json(result) if outcome == "succeeded" else "",
+            "failure": failure.model_dump_json() if failure else "",
+            "fclass": failure.failure_class.value if failure else "",
+            "fingerprint": failure.fingerprint if failure else "",
+            "evidence": canonical_json(evidence, what="evidence")})
+        raise_for_reply(reply, script="reconcile_settle", task_id=task_id, attempt_id=attempt_id)
+        return _attempt_from_snapshot(task_id, n, reply[2])
+
+    def retry_task(self, task_id: str, reason: str, hypothesis: str | None = None, *, delay_ms: int = 0,
+                   actor: str | None = None, request_id: str | None = None) -> Attempt:
+        """Append Attempt N+1 (pending) with its reason and hypothesis, under Mission Control's rules."""
+        if not isinstance(reason, str):
+            raise InvalidArgument("reason must be a string of at least ten characters")
+        tk = self._task_keys(task_id)
+        req = request_id or uuid.uuid4().hex
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("retry", {
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                "events": tk.events, "pending": tk.pending,
+            }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
+                "delay_ms": int(delay_ms), "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="retry", task_id=task_id)
+        return _attempt_from_snapshot(task_id, int(reply[1]), reply[3])
+
+    # ----------------------------------------------------------------- recovery
+
+    def namespace(self) -> NamespaceInfo:
+        """The namespace's state (ok | lost | recovering), epoch, claim sequence and fence floor."""
+        return self._load_namespace()
+
+    def recover(self, *, reason: str = "operator ran recover", actor: str | None = None,
+                batch: int = 500) -> dict[str, Any]:
+        """After Redis lost state: retire the epoch, raise the fence floor, void every live lease.
+
+        Every Attempt that was running becomes suspect (its fence bumped above the new floor) and
+        goes through reconciliation like any other expired lease. Safe to rerun if interrupted.
+        """
+        who = actor or self.actor
+        begin = self._run("recover_begin", self._ns_keys(),
+                          {"epoch": uuid.uuid4().hex[:12], "actor": who, "reason": reason})
+        epoch, floor = str(begin[1]), int(begin[2])
+        voided: list[ExpiredLease] = []
+        while True:
+            members = self.redis.zrange(self.keys.leases, 0, batch - 1)
+            if not members:
+                break
+            voided.extend(self._expire([str(m) for m in members], who, force=True,
+                                       reason="namespace recovery voided every lease"))
+        fin = self._run("recover_finish", {"meta": self.keys.meta, "nslog": self._nslog},
+                        {"epoch": epoch, "actor": who, "voided": len(voided)})
+        raise_for_reply(fin, script="recover_finish")
+        self._epoch = None
+        self._seq_seen = 0
+        self._write_witness(epoch)
+        return {"epoch": epoch, "fence_floor": floor, "voided_leases": [v.attempt_id for v in voided]}
+
+    # ----------------------------------------------------------------- reads
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with every Attempt and its whole event history (one round trip)."""
+        tk = self._task_keys(task_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(tk.task)
+        pipe.hgetall(tk.attempts)
+        pipe.xrange(tk.events)
+        fields, att, events = pipe.execute()
+        if not fields:
+            raise TaskNotFound(f"no task {task_id} in namespace {self.keys.prefix!r}", task_id=task_id)
+        return Task.from_redis(fields, att, events)
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per queue: task counts by state, and the queue age (oldest claimable pending Attempt)."""
+        counts = self.redis.hgetall(self.keys.counts)
+        queues = sorted(self.redis.smembers(self.keys.queues))
+        out: dict[str, dict[str, Any]] = {q: {"counts": {}, "queue_age_ms": 0} for q in queues}
+        for field, value in counts.items():
+            queue, _, state = field.rpartition("|")
+            if int(value):
+                out.setdefault(queue, {"counts": {}, "queue_age_ms": 0})["counts"][state] = int(value)
+        now_s, now_us = self.redis.time()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        pipe = self.redis.pipeline(transaction=False)
+        for q in out:
+            pipe.zrangebyscore(self.keys.pending(q), "-inf", now, start=0, num=1, withscores=True)
+        for q, oldest in zip(out, pipe.execute(), strict=True):
+            out[q]["queue_age_ms"] = max(0, now - int(oldest[0][1])) if oldest else 0
+        return out
+
+    def namespace_events(self) -> list[dict[str, str]]:
+        return [dict(f, id=i) for i, f in self.redis.xrange(self._nslog)]
+
+
+def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
+    fields = {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+    return Attempt.from_fields(task_id, n, fields)
+
+
+def _fp(fc: FailureClass, type_name: str, message: str) -> str:
+    from .failures import fingerprint
+
+    return fingerprint(fc, type_name, message)
+
+
+def _as_failure(failure: Failure | BaseException | Mapping[str, Any]) -> Failure:
+    if isinstance(failure, Failure):
+        if failure.fingerprint:
+            return failure
+        return failure.model_copy(update={"fingerprint": _fp(failure.failure_class, failure.type, failure.message)})
+    if isinstance(failure, BaseException):
+        return failure_from_exception(failure)
+    if isinstance(failure, Mapping):
+        try:
+            return _as_failure(Failure.model_validate(dict(failure)))
+        except Exception as exc:
+            raise InvalidArgument(f"failure is not a valid Failure record: {exc}") from None
+    raise InvalidArgument(f"failure must be a Failure, an exception or a mapping, got {type(failure).__name__}")

@@ -1,0 +1,113 @@
+"""The only place where Redis key strings and ids are built.
+
+Every key of one namespace carries the same hash tag, ``{<prefix>}``, so each Lua script touches
+exactly one slot (Redis Cluster puts a whole namespace on one shard; scale out with several
+namespaces). Every key a script touches is passed to it in KEYS; no script builds a key itself.
+
+Key schema (``P`` = ``{prefix}``)::
+
+    P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq
+    P:epochs               set    epochs retired by ``mcq recover``
+    P:idem                 hash   producer idempotency key -> task id
+    P:queues               set    queue names seen
+    P:counts               hash   "<queue>|<task state>" -> number of tasks in that state
+    P:leases               zset   attempt id -> lease expiry (ms, Redis clock); the expiry index
+    P:suspect              zset   attempt id -> time it turned suspect (ms)
+    P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
+    P:t:<task id>          hash   the Task
+    P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
+    P:t:<task id>:ev       stream its append-only event history
+
+Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given
+the queue's keys from the id alone); an attempt id is ``<task id>/<n>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TASK_ID_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([0-9A-HJKMNP-TV-Z]{26})$")
+
+
+def check_queue(queue: str) -> str:
+    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+        raise ValueError(
+            f"invalid queue name {queue!r}: use 1-64 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return queue
+
+
+def new_ulid() -> str:
+    """A 26-character ULID: 48 bits of milliseconds, 80 random bits; sorts by creation time."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    out = []
+    for _ in range(26):
+        out.append(_ULID_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def new_task_id(queue: str) -> str:
+    return f"{check_queue(queue)}:{new_ulid()}"
+
+
+def parse_task_id(task_id: str) -> str:
+    """Return the queue of a task id, or raise ValueError saying what a task id looks like."""
+    m = _TASK_ID_RE.match(task_id) if isinstance(task_id, str) else None
+    if not m:
+        raise ValueError(f"invalid task id {task_id!r}: expected '<queue>:<26-character ULID>'")
+    return m.group(1)
+
+
+def attempt_id(task_id: str, number: int) -> str:
+    return f"{task_id}/{number}"
+
+
+def parse_attempt_id(value: str) -> tuple[str, int]:
+    """Split ``<task id>/<n>`` into (task id, n); raise ValueError on anything else."""
+    task_id, sep, num = value.rpartition("/") if isinstance(value, str) else ("", "", "")
+    if not sep or not num.isdigit() or int(num) < 1:
+        raise ValueError(f"invalid attempt id {value!r}: expected '<task id>/<attempt number>'")
+    parse_task_id(task_id)
+    return task_id, int(num)
+
+
+@dataclass(frozen=True)
+class TaskKeys:
+    task: str
+    attempts: str
+    events: str
+    pending: str
+
+
+class Keys:
+    """Key builder for one namespace."""
+
+    def __init__(self, prefix: str = "mcq") -> None:
+        if not PREFIX_RE.match(prefix):
+            raise ValueError(f"invalid key prefix {prefix!r}: use letters, digits, '_', '.', ':', '-'")
+        self.prefix = prefix
+        tag = "{" + prefix + "}"
+        self.tag = tag
+        self.meta = f"{tag}:meta"
+        self.epochs = f"{tag}:epochs"
+        self.idem = f"{tag}:idem"
+        self.queues = f"{tag}:queues"
+        self.counts = f"{tag}:counts"
+        self.leases = f"{tag}:leases"
+        self.suspect = f"{tag}:suspect"
+
+    def pending(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:pending"
+
+    def task(self, task_id: str) -> TaskKeys:
+        queue = parse_task_id(task_id)
+        base = f"{self.tag}:t:{task_id}"
+        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue))
