@@ -30,7 +30,7 @@ end
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, 'renew:' .. ARGV[4], 'renew', ts)
+err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, 'renew:' .. fmt(lease_ms), 'renew', ts)
 if err then return err end
 
 local exp = ts + lease_ms

@@ -9,14 +9,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .codec import canonical_json, digest, encode_payload
-from .errors import InvalidArgument, NamespaceLost, TaskNotFound, raise_for_reply
+from .errors import InvalidArgument, TaskNotFound, raise_for_reply
 from .failures import failure_from_exception
 from .keys import Keys, TaskKeys, check_queue, new_task_id, parse_attempt_id
 from .models import (
@@ -198,7 +198,9 @@ class Client:
             raise InvalidArgument(
                 f"invalid handler name {handler!r}: use 1-128 letters, digits, '_', '.', ':', '-'"
             )
-        if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 512 or " " in idempotency_key):
+        if idempotency_key is not None and (
+            not idempotency_key or len(idempotency_key) > 512 or " " in idempotency_key
+        ):
             raise InvalidArgument("idempotency key must be 1-512 characters without spaces (or None)")
         text, payload_digest = encode_payload(payload)
         manifest = Manifest(handler=handler, payload_digest=payload_digest, policy_version=policy_version,
@@ -269,7 +271,8 @@ class Client:
             "attempts": tk.attempts, "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "result": text, "result_digest": digest(text),
             "cost": repr(float(cost)), "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
-        raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id,
+                        presented_fence=fence)
         return _attempt_from_snapshot(task_id, n, reply[2])
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | BaseException | Mapping[str, Any], *,
@@ -284,10 +287,12 @@ class Client:
         }, {"n": n, "fence": fence, "worker": worker_id, "failure": text, "failure_digest": digest(text),
             "fclass": f.failure_class.value, "fingerprint": f.fingerprint, "cost": repr(float(cost)),
             "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
-        raise_for_reply(reply, script="fail", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        raise_for_reply(reply, script="fail", task_id=task_id, attempt_id=attempt_id,
+                        presented_fence=fence)
         return _attempt_from_snapshot(task_id, n, reply[2])
 
-    def expire_leases(self, *, limit: int = 500, actor: str | None = None, max_batches: int = 1000) -> list[ExpiredLease]:
+    def expire_leases(self, *, limit: int = 500, actor: str | None = None,
+                      max_batches: int = 1000) -> list[ExpiredLease]:
         """Every lease past its expiry (Redis clock) -> Attempt suspect, fence bumped. Bounded batches."""
         out: list[ExpiredLease] = []
         for _ in range(max_batches):
@@ -415,8 +420,8 @@ class Client:
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per queue: task counts by state, and the queue age (oldest claimable pending Attempt)."""
-        counts = self.redis.hgetall(self.keys.counts)
-        queues = sorted(self.redis.smembers(self.keys.queues))
+        counts = cast(dict[str, str], self.redis.hgetall(self.keys.counts))
+        queues = sorted(cast(set[str], self.redis.smembers(self.keys.queues)))
         out: dict[str, dict[str, Any]] = {q: {"counts": {}, "queue_age_ms": 0} for q in queues}
         for field, value in counts.items():
             queue, _, state = field.rpartition("|")
@@ -432,7 +437,8 @@ class Client:
         return out
 
     def namespace_events(self) -> list[dict[str, str]]:
-        return [dict(f, id=i) for i, f in self.redis.xrange(self._nslog)]
+        entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(self._nslog))
+        return [dict(f, id=i) for i, f in entries]
 
 
 def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:

@@ -1,0 +1,240 @@
+"""``mcq``: the operator's command line. Every read has ``--json``.
+
+Exit codes: 0 done; 1 refused by a contract (the refusal is recorded); 2 bad input, nothing
+written; 3 the namespace lost state and needs ``mcq recover``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from . import connect
+from .client import Client
+from .errors import (
+    ConfigurationError,
+    IdempotencyConflict,
+    InvalidArgument,
+    McqError,
+    NamespaceLost,
+    TaskNotFound,
+)
+from .render import print_status, print_task, task_json
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Ctx:
+    def __init__(self, redis_url: str | None, prefix: str | None, home: str | None) -> None:
+        self.redis_url, self.prefix, self.home = redis_url, prefix, home
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = connect(self.redis_url, prefix=self.prefix, home=self.home)
+        return self._client
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"mcq: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (InvalidArgument, IdempotencyConflict, TaskNotFound) as exc:
+            _fail(str(exc), 2)
+        except NamespaceLost as exc:
+            _fail(str(exc), 3)
+        except ConfigurationError as exc:
+            _fail(str(exc), 2)
+        except McqError as exc:
+            _fail(str(exc), 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+@click.group()
+@click.option("--redis-url", envvar="MCQ_REDIS_URL", default=None,
+              help="redis://, rediss:// or unix:// URL (user:password@ for AUTH/ACL). Default: the embedded server.")
+@click.option("--prefix", envvar="MCQ_PREFIX", default="mcq", show_default=True, help="Namespace (key prefix).")
+@click.option("--home", envvar="MCQ_HOME", default=None, help="Data folder of the embedded server (default ./.mcq).")
+@click.version_option(package_name="mc_queue")
+@click.pass_context
+def main(ctx: click.Context, redis_url: str | None, prefix: str, home: str | None) -> None:
+    """mc_queue: tasks with append-only attempts, fenced leases and an audit trail."""
+    ctx.obj = Ctx(redis_url, prefix, home)
+
+
+@main.command()
+@click.argument("queue")
+@click.argument("handler")
+@click.option("--payload", required=True, help="The task's payload: a JSON object.")
+@click.option("--idempotency-key", default=None, help="Producer key: the same key returns the same task.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole task as JSON.")
+@click.pass_obj
+@handle_errors
+def enqueue(obj: Ctx, queue: str, handler: str, payload: str, idempotency_key: str | None, as_json: bool) -> None:
+    """Create a task; prints its id."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc}); e.g. --payload '{{\"repo\": \"x\"}}'",
+                                 param_hint="--payload") from None
+    task = obj.client.enqueue(queue, handler, data, idempotency_key=idempotency_key)
+    if as_json:
+        _emit_json(task_json(task))
+    else:
+        click.echo(task.id)
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def show(obj: Ctx, task_id: str, as_json: bool) -> None:
+    """A task, its Attempts and its whole timeline."""
+    task = obj.client.get_task(task_id)
+    if as_json:
+        _emit_json(task_json(task))
+    else:
+        print_task(task)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def status(obj: Ctx, as_json: bool) -> None:
+    """Per queue: tasks by state and queue age."""
+    data = obj.client.status()
+    if as_json:
+        _emit_json({"namespace": obj.client.keys.prefix, "queues": data})
+    else:
+        print_status(data)
+
+
+@main.command()
+@click.argument("task_id")
+@click.option("--reason", required=True, help="Why another Attempt (at least ten characters).")
+@click.option("--hypothesis", default=None, help="What is different this time.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def retry(obj: Ctx, task_id: str, reason: str, hypothesis: str | None, as_json: bool) -> None:
+    """Append Attempt N+1 to a failed task (Mission Control's rules)."""
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("a retry needs a reason of at least ten characters", param_hint="--reason")
+    attempt = obj.client.retry_task(task_id, reason, hypothesis, actor="operator")
+    if as_json:
+        _emit_json(attempt.model_dump(mode="json"))
+    else:
+        click.echo(attempt.id)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def expire(obj: Ctx, as_json: bool) -> None:
+    """Turn every lease past its expiry into a suspect Attempt (once)."""
+    expired = obj.client.expire_leases()
+    if as_json:
+        _emit_json([e.__dict__ for e in expired])
+    else:
+        for e in expired:
+            click.echo(f"{e.attempt_id} suspect (fence {e.old_fence} -> {e.new_fence})")
+        click.echo(f"{len(expired)} lease(s) expired")
+
+
+@main.command()
+@click.argument("attempt_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def reconcile(obj: Ctx, attempt_id: str, as_json: bool) -> None:
+    """Settle a suspect Attempt from the evidence recorded."""
+    attempt = obj.client.reconcile_attempt(attempt_id, actor="operator")
+    if as_json:
+        _emit_json(attempt.model_dump(mode="json"))
+    else:
+        click.echo(f"{attempt.id} {attempt.state.value}")
+
+
+@main.command()
+@click.option("--reason", default="operator ran mcq recover", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def recover(obj: Ctx, reason: str, as_json: bool) -> None:
+    """After Redis lost state: new epoch, fence floor raised, every live lease voided."""
+    report = obj.client.recover(reason=reason, actor="operator")
+    if as_json:
+        _emit_json(report)
+    else:
+        click.echo(f"recovered: epoch {report['epoch']}, fence floor {report['fence_floor']}, "
+                   f"{len(report['voided_leases'])} lease(s) voided (now suspect)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def namespace(obj: Ctx, as_json: bool) -> None:
+    """The namespace's state (ok | lost | recovering), epoch, claim sequence and fence floor."""
+    info = obj.client.namespace()
+    data = {**info.__dict__, "events": obj.client.namespace_events()}
+    if as_json:
+        _emit_json(data)
+    else:
+        click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch}, claims {info.seq}, fence floor {info.floor})")
+
+
+@main.group()
+def server() -> None:
+    """The embedded redis-server (used when no --redis-url is given)."""
+
+
+@server.command("stop")
+@click.pass_obj
+def server_stop(obj: Ctx) -> None:
+    """Stop the embedded server (its data stays in the folder)."""
+    from .embedded import home_dir, stop_server
+
+    click.echo("stopped" if stop_server(obj.home) else f"no embedded server running for {home_dir(obj.home)}")
+
+
+@server.command("status")
+@click.pass_obj
+@handle_errors
+def server_status(obj: Ctx) -> None:
+    """Start the embedded server if needed and say where it is."""
+    from .embedded import ensure_server
+
+    s = ensure_server(obj.home)
+    click.echo(f"embedded redis-server pid {s.pid} at {s.url} (data in {s.home / 'redis'})")
+
+
+@main.command()
+@click.option("--keep-server", is_flag=True, help="Leave the embedded redis-server running afterwards.")
+@click.pass_obj
+@handle_errors
+def demo(obj: Ctx, keep_server: bool) -> None:
+    """Run the contracts demo on the embedded default (or --redis-url)."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(obj.redis_url, obj.home, keep_server=keep_server))
