@@ -6,6 +6,7 @@ written; 3 the namespace lost state and needs ``mcq recover``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -154,7 +155,7 @@ def expire(obj: Ctx, as_json: bool) -> None:
     """Turn every lease past its expiry into a suspect Attempt (once)."""
     expired = obj.client.expire_leases()
     if as_json:
-        _emit_json([e.__dict__ for e in expired])
+        _emit_json([dataclasses.asdict(e) for e in expired])
     else:
         for e in expired:
             click.echo(f"{e.attempt_id} suspect (fence {e.old_fence} -> {e.new_fence})")
@@ -197,7 +198,7 @@ def recover(obj: Ctx, reason: str, as_json: bool) -> None:
 def namespace(obj: Ctx, as_json: bool) -> None:
     """The namespace's state (ok | lost | recovering), epoch, claim sequence and fence floor."""
     info = obj.client.namespace()
-    data = {**info.__dict__, "events": obj.client.namespace_events()}
+    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events()}
     if as_json:
         _emit_json(data)
     else:

@@ -106,7 +106,8 @@ class Client:
 
     def _load_namespace(self) -> NamespaceInfo:
         witness = self._read_witness()
-        reply = self._run("init", {"meta": self.keys.meta, "nslog": self._nslog},
+        reply = self._run("init", {"meta": self.keys.meta, "nslog": self._nslog, "queues": self.keys.queues,
+                                   "leases": self.keys.leases},
                           {"epoch": uuid.uuid4().hex[:12], "witness": witness or "", "actor": self.actor})
         info = NamespaceInfo(self.keys.prefix, reply[1], reply[2], int(reply[3]), int(reply[4]))
         if info.epoch != self._epoch:

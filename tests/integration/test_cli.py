@@ -1,0 +1,101 @@
+"""`mcq` as an operator runs it: a real process against the session's redis-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import mc_queue
+from mc_queue.testing import RedisServer
+
+
+def mcq(server: RedisServer, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", prefix, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def counts(server: RedisServer, prefix: str) -> Any:
+    out = mcq(server, prefix, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["queues"]
+
+
+def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) -> None:
+    out = mcq(redis_server, prefix, "enqueue", "fixes", "fix-issue", "--payload", '{"issue": 7}',
+              "--idempotency-key", "issue-7")
+    assert out.returncode == 0, out.stderr
+    task_id = out.stdout.strip()
+    again = mcq(redis_server, prefix, "enqueue", "fixes", "fix-issue", "--payload", '{"issue": 7}',
+                "--idempotency-key", "issue-7")
+    assert again.stdout.strip() == task_id
+
+    q = mc_queue.connect(redis_server.url, prefix=prefix)
+    lease = q.claim_attempt(task_id, "w1")
+    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+
+    shown = mcq(redis_server, prefix, "show", task_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert set(data) == {"task", "attempts", "events"}
+    assert data["task"]["state"] == "succeeded"
+    assert [(a["number"], a["state"], a["fence"], a["worker_id"]) for a in data["attempts"]] == [
+        (1, "succeeded", 1, "w1")]
+    assert [e["type"] for e in data["events"]] == ["task_created", "attempt_created", "attempt_claimed",
+                                                   "attempt_succeeded"]
+    human = mcq(redis_server, prefix, "show", task_id)
+    assert human.returncode == 0 and "attempt_succeeded" in human.stdout
+    assert counts(redis_server, prefix) == {"fixes": {"counts": {"succeeded": 1}, "queue_age_ms": 0}}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["enqueue", "fixes", "fix-issue", "--payload", "{not json"], "not valid JSON"),
+    (["enqueue", "fixes", "fix-issue", "--payload", "[1, 2]"], "must be a JSON object"),
+    (["enqueue", "bad queue", "fix-issue", "--payload", "{}"], "invalid queue name"),
+    (["enqueue", "fixes", "bad handler!", "--payload", "{}"], "invalid handler name"),
+    (["enqueue", "fixes", "fix-issue"], "--payload"),
+    (["show", "not-a-task-id"], "invalid task id"),
+    (["show", "fixes:01ARZ3NDEKTSV4RRFFQ69G5FAV"], "no task"),
+    (["retry", "fixes:01ARZ3NDEKTSV4RRFFQ69G5FAV", "--reason", "short"], "at least ten characters"),
+])
+def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
+        redis_server: RedisServer, prefix: str, args: list[str], needle: str) -> None:
+    before = sorted(redis_server.client().scan_iter(match=f"{{{prefix}}}*"))
+    out = mcq(redis_server, prefix, *args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert needle in out.stderr
+    after = sorted(k for k in redis_server.client().scan_iter(match=f"{{{prefix}}}*")
+                   if not k.endswith((":meta", ":nslog")))
+    assert after == [k for k in before if not k.endswith((":meta", ":nslog"))]
+
+
+def test_idempotency_conflict_exits_2(redis_server: RedisServer, prefix: str) -> None:
+    assert mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 1}', "--idempotency-key", "k").returncode == 0
+    out = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 2}', "--idempotency-key", "k")
+    assert out.returncode == 2 and "different payload" in out.stderr
+    assert counts(redis_server, prefix)["q"]["counts"] == {"pending": 1}
+
+
+def test_refused_retry_exits_1_and_is_recorded(redis_server: RedisServer, prefix: str) -> None:
+    task_id = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", "{}").stdout.strip()
+    out = mcq(redis_server, prefix, "retry", task_id, "--reason", "operator wants another go")
+    assert out.returncode == 1 and "refused" in out.stderr
+    events = json.loads(mcq(redis_server, prefix, "show", task_id, "--json").stdout)["events"]
+    assert events[-1]["type"] == "retry_refused"
+
+
+def test_namespace_lost_exits_3_until_recover(redis_server: RedisServer, prefix: str) -> None:
+    task_id = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", "{}").stdout.strip()
+    redis_server.client().delete(f"{{{prefix}}}:meta")
+    out = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", "{}")
+    assert out.returncode == 3 and "mcq recover" in out.stderr
+    ns = json.loads(mcq(redis_server, prefix, "namespace", "--json").stdout)
+    assert ns["state"] == "lost"
+    rec = mcq(redis_server, prefix, "recover", "--json")
+    assert rec.returncode == 0, rec.stderr
+    assert json.loads(rec.stdout)["fence_floor"] > 0
+    q = mc_queue.connect(redis_server.url, prefix=prefix)
+    assert q.claim_attempt(task_id, "w").fence > json.loads(rec.stdout)["fence_floor"]

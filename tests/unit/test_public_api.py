@@ -1,0 +1,30 @@
+"""The public API is deliberate: this list changes only on purpose."""
+
+from __future__ import annotations
+
+import mc_queue
+
+EXPECTED = {
+    "DEFAULT_LEASE_MS", "Attempt", "AttemptNotRunning", "AttemptState", "ClaimRejected", "Client",
+    "ConfigurationError", "Event", "ExpiredLease", "Failure", "FailureClass", "IdempotencyConflict",
+    "InvalidArgument", "InvalidPayload", "Lease", "LeaseExpired", "Manifest", "McqError", "NamespaceInfo",
+    "NamespaceLost", "ResultConflict", "RetryRefused", "StaleFence", "Task", "TaskNotFound", "TaskState",
+    "TransitionRefused", "WriteRefused", "connect", "make_failure",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(mc_queue.__all__) == EXPECTED
+    for name in mc_queue.__all__:
+        assert hasattr(mc_queue, name), name
+
+
+def test_error_tree() -> None:
+    assert issubclass(mc_queue.StaleFence, mc_queue.WriteRefused)
+    assert issubclass(mc_queue.LeaseExpired, mc_queue.WriteRefused)
+    assert issubclass(mc_queue.ClaimRejected, mc_queue.TransitionRefused)
+    assert issubclass(mc_queue.InvalidPayload, ValueError)
+    for name in mc_queue.__all__:
+        obj = getattr(mc_queue, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, mc_queue.McqError), name
