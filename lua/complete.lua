@@ -22,7 +22,7 @@
 -- Returns: {'OK', ended_at, attempt_fields} | {'DUP', ended_at, attempt_fields}
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
---          {'E_NOTASK', why} | {'E_NSLOST', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
 -- Events: attempt_succeeded | completion_conflict | stale_write_refused
 -- Idempotent: yes (fence + result digest)
 --@include common
@@ -33,7 +33,8 @@ local n, fence, worker, result, digest = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARG
 local cost, tokens, epoch, min_seq = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
 local a = redis.call('HMGET', k_att, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
-if a[1] == 'succeeded' and a[2] == fence then
+-- A replay only when the worker itself recorded this success (a reconciled one has no digest).
+if a[1] == 'succeeded' and a[2] == fence and a[3] then
   if a[3] == digest then return {'DUP', a[4], attempt_snapshot(k_att, n)} end
   emit(k_ev, 'completion_conflict', {'attempt', n, 'worker', worker, 'fence', fence,
     'payload_digest', digest, 'recorded_digest', a[3]})

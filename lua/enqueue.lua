@@ -25,6 +25,7 @@
 -- Returns: {'OK', task_id} | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_NSLOST', why} | {'E_EPOCH', current}
+-- Events: task_created, attempt_created
 -- Idempotent: yes (task id and idempotency key)
 --@include common
 

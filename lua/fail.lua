@@ -23,7 +23,7 @@
 -- ARGV[11] min_seq
 -- Returns: {'OK', ended_at, attempt_fields} | {'DUP', ended_at, attempt_fields} | {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
---          {'E_NOTASK', why} | {'E_NSLOST', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
 -- Events: attempt_failed | stale_write_refused
 -- Idempotent: yes (fence + failure digest)
 --@include common
@@ -34,7 +34,8 @@ local n, fence, worker, failure, digest, fclass, fingerprint = ARGV[1], ARGV[2],
 local cost, tokens, epoch, min_seq = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 
 local a = redis.call('HMGET', k_att, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
-if a[1] == 'failed' and a[2] == fence then
+-- A replay only when the worker itself recorded this failure (a reconciled one has no digest).
+if a[1] == 'failed' and a[2] == fence and a[3] then
   if a[3] == digest then return {'DUP', a[4], attempt_snapshot(k_att, n)} end
   return {'E_CONFLICT', a[3] or ''}
 end

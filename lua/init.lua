@@ -7,15 +7,16 @@
 -- KEYS[2] nslog    namespace event stream
 -- KEYS[3] queues   set of queue names (a trace of earlier use)
 -- KEYS[4] leases   lease expiry index (a trace of earlier use)
--- ARGV[1] epoch    epoch to create when the namespace is new
+-- ARGV[1] nonce    random part of the epoch created when the namespace is new
 -- ARGV[2] witness  epoch a witness remembers, or ''
 -- ARGV[3] actor    who asks
 -- Returns: {'OK', state, epoch, seq, floor}
+-- Events (nslog): namespace_created | state_loss_detected
 -- Idempotent: yes (creates only when missing)
 --@include common
 
 local k_meta, k_nslog, k_queues, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local epoch, witness, actor = ARGV[1], ARGV[2], ARGV[3]
+local nonce, witness, actor = ARGV[1], ARGV[2], ARGV[3]
 
 if redis.call('EXISTS', k_meta) == 0 then
   local traces = redis.call('EXISTS', k_queues, k_leases)
@@ -24,6 +25,7 @@ if redis.call('EXISTS', k_meta) == 0 then
     local why = (witness ~= '') and ('the witness remembers epoch ' .. witness) or 'the namespace still holds tasks'
     mark_lost(k_meta, k_nslog, 'namespace meta is missing but ' .. why .. ': Redis lost state', actor)
   else
+    local epoch = new_epoch(nonce)
     redis.call('HSET', k_meta, 'state', 'ok', 'epoch', epoch, 'seq', 0, 'floor', 0, 'created_at', now_ms())
     emit(k_nslog, 'namespace_created', {'epoch', epoch, 'actor', actor})
   end

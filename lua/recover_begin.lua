@@ -5,7 +5,7 @@
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
--- ARGV[1] epoch      the new epoch
+-- ARGV[1] nonce      random part of the new epoch
 -- ARGV[2] actor
 -- ARGV[3] reason     why, recorded
 -- Returns: {'OK', epoch, floor} (when already recovering: the epoch and floor in progress)
@@ -14,12 +14,13 @@
 --@include common
 
 local k_meta, k_epochs, k_nslog = KEYS[1], KEYS[2], KEYS[3]
-local epoch, actor, reason = ARGV[1], ARGV[2], ARGV[3]
+local nonce, actor, reason = ARGV[1], ARGV[2], ARGV[3]
 local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'floor')
 if m[1] == 'recovering' then return {'OK', m[2], m[3]} end
 local floor = now_us()
 if tonumber(m[3] or '0') >= floor then floor = tonumber(m[3]) + 1 end
 if m[2] and m[2] ~= '' then redis.call('SADD', k_epochs, m[2]) end
+local epoch = new_epoch(nonce)
 redis.call('HSET', k_meta, 'state', 'recovering', 'epoch', epoch, 'floor', fmt(floor), 'recovered_at', now_ms())
 if redis.call('HEXISTS', k_meta, 'seq') == 0 then redis.call('HSET', k_meta, 'seq', 0) end
 emit(k_nslog, 'recovery_started', {'actor', actor, 'reason', reason, 'old_epoch', m[2] or '', 'epoch', epoch,

@@ -43,7 +43,7 @@ elseif t[5] ~= '' then
   why = 'attempt ' .. t[5] .. ' is still ' .. tostring(latest[1])
 elseif latest[1] ~= 'failed' then
   why = 'the latest attempt (' .. n .. ') is ' .. tostring(latest[1]) .. ', not failed'
-elseif #trimmed < 10 then
+elseif select(2, string.gsub(trimmed, '[^\128-\191]', '')) < 10 then  -- characters, not bytes
   why = 'a retry needs a recorded reason of at least ten characters'
 end
 if why then

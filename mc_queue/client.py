@@ -108,7 +108,7 @@ class Client:
         witness = self._read_witness()
         reply = self._run("init", {"meta": self.keys.meta, "nslog": self._nslog, "queues": self.keys.queues,
                                    "leases": self.keys.leases},
-                          {"epoch": uuid.uuid4().hex[:12], "witness": witness or "", "actor": self.actor})
+                          {"nonce": uuid.uuid4().hex[:8], "witness": witness or "", "actor": self.actor})
         info = NamespaceInfo(self.keys.prefix, reply[1], reply[2], int(reply[3]), int(reply[4]))
         if info.epoch != self._epoch:
             self._seq_seen = 0
@@ -388,7 +388,7 @@ class Client:
         """
         who = actor or self.actor
         begin = self._run("recover_begin", self._ns_keys(),
-                          {"epoch": uuid.uuid4().hex[:12], "actor": who, "reason": reason})
+                          {"nonce": uuid.uuid4().hex[:8], "actor": who, "reason": reason})
         epoch, floor = str(begin[1]), int(begin[2])
         voided: list[ExpiredLease] = []
         while True:

@@ -69,12 +69,24 @@ local function mark_lost(k_meta, k_nslog, why, who)
   return {'E_NSLOST', why}
 end
 
+-- An epoch is "<Redis TIME in microseconds>.<nonce>": epochs are ordered by when they were made.
+local function new_epoch(nonce)
+  return fmt(now_us()) .. '.' .. nonce
+end
+
+local function epoch_time(e)
+  return tonumber(string.match(e or '', '^(%d+)%.') or '')
+end
+
 -- Is the namespace usable? nil when yes, else an error reply. A missing meta, an unknown epoch or
 -- a claim sequence lower than one a client has already seen means Redis lost acknowledged state:
 -- the namespace is marked lost and refuses transitions until `mcq recover` has run.
+-- An epoch older than the current one is retired (not lost) only once a recovery has run: then the
+-- fence floor already lies above every fence issued under it. Without a recovery, an epoch this
+-- Redis does not hold means it lost the namespace and someone re-created it.
 -- allow_retired: a fenced write from before a recovery goes on to the fence check (which refuses it).
 local function ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow_retired)
-  local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq')
+  local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq', 'recovered_at')
   if not m[1] then
     return mark_lost(k_meta, k_nslog,
       'namespace meta is missing: Redis lost its data (restart without persistence, flush, or an older snapshot)', who)
@@ -83,7 +95,8 @@ local function ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow_re
     return {'E_NSLOST', 'namespace state is ' .. m[1] .. ' (' .. (redis.call('HGET', k_meta, 'lost_reason') or '') .. '): run `mcq recover`'}
   end
   if epoch ~= '' and epoch ~= m[2] then
-    if redis.call('SISMEMBER', k_epochs, epoch) == 1 then
+    local pt, ct = epoch_time(epoch), epoch_time(m[2])
+    if redis.call('SISMEMBER', k_epochs, epoch) == 1 or (m[4] and pt and ct and pt < ct) then
       if allow_retired then return nil end
       return {'E_EPOCH', m[2]}
     end

@@ -1,0 +1,531 @@
+"""Each Lua script's header is its contract; these tests fail when the header and the body drift apart.
+
+Static checks read lua/*.lua (and includes/common.lua); the last tests run every client method against
+a real redis-server and check that the client passes exactly the names the headers declare, each bound
+to the right key of the namespace.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import mc_queue
+from mc_queue import FailureClass, make_failure
+from mc_queue.scripts import Scripts, load_specs, lua_dir, parse_header
+
+LUA = lua_dir()
+SPECS = load_specs()
+NAMES = sorted(SPECS)
+COMMON = (LUA / "includes" / "common.lua").read_text()
+
+# Redis commands the scripts may use, by where their keys are: one key first, or every argument a key.
+SINGLE_KEY_COMMANDS = frozenset({
+    "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "TYPE",
+    "HGET", "HSET", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HLEN", "HKEYS",
+    "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
+    "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",
+    "XADD", "XRANGE", "XLEN", "XTRIM",
+})
+ALL_KEYS_COMMANDS = frozenset({"EXISTS", "DEL", "UNLINK"})
+KEYLESS_COMMANDS = frozenset({"TIME"})
+HEADER_LABELS = ("Returns:", "Events", "Idempotent:")
+
+
+# --------------------------------------------------------------------------- a little Lua reading
+
+
+def split_header(text: str) -> tuple[list[str], str]:
+    """The leading comment block (the header) and the rest (the body)."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines) and lines[i].startswith("--"):
+        i += 1
+    return lines[:i], "\n".join(lines[i:])
+
+
+def strip_comments(src: str) -> str:
+    """Lua source without comments (strings kept)."""
+    out: list[str] = []
+    i, quote = 0, ""
+    while i < len(src):
+        c = src[i]
+        if quote:
+            out.append(c)
+            if c == "\\" and i + 1 < len(src):
+                out.append(src[i + 1])
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+            i += 1
+            continue
+        if c in "'\"":
+            quote = c
+        elif src.startswith("--", i):
+            if src.startswith("--[[", i):
+                end = src.find("]]", i)
+                i = len(src) if end < 0 else end + 2
+            else:
+                end = src.find("\n", i)
+                i = len(src) if end < 0 else end
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def split_args(src: str, open_idx: int) -> list[str]:
+    """The top-level comma-separated arguments of the call whose '(' is at ``open_idx``."""
+    assert src[open_idx] == "("
+    args: list[str] = []
+    cur: list[str] = []
+    depth, quote, i = 0, "", open_idx + 1
+    while i < len(src):
+        c = src[i]
+        if quote:
+            cur.append(c)
+            if c == "\\":
+                cur.append(src[i + 1])
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+            cur.append(c)
+        elif c in "([{":
+            depth += 1
+            cur.append(c)
+        elif c in ")]}":
+            if depth == 0:
+                last = "".join(cur).strip()
+                return [*args, last] if last or args else args
+            depth -= 1
+            cur.append(c)
+        elif c == "," and depth == 0:
+            args.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    raise AssertionError("unbalanced parentheses")
+
+
+def redis_calls(src: str) -> Iterator[list[str]]:
+    for m in re.finditer(r"redis\.p?call\s*\(", src):
+        yield split_args(src, m.end() - 1)
+
+
+def statement_exprs(src: str, start: int) -> list[str]:
+    """The comma-separated expressions from ``start`` to the end of the line (continuing inside brackets)."""
+    exprs: list[str] = []
+    cur: list[str] = []
+    depth, quote, i = 0, "", start
+    while i < len(src):
+        c = src[i]
+        if quote:
+            cur.append(c)
+            if c == "\\":
+                cur.append(src[i + 1])
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+            cur.append(c)
+        elif c == "\n" and depth == 0:
+            break
+        elif c == "," and depth == 0:
+            exprs.append("".join(cur).strip())
+            cur = []
+        else:
+            depth += (c in "([{") - (c in ")]}")
+            cur.append(c)
+        i += 1
+    return [*exprs, "".join(cur).strip()]
+
+
+def local_bindings(body: str) -> list[tuple[str, str]]:
+    """(local name, expression) for every ``local a, b = x, y`` statement."""
+    out = []
+    for m in re.finditer(r"^\s*local\s+([\w\s,]+?)\s*=(?!=)", body, re.M):
+        names = [n.strip() for n in m.group(1).split(",")]
+        out.extend(zip(names, statement_exprs(body, m.end()), strict=False))
+    return out
+
+
+def header_indices(header: list[str], kind: str) -> list[int]:
+    return [int(m.group(1)) for line in header for m in [re.match(rf"^--\s+{kind}\[(\d+)\]\s+\w+", line)] if m]
+
+
+def header_section(header: list[str], label: str) -> str:
+    """The text of one header section (``Returns:`` ... up to the next labelled line)."""
+    out: list[str] = []
+    inside = False
+    for line in header:
+        text = line[2:].strip()
+        if text.startswith(label):
+            inside = True
+            out.append(text[len(label):])
+        elif inside and (any(text.startswith(x) for x in HEADER_LABELS) or re.match(r"(KEYS|ARGV)\[", text)):
+            break
+        elif inside:
+            out.append(text)
+    return "\n".join(out)
+
+
+def helper_functions() -> dict[str, tuple[list[str], str]]:
+    """common.lua's helpers: name -> (parameters, body)."""
+    src = strip_comments(COMMON)
+    starts = list(re.finditer(r"^local function (\w+)\(([^)]*)\)", src, re.M))
+    out = {}
+    for i, m in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(src)
+        out[m.group(1)] = ([p.strip() for p in m.group(2).split(",") if p.strip()], src[m.end():end])
+    return out
+
+
+HELPERS = helper_functions()
+KEY_PARAM_RE = re.compile(r"^(k_\w+|key)$")
+
+
+def helpers_called(body: str) -> set[str]:
+    """Helpers a body calls, directly or through other helpers."""
+    found: set[str] = set()
+    todo = [body]
+    while todo:
+        text = todo.pop()
+        for name, (_, hbody) in HELPERS.items():
+            if name not in found and re.search(rf"(?<![\w.]){name}\s*\(", text):
+                found.add(name)
+                todo.append(hbody)
+    return found
+
+
+def script(name: str) -> tuple[list[str], str]:
+    """Header lines and comment-free body of lua/<name>.lua."""
+    header, body = split_header((LUA / f"{name}.lua").read_text())
+    return header, strip_comments(body)
+
+
+def keys_bound(body: str) -> set[str]:
+    return {n for n, e in local_bindings(body) if re.fullmatch(r"KEYS\[\d+\]", e)}
+
+
+# --------------------------------------------------------------------------- the reader itself
+
+
+def test_the_lua_reader_understands_nested_calls_strings_and_comments() -> None:
+    src = "x = redis.call('ZADD', k_a, f(1, 2), redis.call('HGET', k_b, 'a,b') .. '/' .. n) -- redis.call('KEYS', '*')"
+    calls = list(redis_calls(strip_comments(src)))
+    assert calls == [["'ZADD'", "k_a", "f(1, 2)", "redis.call('HGET', k_b, 'a,b') .. '/' .. n"],
+                     ["'HGET'", "k_b", "'a,b'"]]
+    assert local_bindings("local a, b = KEYS[1], tonumber(ARGV[2])") == [("a", "KEYS[1]"), ("b", "tonumber(ARGV[2])")]
+    assert header_section(["-- Returns: {'OK'}", "--   {'E_X', why}", "-- Idempotent: yes"], "Returns:") \
+        == " {'OK'}\n{'E_X', why}"
+
+
+def test_every_lua_file_is_loaded_as_a_script() -> None:
+    assert NAMES == sorted(p.stem for p in LUA.glob("*.lua"))
+    for name in ("enqueue", "claim", "renew", "complete", "fail", "expire", "retry"):
+        assert name in SPECS
+
+
+# --------------------------------------------------------------------------- headers vs bodies
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_numbering_is_contiguous_and_unique(name: str) -> None:
+    header, _ = script(name)
+    for kind, declared in (("KEYS", SPECS[name].keys), ("ARGV", SPECS[name].argv)):
+        idx = header_indices(header, kind)
+        assert idx == list(range(1, len(idx) + 1)), f"{name}.lua: {kind} header lines are numbered {idx}"
+        assert len(declared) == len(idx)
+    names = SPECS[name].keys + SPECS[name].argv
+    assert len(set(SPECS[name].keys)) == len(SPECS[name].keys), f"{name}.lua: a KEYS name is declared twice"
+    assert len(set(SPECS[name].argv)) == len(SPECS[name].argv), f"{name}.lua: an ARGV name is declared twice"
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", n) for n in names)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_declared_key_and_argument_is_used_and_every_used_one_is_declared(name: str) -> None:
+    _, body = script(name)
+    for kind, declared in (("KEYS", SPECS[name].keys), ("ARGV", SPECS[name].argv)):
+        used = {int(i) for i in re.findall(rf"\b{kind}\[(\d+)\]", body)}
+        assert used == set(range(1, len(declared) + 1)), (
+            f"{name}.lua: the body uses {kind} {sorted(used)} but the header declares 1..{len(declared)}")
+        assert not re.search(rf"\b{kind}\[(?!\d+\])", body), f"{name}.lua indexes {kind} with a variable"
+        assert not re.search(rf"(#|unpack\(\s*){kind}\b", body), f"{name}.lua uses {kind} as a whole"
+
+
+def test_the_shared_helpers_declare_no_keys_or_arguments_of_their_own() -> None:
+    src = strip_comments(COMMON)
+    assert not re.search(r"\b(KEYS|ARGV)\b", src)
+    assert not re.search(r"^--\s+(KEYS|ARGV)\[", COMMON, re.M)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_locals_are_bound_to_the_header_entry_of_the_same_name(name: str) -> None:
+    """``local k_att = KEYS[7]`` must be KEYS[7] ``attempts``, not the task or the event stream."""
+    _, body = script(name)
+    for local, expr in local_bindings(body):
+        refs = re.findall(r"\b(KEYS|ARGV)\[(\d+)\]", expr)
+        if len(refs) != 1:
+            continue
+        kind, i = refs[0]
+        names = SPECS[name].keys if kind == "KEYS" else SPECS[name].argv
+        assert 1 <= int(i) <= len(names), f"{name}.lua binds {local!r} to {kind}[{i}], which the header lacks"
+        declared = names[int(i) - 1]
+        short = local.removeprefix("k_")
+        assert short in declared or declared in short, (
+            f"{name}.lua binds {kind}[{i}] (declared {declared!r}) to a local named {local!r}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_has_returns_and_idempotent_lines(name: str) -> None:
+    header, _ = script(name)
+    assert header[0] == f"-- mc_queue: {name}"
+    assert sum(line.startswith("-- Returns:") for line in header) == 1, f"{name}.lua: no single 'Returns:' line"
+    assert sum(line.startswith("-- Idempotent:") for line in header) == 1, f"{name}.lua: no single 'Idempotent:' line"
+    assert header_section(header, "Idempotent:").strip(), f"{name}.lua: 'Idempotent:' says nothing"
+    assert "--@include common" in header or "--@include" not in (LUA / f"{name}.lua").read_text()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_parser_reads_the_header_the_way_these_tests_do(name: str) -> None:
+    text = (LUA / f"{name}.lua").read_text()
+    assert parse_header(name, text) == (SPECS[name].keys, SPECS[name].argv)
+    assert not re.search(r"^--@include", SPECS[name].source, re.M), f"{name}: an include was not expanded"
+    if "--@include common" in text:
+        assert strip_comments(COMMON).strip() in strip_comments(SPECS[name].source)
+
+
+@pytest.mark.parametrize("name", [*NAMES, "includes/common"])
+def test_no_script_calls_the_keys_command(name: str) -> None:
+    src = strip_comments((LUA / f"{name}.lua").read_text())
+    for args in redis_calls(src):
+        assert args[0].strip("'\"").upper() not in ("KEYS", "SCAN"), f"{name}.lua calls {args[0]}"
+    assert not re.search(r"redis\.p?call\(\s*['\"](keys|scan)['\"]", src, re.I)
+
+
+def _check_key_args(where: str, args: list[str], allowed: set[str]) -> None:
+    cmd = args[0].strip()
+    assert re.fullmatch(r"'[A-Za-z]+'", cmd), f"{where}: redis.call with a computed command {cmd}"
+    cmd = cmd.strip("'").upper()
+    if cmd in KEYLESS_COMMANDS:
+        return
+    if cmd in ALL_KEYS_COMMANDS:
+        key_args = args[1:]
+    else:
+        assert cmd in SINGLE_KEY_COMMANDS, f"{where}: {cmd} is not a known command: add it to this test"
+        key_args = args[1:2]
+    assert key_args, f"{where}: {cmd} without a key"
+    for key in key_args:
+        assert ".." not in key and "'" not in key and '"' not in key, (
+            f"{where}: {cmd} builds its key from strings: {key}")
+        assert key in allowed or re.fullmatch(r"KEYS\[\d+\]", key), (
+            f"{where}: {cmd} key {key!r} does not come from KEYS")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_key_a_script_touches_comes_from_keys(name: str) -> None:
+    _, body = script(name)
+    bound = keys_bound(body)
+    for args in redis_calls(body):
+        assert not args[0].startswith("unpack"), f"{name}.lua: redis.call(unpack(...)) outside the helpers"
+        _check_key_args(f"{name}.lua", args, bound)
+    # Keys handed to a helper go where the helper expects a key, and come from KEYS.
+    for helper, (params, _) in HELPERS.items():
+        for m in re.finditer(rf"(?<![\w.]){helper}\s*\(", body):
+            args = split_args(body, m.end() - 1)
+            for param, arg in zip(params, args, strict=False):
+                if KEY_PARAM_RE.match(param):
+                    assert arg in bound or re.fullmatch(r"KEYS\[\d+\]", arg), (
+                        f"{name}.lua passes {arg!r} as {helper}'s key {param!r}")
+                else:
+                    assert arg not in bound, f"{name}.lua passes the key {arg!r} as {helper}'s {param!r}"
+
+
+def test_the_helpers_touch_only_keys_they_are_given() -> None:
+    for helper, (params, body) in HELPERS.items():
+        allowed = {p for p in params if KEY_PARAM_RE.match(p)}
+        for args in redis_calls(body):
+            if args[0].startswith("unpack"):
+                table = re.match(r"unpack\((\w+)\)", args[0])
+                assert table, f"{helper}: redis.call({args[0]})"
+                m = re.search(rf"local {table.group(1)}\s*=\s*\{{", body)
+                assert m, f"{helper}: cannot find the table {table.group(1)}"
+                _check_key_args(f"common.lua {helper}", split_args("(" + body[m.end():], 0), allowed)
+            else:
+                _check_key_args(f"common.lua {helper}", args, allowed)
+        for other, (oparams, _) in HELPERS.items():
+            for m in re.finditer(rf"(?<![\w.]){other}\s*\(", body):
+                for param, arg in zip(oparams, split_args(body, m.end() - 1), strict=False):
+                    if KEY_PARAM_RE.match(param):
+                        assert arg in allowed, f"{helper} passes {arg!r} as {other}'s key {param!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_key_name_is_built_inside_a_redis_call(name: str) -> None:
+    """The brief's simple check: no key argument concatenated with '{' or ':'."""
+    _, body = script(name)
+    for src in (body, strip_comments(COMMON)):
+        for args in redis_calls(src):
+            for arg in args[1:2]:
+                concatenated = ".." in arg
+                tagged = re.search(r"['\"][^'\"]*[{:][^'\"]*['\"]", arg) is not None
+                assert not (concatenated and tagged), f"{name}.lua builds a key: {arg}"
+
+
+# --------------------------------------------------------------------------- declared replies and events
+
+
+EVENT_RE = re.compile(r"(?<![\w.])emit\(\s*\w+\s*,\s*'(\w+)'")
+CODE_RE = re.compile(r"return\s*\{\s*'([A-Z_]+)'")
+ALL_EVENTS = set(EVENT_RE.findall(strip_comments(COMMON))) | {
+    e for n in NAMES for e in EVENT_RE.findall(script(n)[1])
+}
+
+
+def _reply_codes(name: str) -> set[str]:
+    """Codes the script can return: its own, and those of the helpers whose error replies it returns."""
+    _, body = script(name)
+    codes = set(CODE_RE.findall(body))
+    if re.search(r"err\s*=\s*fence_check\(", body):
+        # fence_check also returns a code chosen from a table of refusals: every code literal it names
+        codes |= set(re.findall(r"'(E_[A-Z_]+)'", HELPERS["fence_check"][1]))
+        codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
+    for m in re.finditer(r"err\s*=\s*ns_check\(", body):
+        codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
+        codes |= {c for c in CODE_RE.findall(HELPERS["ns_check"][1]) if c != "E_EPOCH"}
+        if split_args(body, m.end() - 1)[-1] == "false":  # allow_retired=false: a retired epoch is refused
+            codes.add("E_EPOCH")
+    return codes
+
+
+def test_reply_code_reader_finds_the_helper_codes() -> None:
+    assert set(CODE_RE.findall(HELPERS["fence_check"][1])) >= {"E_NOTASK", "E_BADARG"}
+    assert _reply_codes("renew") >= {"E_STALE", "E_STATE", "E_EXPIRED", "E_NOTASK", "E_NSLOST"}
+    assert set(CODE_RE.findall(HELPERS["ns_check"][1])) == {"E_NSLOST", "E_EPOCH"}
+    assert _reply_codes("claim") >= {"OK", "DUP", "E_CLAIM", "E_NSLOST", "E_EPOCH"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_reply_code_is_declared_in_returns_and_every_declared_one_exists(name: str) -> None:
+    header, _ = script(name)
+    declared = set(re.findall(r"'([A-Z_]+)'", header_section(header, "Returns:")))
+    actual = _reply_codes(name)
+    assert actual <= declared, f"{name}.lua can return {sorted(actual - declared)} but 'Returns:' omits them"
+    assert declared <= actual, f"{name}.lua declares {sorted(declared - actual)} but never returns them"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_event_a_script_emits_is_declared_and_every_declared_one_is_emitted(name: str) -> None:
+    header, body = script(name)
+    section = header_section(header, "Events")
+    declared = {w for w in re.findall(r"\b[a-z_]+\b", section) if w in ALL_EVENTS}
+    own = set(EVENT_RE.findall(body))
+    reachable = own | {e for h in helpers_called(body) for e in EVENT_RE.findall(HELPERS[h][1])}
+    assert own <= declared, f"{name}.lua emits {sorted(own - declared)} but its header does not declare them"
+    assert declared <= reachable, f"{name}.lua declares {sorted(declared - reachable)} but never emits them"
+
+
+# --------------------------------------------------------------------------- the Python side
+
+
+def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
+    """Is ``value`` the namespace's key for the header name ``key_name``?"""
+    fixed = {"meta": q.keys.meta, "epochs": q.keys.epochs, "idem": q.keys.idem, "queues": q.keys.queues,
+             "counts": q.keys.counts, "leases": q.keys.leases, "suspect": q.keys.suspect,
+             "nslog": f"{q.keys.tag}:nslog"}
+    if key_name in fixed:
+        return value == fixed[key_name]
+    patterns = {"task": r":t:[^:]+:[0-9A-Z]{26}", "attempts": r":t:[^:]+:[0-9A-Z]{26}:a",
+                "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending"}
+    assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
+    return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
+    calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+    original = Scripts.call
+
+    def spy(self: Scripts, name: str, keys: Any, argv: Any, client: Any = None) -> Any:
+        calls.append((name, dict(keys), dict(argv)))
+        return original(self, name, keys, argv, client)
+
+    monkeypatch.setattr(Scripts, "call", spy)
+    return calls
+
+
+def _full_lifecycle(q: mc_queue.Client) -> None:
+    failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
+    q.namespace()
+    a = q.enqueue("jobs", "h", {"n": 1}, "key-1")
+    la = q.claim_attempt(a.id, "w", 60_000)
+    q.renew_lease(la.attempt_id, la.fence, worker_id="w")
+    q.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="w")
+    b = q.enqueue("jobs", "h", {"n": 2})
+    lb = q.claim_attempt(b.id, "w", 60_000)
+    q.fail_attempt(lb.attempt_id, lb.fence, failure, worker_id="w")
+    q.retry_task(b.id, "the provider limit has reset now")
+    lb2 = q.claim_attempt(b.id, "w", 100)
+    deadline = time.monotonic() + 5
+    while not q.expire_leases():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    q.reconcile_attempt(lb2.attempt_id)
+    c = q.enqueue("jobs", "h", {"n": 3})
+    q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
+    q.recover(reason="header test")
+    q.get_task(b.id)
+    q.status()
+
+
+def test_the_client_passes_exactly_the_header_names_to_every_script(
+        q: mc_queue.Client, recorded: list[tuple[str, dict[str, str], dict[str, Any]]]) -> None:
+    _full_lifecycle(q)
+    called = {name for name, _, _ in recorded}
+    assert called == set(NAMES), f"scripts never called by the lifecycle: {sorted(set(NAMES) - called)}"
+    for name, keys, argv in recorded:
+        spec = SPECS[name]
+        assert tuple(sorted(keys)) == tuple(sorted(spec.keys)), f"{name}: KEYS {sorted(keys)} != {spec.keys}"
+        assert tuple(sorted(argv)) == tuple(sorted(spec.argv)), f"{name}: ARGV {sorted(argv)} != {spec.argv}"
+        for key_name, value in keys.items():
+            assert value.startswith(q.keys.tag + ":"), f"{name}: key {key_name}={value!r} outside the namespace slot"
+            assert _expected_key(q, key_name, value), f"{name}: KEYS {key_name!r} is given {value!r}"
+        if "task" in keys:
+            base = keys["task"]
+            for key_name, suffix in (("attempts", ":a"), ("events", ":ev")):
+                if key_name in keys:
+                    assert keys[key_name] == base + suffix, f"{name}: {key_name} of another task"
+
+
+class _Untouchable:
+    """A client that fails the test if a script call reaches it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the call reached the Redis client ({name}) despite wrong names")
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "renamed"])
+def test_a_wrong_name_is_refused_before_reaching_redis(q: mc_queue.Client, change: str) -> None:
+    scripts = Scripts(q.redis)
+    keys = {"leases": q.keys.leases}
+    argv: dict[str, Any] = {"limit": 10}
+    assert scripts.call("due_leases", keys, argv)[1:] == []  # the right names work
+    if change == "missing":
+        argv = {}
+    elif change == "extra":
+        keys = {**keys, "meta": q.keys.meta}
+    else:
+        argv = {"max": 10}
+    with pytest.raises(TypeError):
+        scripts.call("due_leases", keys, argv, client=_Untouchable())
