@@ -10,11 +10,13 @@
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
+-- KEYS[10] outbox   attempts waiting to be dispatched to the transport
 -- ARGV[1] worker     worker id
 -- ARGV[2] lease_ms   lease length
 -- ARGV[3] epoch      namespace epoch the client knows
 -- ARGV[4] min_seq    highest claim sequence this client has seen (state-loss detection)
 -- ARGV[5] request_id the caller's id for this claim; a resend returns the same lease
+-- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms} | {'DUP', ...same...}
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
@@ -23,8 +25,8 @@
 --@include common
 
 local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_task, k_att, k_ev, k_pending = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local worker, lease_ms, epoch, min_seq, req = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local k_task, k_att, k_ev, k_pending, k_outbox = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local worker, lease_ms, epoch, min_seq, req, expect_n = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 if not lease_ms or lease_ms < 1 or lease_ms ~= math.floor(lease_ms) then
   return {'E_BADARG', 'lease_ms must be a positive integer'}
@@ -47,7 +49,9 @@ if req ~= '' and a[2] == req and a[1] == 'running' then
 end
 
 local why = nil
-if state ~= 'pending' and state ~= 'backoff' then
+if expect_n ~= '' and expect_n ~= n then
+  why = 'sent to run attempt ' .. expect_n .. ' but the task is at attempt ' .. n
+elseif state ~= 'pending' and state ~= 'backoff' then
   why = 'task is ' .. state
 elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])
@@ -67,6 +71,7 @@ aset(k_att, n, {'state', 'running', 'worker', worker, 'fence', fmt(fence), 'leas
   'started_at', ts, 'claim_req', req, 'seq', seq, 'lease_ms', lease_ms})
 redis.call('ZADD', k_leases, exp, aid)
 redis.call('ZREM', k_pending, task_id)
+redis.call('ZREM', k_outbox, aid)
 move_count(k_counts, queue, state, 'running')
 emit(k_ev, 'attempt_claimed', {'attempt', n, 'worker', worker, 'fence', fmt(fence), 'lease_exp', exp})
 return {'OK', tonumber(n), fmt(fence), exp, seq, ts}

@@ -15,8 +15,8 @@
 -- ARGV[3] worker         worker id
 -- ARGV[4] result         result JSON
 -- ARGV[5] result_digest  sha256 of the canonical result
--- ARGV[6] cost           cost charged by this Attempt (decimal string)
--- ARGV[7] tokens         tokens charged by this Attempt
+-- ARGV[6] cost           cost to add to what the Attempt was charged (decimal string)
+-- ARGV[7] tokens         tokens to add
 -- ARGV[8] epoch
 -- ARGV[9] min_seq
 -- Returns: {'OK', ended_at, attempt_fields} | {'DUP', ended_at, attempt_fields}
@@ -50,7 +50,9 @@ if err then return err end
 local t = redis.call('HMGET', k_task, 'queue', 'id')
 local started = tonumber(aget(k_att, n, 'started_at'))
 aset(k_att, n, {'state', 'succeeded', 'ended_at', ts, 'elapsed_ms', ts - started, 'result', result,
-  'result_digest', digest, 'cost', cost, 'tokens', tokens})
+  'result_digest', digest})
+redis.call('HINCRBYFLOAT', k_att, n .. '.cost', cost)
+redis.call('HINCRBY', k_att, n .. '.tokens', tokens)
 redis.call('HSET', k_task, 'state', 'succeeded', 'active', '', 'updated_at', ts, 'result', result)
 redis.call('ZREM', k_leases, t[2] .. '/' .. n)
 move_count(k_counts, t[1], 'running', 'succeeded')

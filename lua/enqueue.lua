@@ -11,6 +11,7 @@
 -- KEYS[8] attempts   attempts hash
 -- KEYS[9] events     task event stream
 -- KEYS[10] pending   the queue's pending index
+-- KEYS[11] outbox   attempts waiting to be dispatched to the transport
 -- ARGV[1] task_id
 -- ARGV[2] queue
 -- ARGV[3] handler
@@ -30,7 +31,7 @@
 --@include common
 
 local k_meta, k_epochs, k_nslog, k_idem, k_queues, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local k_task, k_att, k_ev, k_pending = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local k_task, k_att, k_ev, k_pending, k_outbox = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local task_id, queue, handler, payload, digest = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local idem_key, manifest, policy, budget, epoch, actor = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 
@@ -69,6 +70,7 @@ if idem_key ~= '' then
 end
 redis.call('SADD', k_queues, queue)
 redis.call('ZADD', k_pending, ts, task_id)
+redis.call('ZADD', k_outbox, ts, task_id .. '/1')
 move_count(k_counts, queue, '', 'pending')
 emit(k_ev, 'task_created', {'actor', actor, 'handler', handler, 'payload_digest', digest, 'idem_key', idem_key})
 emit(k_ev, 'attempt_created', {'attempt', 1, 'actor', actor, 'reason', 'first dispatch'})

@@ -10,6 +10,8 @@
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
 -- KEYS[8] pending    the queue's pending index
+-- KEYS[9] outbox     attempts waiting to be dispatched to the transport
+-- KEYS[10] attention attention items (resolved by this decision)
 -- ARGV[1] reason      why another Attempt (>= 10 characters)
 -- ARGV[2] hypothesis  what is different this time, or ''
 -- ARGV[3] actor       who decides (operator, policy)
@@ -23,7 +25,7 @@
 --@include common
 
 local k_meta, k_epochs, k_nslog, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_task, k_att, k_ev, k_pending = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local k_task, k_att, k_ev, k_pending, k_outbox, k_attention = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local reason, hypothesis, actor, req, delay, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
 
 if not delay or delay < 0 or delay ~= math.floor(delay) then return {'E_BADARG', 'delay_ms must be an integer >= 0'} end
@@ -60,6 +62,8 @@ aset(k_att, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 
   'retry_by', actor})
 redis.call('HSET', k_task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', k_pending, due, task_id)
+redis.call('ZADD', k_outbox, due, task_id .. '/' .. m)
+redis.call('HDEL', k_attention, task_id)
 move_count(k_counts, queue, state, new_state)
 emit(k_ev, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', actor, 'reason', trimmed,
   'hypothesis', hypothesis, 'due_at', due})

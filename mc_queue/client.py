@@ -16,19 +16,21 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .codec import canonical_json, digest, encode_payload
-from .errors import InvalidArgument, TaskNotFound, raise_for_reply
-from .failures import failure_from_exception
+from .errors import InvalidArgument, PhaseOutOfOrder, TaskNotFound, raise_for_reply
+from .failures import make_failure
 from .keys import Keys, TaskKeys, check_queue, new_task_id, parse_attempt_id
 from .models import (
     Attempt,
     ExpiredLease,
     Failure,
     FailureClass,
+    Heartbeat,
     Lease,
     Manifest,
     NamespaceInfo,
     Task,
 )
+from .policy import Budget, Classified, Decision, RetryPolicy, classify, decide, parse_config
 from .scripts import Scripts
 
 DEFAULT_LEASE_MS = 30_000
@@ -106,7 +108,7 @@ class Client:
 
     def _load_namespace(self) -> NamespaceInfo:
         witness = self._read_witness()
-        reply = self._run("init", {"meta": self.keys.meta, "nslog": self._nslog, "queues": self.keys.queues,
+        reply = self._run("init", {"meta": self.keys.meta, "nslog": self.keys.nslog, "queues": self.keys.queues,
                                    "leases": self.keys.leases},
                           {"nonce": uuid.uuid4().hex[:8], "witness": witness or "", "actor": self.actor})
         info = NamespaceInfo(self.keys.prefix, reply[1], reply[2], int(reply[3]), int(reply[4]))
@@ -117,12 +119,8 @@ class Client:
             self._write_witness(info.epoch)
         return info
 
-    @property
-    def _nslog(self) -> str:
-        return f"{self.keys.tag}:nslog"
-
     def _ns_keys(self) -> dict[str, str]:
-        return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self._nslog}
+        return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog}
 
     def _read_witness(self) -> str | None:
         if not self.witness_path or not self.witness_path.exists():
@@ -185,9 +183,9 @@ class Client:
         model: str | None = None,
         context: Mapping[str, Any] | None = None,
         base_sha: str | None = None,
-        retry_policy: str | None = None,
-        budget: str | None = None,
-        policy_version: str = "default-v1",
+        retry_policy: RetryPolicy | None = None,
+        budget: Budget | None = None,
+        policy_version: str | None = None,
         task_id: str | None = None,
     ) -> Task:
         """Create a Task and its first Attempt. The same idempotency key returns the same task."""
@@ -204,7 +202,9 @@ class Client:
         ):
             raise InvalidArgument("idempotency key must be 1-512 characters without spaces (or None)")
         text, payload_digest = encode_payload(payload)
-        manifest = Manifest(handler=handler, payload_digest=payload_digest, policy_version=policy_version,
+        policy = retry_policy or RetryPolicy()
+        manifest = Manifest(handler=handler, payload_digest=payload_digest,
+                            policy_version=policy_version or policy.version,
                             executor=executor, model=model, context=dict(context or {}), base_sha=base_sha)
         canonical_json(manifest.context, what="context")
         tid = task_id or new_task_id(queue)
@@ -216,10 +216,12 @@ class Client:
             return self._run("enqueue", {
                 **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
                 "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "outbox": self.keys.outbox,
             }, {
                 "task_id": tid, "queue": queue, "handler": handler, "payload": text,
                 "payload_digest": payload_digest, "idem_key": idempotency_key or "",
-                "manifest": manifest.model_dump_json(), "retry_policy": retry_policy or "", "budget": budget or "",
+                "manifest": manifest.model_dump_json(), "retry_policy": policy.model_dump_json(),
+                "budget": (budget or Budget()).model_dump_json(),
                 "epoch": epoch, "actor": self.actor,
             })
 
@@ -228,8 +230,12 @@ class Client:
         return self.get_task(str(reply[1]))
 
     def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int = DEFAULT_LEASE_MS, *,
-                      request_id: str | None = None) -> Lease:
-        """Atomically take the task's pending Attempt and a lease with a new fence."""
+                      request_id: str | None = None, expect_attempt: int | None = None) -> Lease:
+        """Atomically take the task's pending Attempt and a lease with a new fence.
+
+        ``expect_attempt``: refuse unless the pending Attempt is this one (a transport message
+        for Attempt N must not run Attempt N+1).
+        """
         tk = self._task_keys(task_id)
         req = request_id or uuid.uuid4().hex
 
@@ -237,8 +243,9 @@ class Client:
             return self._run("claim", {
                 **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases,
                 "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "outbox": self.keys.outbox,
             }, {"worker": worker_id, "lease_ms": lease_ms, "epoch": epoch, "min_seq": self._seq_seen,
-                "request_id": req})
+                "request_id": req, "expect_n": "" if expect_attempt is None else expect_attempt})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="claim", task_id=task_id)
@@ -250,17 +257,21 @@ class Client:
     def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
                     lease_ms: int | None = None) -> int:
         """Extend the lease; returns the new expiry (ms, Redis clock). Raises StaleFence/LeaseExpired."""
-        return self._renew(attempt_id, fence, worker_id, lease_ms)[0]
+        return self.heartbeat(attempt_id, fence, worker_id=worker_id, lease_ms=lease_ms).expires_at_ms
 
-    def _renew(self, attempt_id: str, fence: int, worker_id: str, lease_ms: int | None) -> tuple[int, bool]:
+    def heartbeat(self, attempt_id: str, fence: int, *, worker_id: str = "", lease_ms: int | None = None,
+                  cost: float = 0.0, tokens: int = 0, request_id: str | None = None) -> Heartbeat:
+        """Renew the lease and charge cost/tokens to the Attempt (once per request id)."""
         task_id, n, tk = self._attempt(attempt_id)
+        charging = cost > 0 or tokens > 0
         reply = self._run("renew", {
             **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts,
             "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "lease_ms": "" if lease_ms is None else lease_ms,
-            "epoch": self._ns(), "min_seq": self._seq_seen})
+            "epoch": self._ns(), "min_seq": self._seq_seen, "cost": repr(float(cost)), "tokens": int(tokens),
+            "request_id": (request_id or uuid.uuid4().hex) if charging else ""})
         raise_for_reply(reply, script="renew", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
-        return int(reply[1]), reply[2] == "1"
+        return Heartbeat(int(reply[1]), reply[2] == "1", float(reply[3]), int(reply[4]))
 
     def complete_attempt(self, attempt_id: str, fence: int, result: Any = None, *, worker_id: str = "",
                          cost: float = 0.0, tokens: int = 0) -> Attempt:
@@ -277,27 +288,63 @@ class Client:
         return _attempt_from_snapshot(task_id, n, reply[2])
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | BaseException | Mapping[str, Any], *,
-                     worker_id: str = "", cost: float = 0.0, tokens: int = 0) -> Attempt:
-        """Record a classified failure. Exceptions are recorded as internal failures unless classified."""
+                     worker_id: str = "", cost: float = 0.0, tokens: int = 0,
+                     decision: Decision | None = None) -> Attempt:
+        """Record a classified failure, and apply the policy's decision in the same step.
+
+        Without a decision the task waits in ``failed`` for a person (``retry_task``). Exceptions are
+        classified with :func:`mc_queue.policy.classify`.
+        """
         task_id, n, tk = self._attempt(attempt_id)
         f = _as_failure(failure)
         text = f.model_dump_json()
+        d = decision
         reply = self._run("fail", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
-            "attempts": tk.attempts, "events": tk.events,
+            "attempts": tk.attempts, "events": tk.events, "pending": tk.pending, "attention": self.keys.attention,
+            "dlq": self.keys.dlq, "outbox": self.keys.outbox,
         }, {"n": n, "fence": fence, "worker": worker_id, "failure": text, "failure_digest": digest(text),
             "fclass": f.failure_class.value, "fingerprint": f.fingerprint, "cost": repr(float(cost)),
-            "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
+            "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen,
+            **_decision_args(d, default="")})
         raise_for_reply(reply, script="fail", task_id=task_id, attempt_id=attempt_id,
                         presented_fence=fence)
         return _attempt_from_snapshot(task_id, n, reply[2])
+
+    def checkpoint(self, attempt_id: str, fence: int, phase: str, phase_index: int, record: Mapping[str, Any], *,
+                   worker_id: str = "") -> bool:
+        """Record a phase reached by a running Attempt (fenced, monotonic). False when already recorded."""
+        task_id, n, tk = self._attempt(attempt_id)
+        text = canonical_json(dict(record), what="checkpoint")
+        reply = self._run("checkpoint", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+        }, {"n": n, "fence": fence, "worker": worker_id, "phase": phase, "phase_index": phase_index,
+            "record": text, "digest": digest(text), "epoch": self._ns(), "min_seq": self._seq_seen})
+        if reply[0] == "E_PHASE":
+            raise PhaseOutOfOrder(
+                f"checkpoint {phase!r} of {attempt_id} refused: phases are monotonic and the attempt is already "
+                f"at {reply[1]!r}", task_id=task_id, attempt_id=attempt_id, script="checkpoint", code="E_PHASE")
+        raise_for_reply(reply, script="checkpoint", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return bool(reply[0] == "OK")
+
+    def due_dispatches(self, *, limit: int = 500) -> list[str]:
+        """Attempt ids in the outbox whose (re)dispatch time has come (Redis clock)."""
+        due = self._run("due", {"index": self.keys.outbox}, {"limit": limit})
+        return [str(m) for m in due[1:]]
+
+    def mark_dispatched(self, attempt_id: str, *, recheck_ms: int) -> bool:
+        """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""
+        _, n, tk = self._attempt(attempt_id)
+        reply = self._run("mark_dispatched", {"outbox": self.keys.outbox, "attempts": tk.attempts},
+                          {"attempt_id": attempt_id, "n": n, "recheck_ms": int(recheck_ms)})
+        return bool(reply[0] == "OK")
 
     def expire_leases(self, *, limit: int = 500, actor: str | None = None,
                       max_batches: int = 1000) -> list[ExpiredLease]:
         """Every lease past its expiry (Redis clock) -> Attempt suspect, fence bumped. Bounded batches."""
         out: list[ExpiredLease] = []
         for _ in range(max_batches):
-            due = self._run("due_leases", {"leases": self.keys.leases}, {"limit": limit})
+            due = self._run("due", {"index": self.keys.leases}, {"limit": limit})
             members = [str(m) for m in due[1:]]
             if not members:
                 break
@@ -320,12 +367,14 @@ class Client:
                 out.append(ExpiredLease(aid, old_fence=int(reply[2]), new_fence=int(reply[1])))
         return out
 
-    def reconcile_attempt(self, attempt_id: str, *, actor: str | None = None) -> Attempt:
+    def reconcile_attempt(self, attempt_id: str, *, actor: str | None = None,
+                          apply_policy: bool = False) -> Attempt:
         """Suspect -> reconciling -> settled.
 
         With no side effects recorded there is nothing to find at a provider: the outcome of the
-        Attempt is unknown, so it is settled as failed with the executor class, and the task waits
-        for a decision (retry_task).
+        Attempt is unknown, so it is settled as failed with the executor class. Without
+        ``apply_policy`` the task then waits in ``failed`` for a person (``retry_task``); with it,
+        the retry policy and budget frozen in the task at enqueue decide (the sweeper's way).
         """
         task_id, n, tk = self._attempt(attempt_id)
         who = actor or self.actor
@@ -333,24 +382,38 @@ class Client:
                           {"n": n, "actor": who})
         raise_for_reply(reply, script="reconcile_begin", task_id=task_id, attempt_id=attempt_id)
         evidence = {"effects": [], "finding": "no side effects recorded for this attempt",
-                    "decision": "failed (executor): the worker lost its lease and proved nothing"}
-        failure = Failure(failure_class=FailureClass.EXECUTOR, type="LeaseLost",
-                          message="the worker's lease expired before it completed",
-                          fingerprint=_fp(FailureClass.EXECUTOR, "LeaseLost", "lease expired"))
-        return self._settle(attempt_id, who, "failed", "failed", failure=failure, evidence=evidence)
+                    "conclusion": "failed (executor): the worker lost its lease and proved nothing"}
+        failure = make_failure(FailureClass.EXECUTOR, "LeaseLost", "the worker's lease expired before it completed")
+        decision = None
+        if apply_policy:
+            task = self.get_task(task_id)
+            decision = self.policy_decision(task, task.attempts[n - 1], Classified(failure))
+        return self._settle(attempt_id, who, "failed", failure=failure, evidence=evidence, decision=decision)
 
-    def _settle(self, attempt_id: str, actor: str, outcome: str, task_state: str, *, result: Any = None,
-                failure: Failure | None = None, evidence: Any = None) -> Attempt:
+    def policy_decision(self, task: Task, attempt: Attempt, classified: Classified, *, cost: float = 0.0,
+                        tokens: int = 0) -> Decision:
+        """What the task's frozen retry policy and budget say about this failure."""
+        policy = parse_config(task.retry_policy, RetryPolicy)
+        budget = parse_config(task.budget, Budget)
+        stamps = [t for t in (attempt.heartbeat_at, attempt.suspect_at, attempt.started_at) if t]
+        elapsed = (max(stamps) - task.created_at).total_seconds() if stamps else None
+        return decide(task, attempt, classified, policy, budget, cost=cost, tokens=tokens, elapsed_s=elapsed)
+
+    def _settle(self, attempt_id: str, actor: str, outcome: str, *, result: Any = None,
+                failure: Failure | None = None, evidence: Any = None, decision: Decision | None = None) -> Attempt:
         task_id, n, tk = self._attempt(attempt_id)
+        d = decision
         reply = self._run("reconcile_settle", {
             "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts,
-            "events": tk.events,
-        }, {"n": n, "actor": actor, "outcome": outcome, "task_state": task_state,
+            "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
+            "attention": self.keys.attention, "dlq": self.keys.dlq,
+        }, {"n": n, "actor": actor, "outcome": outcome,
             "result": canonical_json(result) if outcome == "succeeded" else "",
             "failure": failure.model_dump_json() if failure else "",
             "fclass": failure.failure_class.value if failure else "",
             "fingerprint": failure.fingerprint if failure else "",
-            "evidence": canonical_json(evidence, what="evidence")})
+            "evidence": canonical_json(evidence, what="evidence"),
+            **_decision_args(d, default="" if outcome == "succeeded" else "wait")})
         raise_for_reply(reply, script="reconcile_settle", task_id=task_id, attempt_id=attempt_id)
         return _attempt_from_snapshot(task_id, n, reply[2])
 
@@ -365,7 +428,8 @@ class Client:
         def call(epoch: str) -> list[Any]:
             return self._run("retry", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending,
+                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
+                "attention": self.keys.attention,
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
                 "delay_ms": int(delay_ms), "epoch": epoch})
 
@@ -397,7 +461,7 @@ class Client:
                 break
             voided.extend(self._expire([str(m) for m in members], who, force=True,
                                        reason="namespace recovery voided every lease"))
-        fin = self._run("recover_finish", {"meta": self.keys.meta, "nslog": self._nslog},
+        fin = self._run("recover_finish", {"meta": self.keys.meta, "nslog": self.keys.nslog},
                         {"epoch": epoch, "actor": who, "voided": len(voided)})
         raise_for_reply(fin, script="recover_finish")
         self._epoch = None
@@ -438,13 +502,21 @@ class Client:
         return out
 
     def namespace_events(self) -> list[dict[str, str]]:
-        entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(self._nslog))
+        entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(self.keys.nslog))
         return [dict(f, id=i) for i, f in entries]
 
 
 def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
     fields = {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
     return Attempt.from_fields(task_id, n, fields)
+
+
+def _decision_args(d: Decision | None, *, default: str) -> dict[str, Any]:
+    return {"decision": d.action if d else default, "why": d.why if d else "",
+            "next_reason": d.next_reason if d else "", "next_hypothesis": d.next_hypothesis if d else "",
+            "delay_ms": int(d.delay_s * 1000) if d else 0,
+            "attention": canonical_json(d.attention, what="attention") if d and d.attention else "",
+            "budget": d.budget_exhausted if d else ""}
 
 
 def _fp(fc: FailureClass, type_name: str, message: str) -> str:
@@ -459,7 +531,7 @@ def _as_failure(failure: Failure | BaseException | Mapping[str, Any]) -> Failure
             return failure
         return failure.model_copy(update={"fingerprint": _fp(failure.failure_class, failure.type, failure.message)})
     if isinstance(failure, BaseException):
-        return failure_from_exception(failure)
+        return classify(failure).failure
     if isinstance(failure, Mapping):
         try:
             return _as_failure(Failure.model_validate(dict(failure)))

@@ -84,6 +84,10 @@ class AttemptNotRunning(WriteRefused):
     """The fence is current but the Attempt is no longer running (already settled)."""
 
 
+class PhaseOutOfOrder(TransitionRefused):
+    """A checkpoint for a phase at or before the Attempt's last one (phases are monotonic)."""
+
+
 class ResultConflict(McqError):
     """The Attempt was already settled with the same fence and a different result or failure."""
 
@@ -118,7 +122,7 @@ def raise_for_reply(
     if code == "E_CLAIM":
         holder = f" (held by {detail[1]})" if len(detail) > 1 and detail[1] else ""
         raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
-    if code in ("E_STALE", "E_STATE", "E_EXPIRED") and script in ("renew", "complete", "fail"):
+    if code in ("E_STALE", "E_STATE", "E_EXPIRED") and script in ("renew", "complete", "fail", "checkpoint"):
         current = int(first) if first.isdigit() else None
         fenced = dict(presented_fence=presented_fence, current_fence=current, **ctx)
         if code == "E_STALE":

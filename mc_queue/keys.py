@@ -7,12 +7,16 @@ namespaces). Every key a script touches is passed to it in KEYS; no script build
 Key schema (``P`` = ``{prefix}``)::
 
     P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq
+    P:nslog                stream namespace events: creation, state loss detected, recovery
     P:epochs               set    epochs retired by ``mcq recover``
     P:idem                 hash   producer idempotency key -> task id
     P:queues               set    queue names seen
     P:counts               hash   "<queue>|<task state>" -> number of tasks in that state
     P:leases               zset   attempt id -> lease expiry (ms, Redis clock); the expiry index
     P:suspect              zset   attempt id -> time it turned suspect (ms)
+    P:attention            hash   task id -> attention item JSON (what was tried, why stop)
+    P:dlq                  zset   task id -> time it was quarantined
+    P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
     P:t:<task id>          hash   the Task
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
@@ -97,12 +101,16 @@ class Keys:
         tag = "{" + prefix + "}"
         self.tag = tag
         self.meta = f"{tag}:meta"
+        self.nslog = f"{tag}:nslog"
         self.epochs = f"{tag}:epochs"
         self.idem = f"{tag}:idem"
         self.queues = f"{tag}:queues"
         self.counts = f"{tag}:counts"
         self.leases = f"{tag}:leases"
         self.suspect = f"{tag}:suspect"
+        self.attention = f"{tag}:attention"
+        self.dlq = f"{tag}:dlq"
+        self.outbox = f"{tag}:outbox"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

@@ -124,6 +124,9 @@ class Attempt(_Record):
     cost: float = 0.0
     tokens: int = 0
     elapsed_ms: int | None = None
+    phase: str | None = None
+    checkpoints: dict[str, Any] = Field(default_factory=dict)
+    dispatches: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -167,6 +170,9 @@ class Attempt(_Record):
             cost=float(f.get("cost") or 0),
             tokens=int(f.get("tokens") or 0),
             elapsed_ms=int(f["elapsed_ms"]) if f.get("elapsed_ms") else None,
+            phase=f.get("phase") or None,
+            checkpoints={k[5:]: json.loads(v) for k, v in f.items() if k.startswith("ckpt.")},
+            dispatches=int(f.get("dispatches") or 0),
         )
 
 
@@ -255,6 +261,17 @@ class Lease:
     @property
     def expires_at(self) -> datetime:
         return datetime.fromtimestamp(self.expires_at_ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A renewed lease: new expiry (ms, Redis clock), whether cancellation was requested, and what
+    the Attempt has been charged so far."""
+
+    expires_at_ms: int
+    cancel_requested: bool
+    cost: float
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,3 +152,41 @@ local function attempt_snapshot(k_att, n)
   end
   return out
 end
+
+-- Apply the decision that follows a failed Attempt n, in the same script as the failure:
+--   ''/'wait'  the task waits in failed for a person (retry_task);
+--   'retry'    Attempt n+1 pending, due after delay_ms (task backoff, or pending when 0);
+--   'stop'     the task is blocked and an attention item is recorded;
+--   'quarantine' the task is dead-lettered with its history (and an attention item).
+-- Returns the task's new state. Callers validate the decision name before their first write.
+local DECISIONS = {[''] = 'failed', wait = 'failed', retry = 'backoff', stop = 'blocked', quarantine = 'quarantined'}
+
+local function apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, task_id, queue, n,
+                               from_state, d, ts)
+  local state = DECISIONS[d.action]
+  if d.action == 'retry' then
+    local m = tonumber(n) + 1
+    local due = ts + d.delay_ms
+    if d.delay_ms <= 0 then state = 'pending' end
+    aset(k_att, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', d.reason,
+      'hypothesis', d.hypothesis, 'manifest', redis.call('HGET', k_task, 'manifest'), 'worktree', task_id .. '/' .. m,
+      'retry_by', d.actor})
+    redis.call('HSET', k_task, 'state', state, 'attempts', m, 'active', m, 'updated_at', ts)
+    redis.call('ZADD', k_pending, due, task_id)
+    redis.call('ZADD', k_outbox, due, task_id .. '/' .. m)
+    emit(k_ev, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', d.actor, 'reason', d.reason,
+      'hypothesis', d.hypothesis, 'due_at', due, 'delay_ms', d.delay_ms, 'decision', d.why})
+  else
+    redis.call('HSET', k_task, 'state', state, 'active', '', 'updated_at', ts)
+    if d.action == 'stop' or d.action == 'quarantine' then
+      redis.call('HSET', k_attention, task_id, d.attention)
+      emit(k_ev, 'attention_raised', {'attempt', n, 'actor', d.actor, 'reason', d.why, 'budget', d.budget})
+    end
+    if d.action == 'quarantine' then
+      redis.call('ZADD', k_dlq, ts, task_id)
+      emit(k_ev, 'task_quarantined', {'attempt', n, 'actor', d.actor, 'reason', d.why})
+    end
+  end
+  move_count(k_counts, queue, from_state, state)
+  return state
+end

@@ -1,0 +1,351 @@
+"""Failure classes, retry policy and budgets: what happens after an Attempt fails.
+
+Every failure is classified before anything is decided. The decision is one of:
+
+- ``retry``      a new Attempt N+1, due after a backoff with full jitter (transient classes), or
+                 carrying the handler's changed hypothesis (validation, repository);
+- ``stop``       the task is blocked with an attention item saying what was tried, what changed
+                 between tries and why another automatic Attempt is unsafe;
+- ``quarantine`` the task is dead-lettered with its whole history (internal failures, poison).
+
+The decision is computed here, from the task's recorded history, and applied atomically by
+``fail.lua`` together with the failure itself. Only the holder of the current fence can fail an
+Attempt, so the history it was computed from cannot change underneath it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import tenacity
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .failures import fingerprint
+from .models import Attempt, Failure, FailureClass, Task
+
+# --------------------------------------------------------------------------- typed handler errors
+
+
+class HandlerError(Exception):
+    """Raise from a handler to classify a failure. ``hypothesis`` is what a next Attempt would change."""
+
+    failure_class: FailureClass = FailureClass.INTERNAL
+
+    def __init__(self, message: str = "", *, hypothesis: str | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.hypothesis = hypothesis
+        self.retry_after = retry_after
+
+
+class AuthorizationError(HandlerError):
+    failure_class = FailureClass.AUTHORIZATION
+
+
+class ConfigurationFailure(HandlerError):
+    failure_class = FailureClass.CONFIGURATION
+
+
+class CapacityError(HandlerError):
+    failure_class = FailureClass.CAPACITY
+
+
+class ProviderError(HandlerError):
+    failure_class = FailureClass.PROVIDER
+
+
+class ExecutorError(HandlerError):
+    failure_class = FailureClass.EXECUTOR
+
+
+class ValidationFailure(HandlerError):
+    failure_class = FailureClass.VALIDATION
+
+
+class RepositoryError(HandlerError):
+    failure_class = FailureClass.REPOSITORY
+
+
+class InternalError(HandlerError):
+    failure_class = FailureClass.INTERNAL
+
+
+class Retry(HandlerError):
+    """Ask for another Attempt after ``delay`` seconds (a transient condition the handler knows of)."""
+
+    failure_class = FailureClass.CAPACITY
+
+    def __init__(self, message: str = "retry requested by the handler", *, delay: float | None = None,
+                 hypothesis: str | None = None) -> None:
+        super().__init__(message, hypothesis=hypothesis, retry_after=delay)
+
+
+class NonRetryable(HandlerError):
+    """A failure no automatic Attempt can fix: the task stops and asks for attention."""
+
+    def __init__(self, message: str = "", *, failure_class: FailureClass | str = FailureClass.VALIDATION) -> None:
+        super().__init__(message)
+        self.failure_class = FailureClass(failure_class)
+
+
+@dataclass(frozen=True)
+class Classified:
+    failure: Failure
+    hypothesis: str | None = None
+    retry_after: float | None = None
+    non_retryable: bool = False
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            from datetime import UTC, datetime
+
+            return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
+        except (TypeError, ValueError):
+            return None
+
+
+def classify(exc: BaseException) -> Classified:
+    """Map an exception to a failure class; typed handler errors first, then common exceptions."""
+    type_name = type(exc).__qualname__
+    message = str(exc)
+    fc: FailureClass
+    retry_after: float | None = None
+    hypothesis: str | None = None
+    if isinstance(exc, HandlerError):
+        fc, retry_after, hypothesis = exc.failure_class, exc.retry_after, exc.hypothesis
+    else:
+        fc, retry_after = _classify_common(exc)
+    failure = Failure(failure_class=fc, type=type_name, message=message[:2000],
+                      fingerprint=fingerprint(fc, type_name, message),
+                      retryable=not isinstance(exc, NonRetryable))
+    return Classified(failure, hypothesis, retry_after, isinstance(exc, NonRetryable))
+
+
+def _classify_common(exc: BaseException) -> tuple[FailureClass, float | None]:
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        if status in (401, 403):
+            return FailureClass.AUTHORIZATION, None
+        if status in (408, 425, 429, 503):
+            return FailureClass.CAPACITY, _retry_after(exc.response.headers.get("Retry-After"))
+        if status >= 500:
+            return FailureClass.PROVIDER, None
+        if status in (400, 404, 409, 422):
+            return FailureClass.VALIDATION, None
+        return FailureClass.PROVIDER, None
+    if isinstance(exc, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)):
+        return FailureClass.PROVIDER, None
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return FailureClass.PROVIDER, None
+    if type(exc).__name__ == "JobTimeoutException":  # RQ killed a hung handler
+        return FailureClass.EXECUTOR, None
+    if isinstance(exc, MemoryError):
+        return FailureClass.EXECUTOR, None
+    if isinstance(exc, PermissionError):
+        return FailureClass.AUTHORIZATION, None
+    if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, NameError, ImportError)):
+        return FailureClass.INTERNAL, None
+    return FailureClass.INTERNAL, None
+
+
+# --------------------------------------------------------------------------- policy and budget
+
+Action = Literal["retry", "retry_if_new_hypothesis", "stop", "quarantine"]
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Backoff(_Config):
+    """Exponential backoff with full jitter: delay ~ U(0, min(max_s, base_s * 2^(n-1)))."""
+
+    base_s: float = Field(default=1.0, gt=0)
+    max_s: float = Field(default=300.0, gt=0)
+
+    def delay(self, failures_so_far: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before the next Attempt; a provider's Retry-After is a floor."""
+        wait = tenacity.wait_random_exponential(multiplier=self.base_s, max=self.max_s)
+        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = max(1, failures_so_far)
+        jittered = float(wait(state))
+        if retry_after is not None:
+            return min(max(jittered, retry_after), max(self.max_s, retry_after))
+        return jittered
+
+    def upper_bound(self, failures_so_far: int) -> float:
+        return min(self.max_s, self.base_s * math.pow(2, max(1, failures_so_far) - 1))
+
+
+DEFAULT_ACTIONS: dict[FailureClass, Action] = {
+    FailureClass.AUTHORIZATION: "stop",
+    FailureClass.CONFIGURATION: "stop",
+    FailureClass.CAPACITY: "retry",
+    FailureClass.PROVIDER: "retry",
+    FailureClass.EXECUTOR: "retry",  # only after reconciliation (the sweeper's path settles first)
+    FailureClass.VALIDATION: "retry_if_new_hypothesis",
+    FailureClass.REPOSITORY: "retry_if_new_hypothesis",
+    FailureClass.INTERNAL: "quarantine",
+}
+
+
+class RetryPolicy(_Config):
+    """What each failure class may do, and how retries are paced. Validated when built."""
+
+    version: str = "default-v1"
+    actions: dict[FailureClass, Action] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))
+    backoff: Backoff = Field(default_factory=Backoff)
+
+    @model_validator(mode="after")
+    def _complete(self) -> RetryPolicy:
+        missing = set(FailureClass) - set(self.actions)
+        if missing:
+            merged = dict(DEFAULT_ACTIONS)
+            merged.update(self.actions)
+            object.__setattr__(self, "actions", merged)
+        return self
+
+
+class Budget(_Config):
+    """Per-task limits; exhausting any one stops the task with an attention item."""
+
+    max_attempts: int = Field(default=5, ge=1)
+    max_wall_s: float | None = Field(default=None, gt=0)
+    max_cost: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_same_fingerprint: int = Field(default=3, ge=1)
+    max_interruptions: int = Field(default=3, ge=0)
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["retry", "stop", "quarantine"]
+    why: str
+    delay_s: float = 0.0
+    next_reason: str = ""
+    next_hypothesis: str = ""
+    attention: dict[str, Any] = field(default_factory=dict)
+    budget_exhausted: str = ""
+
+    @property
+    def task_state(self) -> str:
+        return {"retry": "backoff", "stop": "blocked", "quarantine": "quarantined"}[self.action]
+
+
+def _history(task: Task, current: Attempt, failure: Failure) -> list[dict[str, Any]]:
+    rows = []
+    for a in task.attempts:
+        f = failure if a.number == current.number else a.failure
+        rows.append({
+            "attempt": a.number, "state": "failed" if a.number == current.number else a.state.value,
+            "reason": a.reason, "hypothesis": a.hypothesis,
+            "failure_class": f.failure_class.value if f else None, "fingerprint": f.fingerprint if f else None,
+            "message": (f.message[:300] if f else None), "cost": a.cost, "tokens": a.tokens,
+        })
+    return rows
+
+
+def _changes(task: Task) -> list[str]:
+    out = []
+    prev: Attempt | None = None
+    for a in task.attempts:
+        if prev is not None:
+            if a.hypothesis and a.hypothesis != prev.hypothesis:
+                out.append(f"attempt {a.number}: hypothesis changed to {a.hypothesis!r}")
+            else:
+                out.append(f"attempt {a.number}: no change of hypothesis ({a.reason})")
+        prev = a
+    return out
+
+
+def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPolicy, budget: Budget, *,
+           cost: float = 0.0, tokens: int = 0, elapsed_s: float | None = None) -> Decision:
+    """Decide what follows a failed Attempt, from the task's recorded history alone."""
+    failure = classified.failure
+    fc = failure.failure_class
+    history = _history(task, attempt, failure)
+    same_fp = sum(1 for row in history if row["fingerprint"] == failure.fingerprint)
+    total_cost = sum(a.cost for a in task.attempts if a.number != attempt.number) + cost
+    total_tokens = sum(a.tokens for a in task.attempts if a.number != attempt.number) + tokens
+    interruptions = sum(1 for e in task.events if e.type == "attempt_created" and e.fields.get("actor") == "operator")
+
+    def attention(kind: str, why_unsafe: str) -> dict[str, Any]:
+        return {
+            "task_id": task.id, "kind": kind, "failure_class": fc.value, "fingerprint": failure.fingerprint,
+            "summary": f"{task.handler} on {task.id}: {fc.value} failure ({failure.type}: {failure.message[:200]})",
+            "tried": history, "changed": _changes(task), "why_unsafe": why_unsafe,
+            "budget": {"attempts": f"{attempt.number}/{budget.max_attempts}",
+                       "same_fingerprint": f"{same_fp}/{budget.max_same_fingerprint}",
+                       "cost": total_cost, "tokens": total_tokens, "interruptions": interruptions},
+        }
+
+    def stop(kind: str, why: str, exhausted: str = "") -> Decision:
+        return Decision("stop", why, attention=attention(kind, why), budget_exhausted=exhausted)
+
+    action = policy.actions[fc]
+    if classified.non_retryable:
+        return stop("non_retryable", f"the handler declared this {fc.value} failure non-retryable")
+    if action == "quarantine":
+        return Decision("quarantine", f"{fc.value} failures quarantine the task for a person to examine",
+                        attention=attention("quarantined", "an internal failure means the platform or the handler "
+                                            "is broken; repeating it cannot help"))
+    if action == "stop":
+        return stop(fc.value, f"{fc.value} failures are never retried automatically: a person must fix the cause")
+    # Budgets: any one exhausted stops the task.
+    exhausted = None
+    if attempt.number >= budget.max_attempts:
+        exhausted = ("attempts", f"all {budget.max_attempts} attempts are used")
+    elif same_fp >= budget.max_same_fingerprint:
+        exhausted = ("same_fingerprint", f"the same failure ({failure.fingerprint}) happened {same_fp} times")
+    elif budget.max_cost is not None and total_cost >= budget.max_cost:
+        exhausted = ("cost", f"cost {total_cost:g} reached the budget of {budget.max_cost:g}")
+    elif budget.max_tokens is not None and total_tokens >= budget.max_tokens:
+        exhausted = ("tokens", f"{total_tokens} tokens reached the budget of {budget.max_tokens}")
+    elif budget.max_wall_s is not None and elapsed_s is not None and elapsed_s >= budget.max_wall_s:
+        exhausted = ("wall_time", f"{elapsed_s:.0f}s of wall time reached the budget of {budget.max_wall_s:g}s")
+    elif interruptions > budget.max_interruptions:
+        exhausted = ("interruptions", f"{interruptions} human interruptions exceed the budget of "
+                     f"{budget.max_interruptions}")
+    if exhausted:
+        return stop("budget_exhausted", f"budget exhausted: {exhausted[1]}; another automatic attempt would "
+                    "spend more on the same evidence", exhausted[0])
+    if action == "retry_if_new_hypothesis":
+        tried = {a.hypothesis for a in task.attempts if a.hypothesis}
+        if not classified.hypothesis or classified.hypothesis in tried:
+            return stop(fc.value, f"a {fc.value} failure is retried only with a changed hypothesis, and the handler "
+                        "gave none that was not tried already; repeating the same action would fail the same way")
+        if same_fp > 1:
+            return stop(fc.value, f"the changed hypothesis did not change the {fc.value} failure "
+                        f"({failure.fingerprint} again)")
+        return Decision("retry", f"{fc.value} failure with a changed hypothesis", 0.0,
+                        next_reason=f"{fc.value} failure in attempt {attempt.number}: {failure.message[:200]}",
+                        next_hypothesis=classified.hypothesis)
+    delay = policy.backoff.delay(attempt.number, classified.retry_after)
+    return Decision("retry", f"{fc.value} failure is transient: backoff {delay:.2f}s", delay,
+                    next_reason=f"transient {fc.value} failure in attempt {attempt.number} "
+                    f"({failure.type}); retry after backoff",
+                    next_hypothesis=classified.hypothesis or "")
+
+
+def parse_config(value: str | Mapping[str, Any] | None, model: type[_Config]) -> Any:
+    if not value:
+        return model()
+    if isinstance(value, str):
+        return model.model_validate_json(value)
+    return model.model_validate(dict(value))
