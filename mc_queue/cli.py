@@ -205,6 +205,107 @@ def namespace(obj: Ctx, as_json: bool) -> None:
         click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch}, claims {info.seq}, fence floor {info.floor})")
 
 
+def load_app(spec: str) -> Any:
+    """Import ``package.module:attr`` (an operator's argument, never a name found in Redis)."""
+    import importlib
+    import os
+
+    from .app import App
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise click.BadParameter("expected 'package.module:app'", param_hint="--app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is not an mc_queue.App", param_hint="--app")
+    return app
+
+
+@main.command()
+@click.option("--app", "app_spec", required=True, help="The handlers' App, as package.module:app.")
+@click.option("--queue", "queues", multiple=True, help="Queue(s) to serve (default: every queue of the app).")
+@click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
+@click.option("--pool", type=click.IntRange(1, 64), default=None, help="Run N worker processes (RQ WorkerPool).")
+@click.option("--kind", type=click.Choice(["fork", "simple"]), default="fork", show_default=True,
+              help="fork: each Attempt in a fresh child process; simple: in the worker process.")
+@click.option("--name", default=None, help="Worker name (default host.pid).")
+@click.option("--workspace-root", default=None, help="Root of per-Attempt workspaces (default $MCQ_HOME/workspaces).")
+@click.option("--log-level", default="WARNING", show_default=True)
+@click.pass_obj
+@handle_errors
+def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: int | None, kind: str,
+           name: str | None, workspace_root: str | None, log_level: str) -> None:
+    """Run Attempts of an app's handlers from RQ."""
+    import logging
+
+    from .worker import WORKER_CLASSES, McqJob, configure, make_worker, rq_connection, rq_queue_name
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = load_app(app_spec)
+    names = list(queues) or sorted({spec.queue for spec in app.handlers.values()})
+    if not names:
+        raise click.BadParameter("the app registers no handler and no --queue was given", param_hint="--app")
+    client = obj.client
+    if pool:
+        from rq.serializers import JSONSerializer
+        from rq.worker_pool import WorkerPool
+
+        configure(app, client, workspace_root)
+        wp = WorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], connection=rq_connection(client),
+                        num_workers=pool, worker_class=WORKER_CLASSES[kind], serializer=JSONSerializer,
+                        job_class=McqJob)
+        wp.start(burst=burst, logging_level=log_level.upper())
+        return
+    w = make_worker(app, client, names, kind=kind, name=name, workspace_root=workspace_root)
+    w.work(burst=burst, logging_level=log_level.upper())
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One pass, then print what it did.")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between passes.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def sweeper(obj: Ctx, once: bool, interval: float, as_json: bool) -> None:
+    """Expire leases, reconcile suspects, send due and unclaimed dispatches."""
+    import logging
+
+    from .sweeper import Sweeper
+
+    sw = Sweeper(obj.client)
+    if once:
+        report = sw.run_once().as_dict()
+        if as_json:
+            _emit_json(report)
+        else:
+            click.echo(f"expired {len(report['expired'])}, reconciled {len(report['reconciled'])}, "
+                       f"dispatched {len(report['dispatched'])}, errors {len(report['errors'])}")
+        return
+    logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sw.run(interval_s=interval)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def attention(obj: Ctx, as_json: bool) -> None:
+    """Tasks stopped for a person: what was tried, what changed, why another Attempt is unsafe."""
+    items = obj.client.attention_items()
+    if as_json:
+        _emit_json(items)
+        return
+    from .render import print_attention
+
+    print_attention(items)
+
+
 @main.group()
 def server() -> None:
     """The embedded redis-server (used when no --redis-url is given)."""

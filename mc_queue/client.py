@@ -186,6 +186,8 @@ class Client:
         retry_policy: RetryPolicy | None = None,
         budget: Budget | None = None,
         policy_version: str | None = None,
+        lease_ms: int | None = None,
+        timeout_s: float | None = None,
         task_id: str | None = None,
     ) -> Task:
         """Create a Task and its first Attempt. The same idempotency key returns the same task."""
@@ -205,7 +207,8 @@ class Client:
         policy = retry_policy or RetryPolicy()
         manifest = Manifest(handler=handler, payload_digest=payload_digest,
                             policy_version=policy_version or policy.version,
-                            executor=executor, model=model, context=dict(context or {}), base_sha=base_sha)
+                            executor=executor, model=model, context=dict(context or {}), base_sha=base_sha,
+                            lease_ms=lease_ms, timeout_s=timeout_s)
         canonical_json(manifest.context, what="context")
         tid = task_id or new_task_id(queue)
         tk = self._task_keys(tid)
@@ -500,6 +503,11 @@ class Client:
         for q, oldest in zip(out, pipe.execute(), strict=True):
             out[q]["queue_age_ms"] = max(0, now - int(oldest[0][1])) if oldest else 0
         return out
+
+    def attention_items(self) -> list[dict[str, Any]]:
+        """Open attention items (stopped or quarantined tasks), oldest task first."""
+        raw = cast(dict[str, str], self.redis.hgetall(self.keys.attention))
+        return [json.loads(raw[k]) for k in sorted(raw)]
 
     def namespace_events(self) -> list[dict[str, str]]:
         entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrange(self.keys.nslog))

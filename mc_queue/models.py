@@ -85,6 +85,8 @@ class Manifest(_Record):
     model: str | None = None
     context: dict[str, Any] = Field(default_factory=dict)
     base_sha: str | None = None
+    lease_ms: int | None = None
+    timeout_s: float | None = None
 
 
 class Failure(_Record):

@@ -91,6 +91,13 @@ class NonRetryable(HandlerError):
         self.failure_class = FailureClass(failure_class)
 
 
+class BudgetExceeded(NonRetryable):
+    """A charge took the task past its cost or token budget: the task stops for a person."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, failure_class=FailureClass.CAPACITY)
+
+
 @dataclass(frozen=True)
 class Classified:
     failure: Failure
@@ -299,6 +306,8 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
         return Decision("stop", why, attention=attention(kind, why), budget_exhausted=exhausted)
 
     action = policy.actions[fc]
+    if failure.type == BudgetExceeded.__qualname__:
+        return stop("budget_exhausted", f"budget exhausted: {failure.message}", "cost_or_tokens")
     if classified.non_retryable:
         return stop("non_retryable", f"the handler declared this {fc.value} failure non-retryable")
     if action == "quarantine":

@@ -114,3 +114,21 @@ def print_status(status: dict[str, dict[str, Any]], console: Console | None = No
         counts = info["counts"]
         table.add_row(queue, *[str(counts.get(s, 0)) for s in states], f"{info['queue_age_ms'] / 1000:.1f}s")
     console.print(table)
+
+
+def print_attention(items: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    if not items:
+        console.print("no attention items")
+        return
+    for item in items:
+        console.print(f"[bold red]{item.get('kind')}[/bold red] {item.get('summary')}")
+        console.print(f"  why another automatic attempt is unsafe: {item.get('why_unsafe')}")
+        console.print(f"  budget: {item.get('budget')}")
+        for row in item.get("tried", []):
+            console.print(f"  tried attempt {row.get('attempt')}: {row.get('state')} "
+                          f"{row.get('failure_class') or ''} {row.get('fingerprint') or ''} "
+                          f"hypothesis={row.get('hypothesis')!r} reason={row.get('reason')!r}")
+        for change in item.get("changed", []):
+            console.print(f"  changed: {change}")
+        console.print(f"  decide with: mcq retry {item.get('task_id')} --reason \"...\" --hypothesis \"...\"")
