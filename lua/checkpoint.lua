@@ -20,6 +20,7 @@
 -- Returns: {'OK', phase_index} | {'DUP', phase_index} (same phase, same record)
 --          {'E_PHASE', last_phase, last_index} (not after the last phase)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
+--          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
 -- Events: checkpoint_recorded | checkpoint_refused | stale_write_refused
 -- Idempotent: yes (phase + record digest)
@@ -40,6 +41,8 @@ local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
 err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, 'checkpoint', ts)
+if err then return err end
+err = cancel_check(k_task, k_ev, n, worker, digest, 'checkpoint')
 if err then return err end
 local last = tonumber(aget(k_att, n, 'phase_index') or '-1')
 if phase_index <= last then

@@ -37,6 +37,7 @@
 -- Returns: {'OK', ended_at, attempt_fields, task_state} | {'DUP', ended_at, attempt_fields}
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
+--          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
 -- Events: attempt_failed | attempt_created | attention_raised | task_quarantined | stale_write_refused
 -- Idempotent: yes (fence + failure digest)
@@ -66,6 +67,8 @@ local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
 err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, 'fail', ts)
+if err then return err end
+err = cancel_check(k_task, k_ev, n, worker, digest, 'fail')
 if err then return err end
 
 local t = redis.call('HMGET', k_task, 'queue', 'id')

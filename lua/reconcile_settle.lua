@@ -2,6 +2,7 @@
 -- Settle a reconciling Attempt with the decision and the evidence it rests on. succeeded: the
 -- work is proven done, the task succeeds. failed: the policy's decision is applied in the same
 -- step (wait for a person, retry as Attempt N+1, stop with an attention item, or quarantine).
+-- canceled: the last step of the cancellation protocol; the Attempt and the task end canceled.
 -- KEYS[1] counts     "<queue>|<state>" counters
 -- KEYS[2] suspect    suspect index
 -- KEYS[3] task       task hash
@@ -13,7 +14,7 @@
 -- KEYS[9] dlq        quarantined tasks (task id -> time)
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
--- ARGV[3] outcome         'succeeded' | 'failed'
+-- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
 -- ARGV[4] result          result JSON when succeeded, else ''
 -- ARGV[5] failure         failure JSON when failed, else ''
 -- ARGV[6] fclass          failure class, or ''
@@ -28,7 +29,7 @@
 -- ARGV[15] budget         which budget ran out, or ''
 -- Returns: {'OK', ended_at, attempt_fields, task_state} | {'DUP', ended_at, attempt_fields}
 --          {'E_STATE', attempt_state} | {'E_BADARG', why} | {'E_NOTASK', why}
--- Events: attempt_reconciled | attempt_created | attention_raised | task_quarantined
+-- Events: attempt_reconciled | attempt_created | attention_raised | task_quarantined | task_canceled
 -- Idempotent: yes (a settled Attempt is reported, not settled again)
 --@include common
 
@@ -39,8 +40,10 @@ local result, failure, fclass, fingerprint, evidence = ARGV[4], ARGV[5], ARGV[6]
 local d = {action = ARGV[9], why = ARGV[10], reason = ARGV[11], hypothesis = ARGV[12], delay_ms = tonumber(ARGV[13]),
   attention = ARGV[14], budget = ARGV[15], actor = actor}
 
-if outcome ~= 'succeeded' and outcome ~= 'failed' then return {'E_BADARG', 'outcome must be succeeded or failed'} end
-if outcome == 'succeeded' and d.action ~= '' then return {'E_BADARG', 'a proven success takes no decision'} end
+if outcome ~= 'succeeded' and outcome ~= 'failed' and outcome ~= 'canceled' then
+  return {'E_BADARG', 'outcome must be succeeded, failed or canceled'}
+end
+if outcome ~= 'failed' and d.action ~= '' then return {'E_BADARG', 'only a failure takes a decision'} end
 if not DECISIONS[d.action] then return {'E_BADARG', 'unknown decision ' .. d.action} end
 if not d.delay_ms or d.delay_ms < 0 then return {'E_BADARG', 'delay_ms must be >= 0'} end
 if d.action == 'retry' and select(2, string.gsub(d.reason, '[^\128-\191]', '')) < 10 then
@@ -60,7 +63,12 @@ redis.call('ZREM', k_suspect, t[1] .. '/' .. n)
 emit(k_ev, 'attempt_reconciled', {'attempt', n, 'actor', actor, 'outcome', outcome, 'failure_class', fclass,
   'evidence', evidence, 'decision', d.action, 'why', d.why})
 local state
-if outcome == 'succeeded' then
+if outcome == 'canceled' then
+  redis.call('HSET', k_task, 'state', 'canceled', 'active', '', 'updated_at', ts)
+  move_count(k_counts, t[2], t[3], 'canceled')
+  emit(k_ev, 'task_canceled', {'attempt', n, 'actor', actor, 'reason', redis.call('HGET', k_task, 'cancel_requested') or ''})
+  state = 'canceled'
+elseif outcome == 'succeeded' then
   aset(k_att, n, {'result', result})
   redis.call('HSET', k_task, 'result', result, 'state', 'succeeded', 'active', '', 'updated_at', ts)
   move_count(k_counts, t[2], t[3], 'succeeded')

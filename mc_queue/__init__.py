@@ -10,8 +10,10 @@ import os
 
 from .app import App, Context, HandlerSpec, LeaseLost
 from .client import DEFAULT_LEASE_MS, Client
+from .effects import EffectRecord, EffectUnknown, mint_key
 from .errors import (
     AttemptNotRunning,
+    CancelRequested,
     ClaimRejected,
     ConfigurationError,
     IdempotencyConflict,
@@ -93,6 +95,7 @@ __all__ = [
     "Backoff",
     "Budget",
     "BudgetExceeded",
+    "CancelRequested",
     "CapacityError",
     "ClaimRejected",
     "Client",
@@ -101,6 +104,8 @@ __all__ = [
     "Context",
     "DEFAULT_LEASE_MS",
     "Decision",
+    "EffectRecord",
+    "EffectUnknown",
     "Event",
     "ExecutorError",
     "ExpiredLease",
@@ -139,4 +144,5 @@ __all__ = [
     "classify",
     "connect",
     "make_failure",
+    "mint_key",
 ]

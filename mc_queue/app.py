@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from .client import DEFAULT_LEASE_MS, Client
 from .codec import canonical_json, digest
-from .errors import InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
+from .effects import EffectUnknown, Perform, Reconcile, mint_key
+from .errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
 from .models import Attempt, Manifest, Task
 from .policy import Budget, BudgetExceeded, RetryPolicy
 
@@ -71,6 +72,16 @@ class App:
     lease_ms: int = DEFAULT_LEASE_MS
     timeout_s: float = 3600.0
     handlers: dict[str, HandlerSpec] = field(default_factory=dict)
+    operations: dict[str, Reconcile] = field(default_factory=dict)
+
+    def operation(self, name: str, reconcile: Reconcile) -> None:
+        """Register how to ask the provider whether operation ``name`` with a key happened.
+
+        The sweeper calls it for intents whose worker vanished: ``reconcile(key)`` returns the
+        receipt, None when the provider certainly has nothing, or raises when it cannot tell.
+        """
+        mint_key("q:00000000000000000000000000", name, "x")  # validates the name
+        self.operations[name] = reconcile
 
     def handler(self, name: str, *, queue: str | None = None, retry: RetryPolicy | None = None,
                 budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
@@ -125,7 +136,7 @@ class Context:
     learns :class:`LeaseLost` at its next call and may not start another side effect."""
 
     def __init__(self, client: Client, spec: HandlerSpec, task: Task, attempt: Attempt, fence: int,
-                 worker_id: str, workspace: Path) -> None:
+                 worker_id: str, workspace: Path, operations: Mapping[str, Reconcile] | None = None) -> None:
         self.client = client
         self.spec = spec
         self.task = task
@@ -138,6 +149,8 @@ class Context:
         assert task.manifest is not None
         self.manifest: Manifest = attempt.manifest or task.manifest
         self.execution_digest = digest(self.manifest.model_dump_json())
+        self.operations: Mapping[str, Reconcile] = operations or {}
+        self.effects_used = False
         self._lost: str | None = None
         self._cancelled = False
         self._lock = threading.Lock()
@@ -153,6 +166,9 @@ class Context:
         if self._lost is not None:
             raise LeaseLost(f"attempt {self.attempt_id} lost its lease: {self._lost}; no further side effects",
                             attempt_id=self.attempt_id, task_id=self.task.id)
+        if self._cancelled:
+            raise CancelRequested(f"attempt {self.attempt_id}: cancellation was requested; stop here",
+                                  attempt_id=self.attempt_id, task_id=self.task.id)
 
     @property
     def lease_lost(self) -> bool:
@@ -177,9 +193,11 @@ class Context:
     # -- the handler's calls
 
     def heartbeat(self) -> None:
-        """Renew the lease now (the worker also does it in the background, every third of a lease)."""
+        """Renew the lease now (the worker also does it in the background, every third of a lease).
+        Raises LeaseLost when ownership moved on, CancelRequested once a cancel was requested."""
         self._check()
         self._beat()
+        self._check()
 
     def charge(self, cost: float = 0.0, tokens: int = 0) -> None:
         """Charge cost and tokens to this Attempt; raises BudgetExceeded past the task's budget."""
@@ -232,3 +250,61 @@ class Context:
             if rec and rec.get("scope_digest") == want:
                 return rec.get("data")
         return None
+
+    # -- side effects
+
+    def effect_key(self, operation: str, identity: str, *, per_attempt: bool = False) -> str:
+        return mint_key(self.task.id, operation, identity, self.attempt.number if per_attempt else None)
+
+    def effect(self, operation: str, identity: str, perform: Perform, reconcile: Reconcile | None = None, *,
+               per_attempt: bool = False) -> Any:
+        """Do a side effect at most once per logical operation, and return the provider's receipt.
+
+        The intent is persisted (fenced) before ``perform(key)`` is called and the receipt after. A
+        replay returns the recorded receipt without calling the provider. An intent left without a
+        receipt by an earlier Attempt is reconciled with the provider first: found -> its receipt;
+        certainly absent -> performed now; unknown -> :class:`EffectUnknown` (nothing is repeated).
+        """
+        self._check()
+        ask = reconcile or self.operations.get(operation)
+        if ask is None:
+            raise InvalidArgument(f"operation {operation!r} has no reconcile: pass one, or register it with "
+                                  f"app.operation({operation!r}, reconcile) so the sweeper can ask the provider")
+        key = self.effect_key(operation, identity, per_attempt=per_attempt)
+        record = {"operation": operation, "identity": identity, "per_attempt": per_attempt}
+        self.effects_used = True
+        status, existing = self._fenced(lambda: self.client.effect_begin(
+            self.attempt_id, self.fence, key, record, worker_id=self.worker_id))
+        if status == "DONE":
+            assert existing is not None
+            return existing.receipt
+        if status == "PENDING":
+            try:
+                found = ask(key)
+            except Exception as exc:
+                raise EffectUnknown(f"cannot tell whether {key} happened: {type(exc).__name__}: {exc}",
+                                    attempt_id=self.attempt_id, task_id=self.task.id) from exc
+            if found is not None:
+                self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", found,
+                                                             source="reconcile", actor=self.worker_id))
+                return found
+            self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "absent",
+                                                         "provider has no trace of it", source="reconcile",
+                                                         actor=self.worker_id))
+            status, _ = self._fenced(lambda: self.client.effect_begin(
+                self.attempt_id, self.fence, key, record, worker_id=self.worker_id))
+            if status != "OK":
+                raise EffectUnknown(f"effect {key} changed while it was reconciled ({status})",
+                                    attempt_id=self.attempt_id, task_id=self.task.id)
+        self._check()
+        receipt = perform(key)
+        self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", receipt,
+                                                     source="perform", actor=self.worker_id))
+        return receipt
+
+    def _fenced(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except WriteRefused as exc:
+            self._mark_lost(f"{type(exc).__name__}: {exc.message}")
+            raise LeaseLost(str(exc), attempt_id=self.attempt_id, task_id=self.task.id) from exc

@@ -16,7 +16,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .codec import canonical_json, digest, encode_payload
-from .errors import InvalidArgument, PhaseOutOfOrder, TaskNotFound, raise_for_reply
+from .effects import EffectRecord
+from .errors import InvalidArgument, PhaseOutOfOrder, TaskNotFound, TransitionRefused, raise_for_reply
 from .failures import make_failure
 from .keys import Keys, TaskKeys, check_queue, new_task_id, parse_attempt_id
 from .models import (
@@ -330,6 +331,40 @@ class Client:
         raise_for_reply(reply, script="checkpoint", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return bool(reply[0] == "OK")
 
+    def effect_begin(self, attempt_id: str, fence: int, key: str, record: Mapping[str, Any], *,
+                     worker_id: str = "") -> tuple[str, EffectRecord | None]:
+        """Persist an effect's intent (fenced). Returns ("OK", None) to go ahead, ("DONE", record) to
+        replay its receipt, or ("PENDING", record) when an earlier intent must be reconciled first."""
+        task_id, n, tk = self._attempt(attempt_id)
+        reply = self._run("effect_begin", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+        }, {"n": n, "fence": fence, "worker": worker_id, "key": key,
+            "record": canonical_json(dict(record), what="effect record"), "epoch": self._ns(),
+            "min_seq": self._seq_seen})
+        raise_for_reply(reply, script="effect_begin", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        status = str(reply[0])
+        return status, (EffectRecord.from_json(reply[1]) if len(reply) > 1 else None)
+
+    def effect_done(self, attempt_id: str, fence: int | None, key: str, outcome: str, receipt: Any = None, *,
+                    source: str = "perform", actor: str = "") -> EffectRecord:
+        """Record a receipt ('done'), or as reconciler (fence None) 'absent' / 'unknown' with a note."""
+        task_id, n, tk = self._attempt(attempt_id)
+        text = canonical_json(receipt, what="receipt") if outcome == "done" else str(receipt or "")
+        reply = self._run("effect_done", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+        }, {"n": n, "fence": "" if fence is None else fence, "actor": actor or self.actor, "key": key,
+            "outcome": outcome, "receipt": text, "source": source, "epoch": self._ns(), "min_seq": self._seq_seen})
+        if reply[0] == "E_NOEFFECT":
+            raise InvalidArgument(f"no intent on file for effect {key}", task_id=task_id, attempt_id=attempt_id)
+        raise_for_reply(reply, script="effect_done", task_id=task_id, attempt_id=attempt_id,
+                        presented_fence=fence)
+        return EffectRecord.from_json(reply[1])
+
+    def effects(self, task_id: str) -> dict[str, EffectRecord]:
+        """Every side effect of the task: key -> intent / receipt record."""
+        raw = cast(dict[str, str], self.redis.hgetall(self._task_keys(task_id).effects))
+        return {k: EffectRecord.from_json(v) for k, v in sorted(raw.items())}
+
     def due_dispatches(self, *, limit: int = 500) -> list[str]:
         """Attempt ids in the outbox whose (re)dispatch time has come (Redis clock)."""
         due = self._run("due", {"index": self.keys.outbox}, {"limit": limit})
@@ -356,6 +391,10 @@ class Client:
                 break
         return out
 
+    def void_leases(self, attempt_ids: list[str], *, actor: str | None = None, reason: str) -> list[ExpiredLease]:
+        """Void live leases now (fence bumped, Attempt suspect): recovery, or an unacknowledged cancel."""
+        return self._expire(attempt_ids, actor or self.actor, force=True, reason=reason)
+
     def _expire(self, attempt_ids: list[str], actor: str, *, force: bool, reason: str) -> list[ExpiredLease]:
         out = []
         pipe = self._w.pipeline(transaction=False)
@@ -364,34 +403,82 @@ class Client:
             self._scripts.call("expire", {
                 "meta": self.keys.meta, "counts": self.keys.counts, "leases": self.keys.leases,
                 "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+                "cancels": self.keys.cancels,
             }, {"n": n, "actor": actor, "force": force, "reason": reason}, client=pipe)
         for aid, reply in zip(attempt_ids, pipe.execute(), strict=True):
             if reply[0] == "OK":
                 out.append(ExpiredLease(aid, old_fence=int(reply[2]), new_fence=int(reply[1])))
         return out
 
-    def reconcile_attempt(self, attempt_id: str, *, actor: str | None = None,
-                          apply_policy: bool = False) -> Attempt:
-        """Suspect -> reconciling -> settled.
+    def reconcile_attempt(self, attempt_id: str, *, actor: str | None = None, apply_policy: bool = False,
+                          operations: Mapping[str, Callable[[str], Any]] | None = None) -> Attempt:
+        """Suspect -> reconciling -> settled, from persisted state and provider truth alone.
 
-        With no side effects recorded there is nothing to find at a provider: the outcome of the
-        Attempt is unknown, so it is settled as failed with the executor class. Without
-        ``apply_policy`` the task then waits in ``failed`` for a person (``retry_task``); with it,
-        the retry policy and budget frozen in the task at enqueue decide (the sweeper's way).
+        For every effect with an intent and no receipt, ask the provider (``operations`` maps an
+        operation name to its reconcile): found -> the receipt is recorded; absent -> safe to redo;
+        unknown (no reconcile, or it raised) -> cannot tell. Then one decision, with its evidence:
+
+        - an effect is unknown: the task is blocked with an attention item (never a blind requeue);
+        - the result was on file (``result_pending``) and every effect is proven: succeeded;
+        - otherwise: failed, executor class. Without ``apply_policy`` the task waits for a person;
+          with it, the retry policy and budget frozen in the task decide (the sweeper's way). A next
+          Attempt replays the recorded receipts instead of repeating those effects.
+
+        Re-entrant: a reconciler that died mid-way leaves the Attempt reconciling, and this picks it up.
         """
         task_id, n, tk = self._attempt(attempt_id)
         who = actor or self.actor
         reply = self._run("reconcile_begin", {"task": tk.task, "attempts": tk.attempts, "events": tk.events},
                           {"n": n, "actor": who})
         raise_for_reply(reply, script="reconcile_begin", task_id=task_id, attempt_id=attempt_id)
-        evidence = {"effects": [], "finding": "no side effects recorded for this attempt",
-                    "conclusion": "failed (executor): the worker lost its lease and proved nothing"}
-        failure = make_failure(FailureClass.EXECUTOR, "LeaseLost", "the worker's lease expired before it completed")
-        decision = None
-        if apply_policy:
-            task = self.get_task(task_id)
-            decision = self.policy_decision(task, task.attempts[n - 1], Classified(failure))
+        findings: list[dict[str, Any]] = []
+        for key, rec in self.effects(task_id).items():
+            if rec.state == "intent":
+                outcome, value = self._ask_provider(key, rec, operations or {})
+                rec = self.effect_done(attempt_id, None, key, outcome, value, source="reconcile", actor=who)
+            findings.append({"key": key, "operation": rec.operation, "state": rec.state, "receipt": rec.receipt,
+                             "note": rec.note, "by_attempt": rec.receipt_attempt or rec.attempt})
+        task = self.get_task(task_id)
+        attempt = task.attempts[n - 1]
+        pending = attempt.checkpoints.get("result_pending")
+        unknown = [f["key"] for f in findings if f["state"] == "unknown"]
+        mine_absent = [f["key"] for f in findings if f["state"] == "absent" and f["by_attempt"] == n]
+        evidence: dict[str, Any] = {"effects": findings, "result_pending": pending is not None}
+        if task.cancel_requested:
+            evidence["conclusion"] = f"canceled ({task.cancel_requested}); effects found are kept as evidence"
+            return self._settle(attempt_id, who, "canceled", evidence=evidence)
+        phase = attempt.phase or "start"
+        failure = make_failure(FailureClass.EXECUTOR, "LeaseLost",
+                               f"the worker's lease expired in phase {phase} before it completed")
+        if unknown:
+            evidence["conclusion"] = f"cannot tell whether {', '.join(unknown)} happened: a person must look"
+            why = "an effect's outcome is unknown at the provider; another attempt could duplicate it"
+            stop = Decision("stop", why, attention={
+                "task_id": task_id, "kind": "unknown_effect", "summary": f"{task.handler} on {task_id}: {why}",
+                "tried": [{"attempt": a.number, "state": a.state.value, "hypothesis": a.hypothesis}
+                          for a in task.attempts],
+                "changed": [], "why_unsafe": why, "effects": findings, "failure_class": "executor"})
+            return self._settle(attempt_id, who, "failed", failure=failure, evidence=evidence, decision=stop)
+        if pending is not None and not mine_absent:
+            result = (pending.get("data") or {}).get("result")
+            evidence["conclusion"] = "the result was on file before the worker vanished and every effect is proven"
+            return self._settle(attempt_id, who, "succeeded", result=result, evidence=evidence)
+        evidence["conclusion"] = (f"failed (executor): the worker vanished in phase {phase}; "
+                                  f"{sum(1 for f in findings if f['state'] == 'done')} effect(s) proven done will be "
+                                  "replayed from their receipts, not repeated")
+        decision = self.policy_decision(task, attempt, Classified(failure)) if apply_policy else None
         return self._settle(attempt_id, who, "failed", failure=failure, evidence=evidence, decision=decision)
+
+    def _ask_provider(self, key: str, rec: EffectRecord,
+                      operations: Mapping[str, Callable[[str], Any]]) -> tuple[str, Any]:
+        ask = operations.get(rec.operation)
+        if ask is None:
+            return "unknown", f"no reconcile registered for operation {rec.operation!r}"
+        try:
+            found = ask(key)
+        except Exception as exc:
+            return "unknown", f"{type(exc).__name__}: {exc}"[:500]
+        return ("done", found) if found is not None else ("absent", "the provider has no trace of it")
 
     def policy_decision(self, task: Task, attempt: Attempt, classified: Classified, *, cost: float = 0.0,
                         tokens: int = 0) -> Decision:
@@ -416,7 +503,7 @@ class Client:
             "fclass": failure.failure_class.value if failure else "",
             "fingerprint": failure.fingerprint if failure else "",
             "evidence": canonical_json(evidence, what="evidence"),
-            **_decision_args(d, default="" if outcome == "succeeded" else "wait")})
+            **_decision_args(d, default="wait" if outcome == "failed" else "")})
         raise_for_reply(reply, script="reconcile_settle", task_id=task_id, attempt_id=attempt_id)
         return _attempt_from_snapshot(task_id, n, reply[2])
 
@@ -439,6 +526,43 @@ class Client:
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="retry", task_id=task_id)
         return _attempt_from_snapshot(task_id, int(reply[1]), reply[3])
+
+    def cancel_task(self, task_id: str, reason: str, *, actor: str | None = None,
+                    ack_timeout_ms: int = 30_000) -> str:
+        """Start the cancellation protocol. Returns 'canceled' (nothing was running) or 'signaled'
+        (the executor hears it at its next heartbeat; the sweeper voids its lease after the timeout)."""
+        tk = self._task_keys(task_id)
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("cancel", {
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "cancels": self.keys.cancels,
+            }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": int(ack_timeout_ms), "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        if reply[0] == "E_STATE":
+            raise TransitionRefused(f"cancel of {task_id} refused: the task is {reply[1]} already",
+                                    task_id=task_id, script="cancel", code="E_STATE")
+        raise_for_reply(reply, script="cancel", task_id=task_id)
+        return str(reply[1])
+
+    def acknowledge_cancel(self, attempt_id: str, fence: int, *, worker_id: str = "") -> int:
+        """The executor stops: it gives up its lease (the fence moves on) and waits for reconciliation."""
+        task_id, n, tk = self._attempt(attempt_id)
+        reply = self._run("cancel_ack", {
+            **self._ns_keys(), "leases": self.keys.leases, "suspect": self.keys.suspect,
+            "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+        }, {"n": n, "fence": fence, "worker": worker_id, "epoch": self._ns(), "min_seq": self._seq_seen})
+        if reply[0] == "E_CANCEL":
+            raise TransitionRefused(f"{attempt_id}: no cancellation was requested", attempt_id=attempt_id,
+                                    task_id=task_id, script="cancel_ack", code="E_CANCEL")
+        raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return int(reply[1])
+
+    def due_cancels(self, *, limit: int = 500) -> list[str]:
+        """Running Attempts whose executor did not acknowledge a cancel in time."""
+        due = self._run("due", {"index": self.keys.cancels}, {"limit": limit})
+        return [str(m) for m in due[1:]]
 
     # ----------------------------------------------------------------- recovery
 

@@ -88,6 +88,10 @@ class PhaseOutOfOrder(TransitionRefused):
     """A checkpoint for a phase at or before the Attempt's last one (phases are monotonic)."""
 
 
+class CancelRequested(TransitionRefused):
+    """A cancellation was requested: no new effect, checkpoint, completion or failure; acknowledge."""
+
+
 class ResultConflict(McqError):
     """The Attempt was already settled with the same fence and a different result or failure."""
 
@@ -122,7 +126,9 @@ def raise_for_reply(
     if code == "E_CLAIM":
         holder = f" (held by {detail[1]})" if len(detail) > 1 and detail[1] else ""
         raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
-    if code in ("E_STALE", "E_STATE", "E_EXPIRED") and script in ("renew", "complete", "fail", "checkpoint"):
+    if code in ("E_STALE", "E_STATE", "E_EXPIRED") and script in (
+            "renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack"
+    ) and presented_fence is not None:
         current = int(first) if first.isdigit() else None
         fenced = dict(presented_fence=presented_fence, current_fence=current, **ctx)
         if code == "E_STALE":
@@ -136,6 +142,9 @@ def raise_for_reply(
         raise AttemptNotRunning(
             f"{script} of {where} refused: the attempt is {detail[1] if len(detail) > 1 else '?'}, not running",
             **fenced)
+    if code == "E_CANCELED":
+        raise CancelRequested(f"{script} of {where} refused: cancellation was requested ({first}); "
+                              "acknowledge it instead", **ctx)
     if code == "E_STATE":
         raise TransitionRefused(f"{script} of {where} refused: attempt is {first}", **ctx)
     if code == "E_CONFLICT":

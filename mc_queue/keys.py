@@ -17,10 +17,12 @@ Key schema (``P`` = ``{prefix}``)::
     P:attention            hash   task id -> attention item JSON (what was tried, why stop)
     P:dlq                  zset   task id -> time it was quarantined
     P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
+    P:cancels              zset   attempt id -> deadline for the executor to acknowledge a cancel (ms)
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
     P:t:<task id>          hash   the Task
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
     P:t:<task id>:ev       stream its append-only event history
+    P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
 
 Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given
 the queue's keys from the id alone); an attempt id is ``<task id>/<n>``.
@@ -89,6 +91,7 @@ class TaskKeys:
     attempts: str
     events: str
     pending: str
+    effects: str
 
 
 class Keys:
@@ -111,6 +114,7 @@ class Keys:
         self.attention = f"{tag}:attention"
         self.dlq = f"{tag}:dlq"
         self.outbox = f"{tag}:outbox"
+        self.cancels = f"{tag}:cancels"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"
@@ -118,4 +122,5 @@ class Keys:
     def task(self, task_id: str) -> TaskKeys:
         queue = parse_task_id(task_id)
         base = f"{self.tag}:t:{task_id}"
-        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue))
+        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue),
+                        effects=f"{base}:fx")

@@ -213,6 +213,7 @@ class Task(_Record):
     budget: str | None = None
     manifest: Manifest | None = None
     result: Any = None
+    cancel_requested: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
 
@@ -244,6 +245,7 @@ class Task(_Record):
             budget=f.get("budget") or None,
             manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,
             result=json.loads(f["result"]) if f.get("result") else None,
+            cancel_requested=f.get("cancel_requested") or None,
             attempts=attempts,
             events=[Event.from_stream(i, e) for i, e in events],
         )

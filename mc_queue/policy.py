@@ -321,7 +321,9 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
     if attempt.number >= budget.max_attempts:
         exhausted = ("attempts", f"all {budget.max_attempts} attempts are used")
     elif same_fp >= budget.max_same_fingerprint:
-        exhausted = ("same_fingerprint", f"the same failure ({failure.fingerprint}) happened {same_fp} times")
+        return Decision("quarantine", f"poison: the same failure ({failure.fingerprint}) happened {same_fp} times",
+                        attention=attention("poison", f"the same failure repeated {same_fp} times; another attempt "
+                                            "would fail the same way"), budget_exhausted="same_fingerprint")
     elif budget.max_cost is not None and total_cost >= budget.max_cost:
         exhausted = ("cost", f"cost {total_cost:g} reached the budget of {budget.max_cost:g}")
     elif budget.max_tokens is not None and total_tokens >= budget.max_tokens:

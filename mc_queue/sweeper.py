@@ -43,9 +43,10 @@ class SweepReport:
 
 
 class Sweeper:
-    def __init__(self, client: Client, *, batch: int = 200, actor: str | None = None,
+    def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
                  recheck_ms: int = 60_000) -> None:
         self.client = client
+        self.operations = dict(app.operations) if app is not None else {}
         self.batch = batch
         self.actor = actor or f"sweeper@{client.actor}"
         self.recheck_ms = recheck_ms
@@ -55,6 +56,11 @@ class Sweeper:
         report = SweepReport()
         for e in self.client.expire_leases(limit=self.batch, actor=self.actor):
             report.expired.append(e.attempt_id)
+        overdue = self.client.due_cancels(limit=self.batch)
+        if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
+            for e in self.client.void_leases(overdue, actor=self.actor,
+                                             reason="cancel not acknowledged in time"):
+                report.expired.append(e.attempt_id)
         self._reconcile(report)
         self._dispatch(report)
         return report
@@ -63,7 +69,8 @@ class Sweeper:
         suspects = [str(a) for a in self.client.redis.zrange(self.client.keys.suspect, 0, self.batch - 1)]
         for aid in suspects:
             try:
-                attempt = self.client.reconcile_attempt(aid, actor=self.actor, apply_policy=True)
+                attempt = self.client.reconcile_attempt(aid, actor=self.actor, apply_policy=True,
+                                                        operations=self.operations)
                 task = self.client.get_task(attempt.task_id)
                 report.reconciled[aid] = task.state.value
             except TransitionRefused as exc:  # settled meanwhile by another sweeper

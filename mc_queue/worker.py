@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from rq.serializers import JSONSerializer
 
 from .app import App, Context, LeaseLost
 from .client import Client
-from .errors import ClaimRejected, McqError, TransitionRefused, WriteRefused
+from .errors import CancelRequested, ClaimRejected, McqError, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
 from .models import Attempt, AttemptState, FailureClass, Task
@@ -180,7 +181,7 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
     lease_ms = max(1000, min(int(lease_ms), 3_600_000))
     try:
         lease = client.claim_attempt(task_id, rt.worker_id, lease_ms=lease_ms, expect_attempt=n,
-                                     request_id=f"{rt.worker_id}:{attempt_id}")
+                                     request_id=uuid.uuid4().hex)
     except ClaimRejected as exc:
         return {"skipped": exc.message}
     except TransitionRefused as exc:
@@ -194,7 +195,7 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
                                f"{rt.worker_id}")
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     workspace = rt.workspaces.create(attempt_id)
-    ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id, workspace)
+    ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id, workspace, rt.app.operations)
     beat = Heartbeater(ctx, spec.lease_ms / 3000)
     beat.start()
     outcome: dict[str, Any]
@@ -204,13 +205,21 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
         finally:
             beat.stop()
         ctx._check()
+        if ctx.effects_used and "result_pending" in spec.phases:
+            # Seed 003: the result is on file before the completion, so a worker dying in between
+            # leaves a result the reconciler can prove, not a rerun of every effect.
+            ctx.checkpoint("result_pending", {"result": result})
         try:
             client.complete_attempt(attempt_id, lease.fence, result, worker_id=rt.worker_id)
             outcome = {"succeeded": attempt_id}
+        except CancelRequested:
+            outcome = _acknowledge(client, rt, attempt_id, lease.fence)
         except WriteRefused as exc:
             outcome = {"refused": exc.message}
     except LeaseLost as exc:
         outcome = {"lease_lost": exc.message}
+    except CancelRequested:
+        outcome = _acknowledge(client, rt, attempt_id, lease.fence)
     except Exception as exc:
         outcome = _fail(client, rt, task, attempt, lease.fence, classify(exc))
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: record as an executor failure
@@ -225,6 +234,15 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
     return outcome
 
 
+def _acknowledge(client: Client, rt: Runtime, attempt_id: str, fence: int) -> dict[str, Any]:
+    """Cancellation step three: the executor stopped; it gives up its lease for reconciliation."""
+    try:
+        client.acknowledge_cancel(attempt_id, fence, worker_id=rt.worker_id)
+        return {"cancel_acknowledged": attempt_id}
+    except (WriteRefused, TransitionRefused) as exc:
+        return {"refused": exc.message}
+
+
 def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
           classified: Classified) -> dict[str, Any]:
     try:
@@ -233,6 +251,8 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
         decision = client.policy_decision(fresh, current, classified, cost=current.cost, tokens=current.tokens)
         client.fail_attempt(attempt.id, fence, classified.failure, worker_id=rt.worker_id, decision=decision)
         return {"failed": attempt.id, "decision": decision.action, "why": decision.why}
+    except CancelRequested:
+        return _acknowledge(client, rt, attempt.id, fence)
     except WriteRefused as exc:
         return {"refused": exc.message}
 

@@ -139,6 +139,16 @@ local function fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worke
   return nil
 end
 
+-- After a cancel request the executor may renew (to hear the signal) and record receipts of effects
+-- already made, but it may not start an effect, checkpoint, complete or fail: it acknowledges.
+local function cancel_check(k_task, k_ev, n, worker, digest, op)
+  local reason = redis.call('HGET', k_task, 'cancel_requested')
+  if not reason then return nil end
+  emit(k_ev, 'stale_write_refused', {'attempt', n, 'op', op, 'refusal', 'cancel_requested', 'worker', worker,
+    'payload_digest', digest, 'reason', reason})
+  return {'E_CANCELED', reason}
+end
+
 -- All fields of Attempt n as a flat list (name, value, ...), without the "<n>." prefix.
 local function attempt_snapshot(k_att, n)
   local prefix = n .. '.'

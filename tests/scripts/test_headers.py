@@ -401,6 +401,9 @@ def _reply_codes(name: str) -> set[str]:
         # fence_check also returns a code chosen from a table of refusals: every code literal it names
         codes |= set(re.findall(r"'(E_[A-Z_]+)'", HELPERS["fence_check"][1]))
         codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
+    for helper in re.findall(r"err\s*=\s*(\w+)\(", body):
+        if helper not in ("fence_check", "ns_check") and helper in HELPERS:
+            codes |= set(CODE_RE.findall(HELPERS[helper][1]))
     for m in re.finditer(r"err\s*=\s*ns_check\(", body):
         codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
         codes |= {c for c in CODE_RE.findall(HELPERS["ns_check"][1]) if c != "E_EPOCH"}
@@ -446,9 +449,10 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
     if key_name in fixed:
         return value == fixed[key_name]
     if key_name == "index":  # due.lua reads any time index: the lease index or the outbox
-        return value in (q.keys.leases, q.keys.outbox)
+        return value in (q.keys.leases, q.keys.outbox, q.keys.cancels)
     patterns = {"task": r":t:[^:]+:[0-9A-Z]{26}", "attempts": r":t:[^:]+:[0-9A-Z]{26}:a",
-                "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending"}
+                "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending",
+                "effects": r":t:[^:]+:[0-9A-Z]{26}:fx"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
     return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
 
@@ -486,6 +490,14 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     q.reconcile_attempt(lb2.attempt_id)
+    e = q.enqueue("jobs", "h", {"n": 4})
+    le = q.claim_attempt(e.id, "w", 60_000)
+    key = mc_queue.mint_key(e.id, "open-pr", "sha1")
+    q.effect_begin(le.attempt_id, le.fence, key, {"operation": "open-pr", "identity": "sha1"}, worker_id="w")
+    q.effect_done(le.attempt_id, le.fence, key, "done", {"pr": 1}, actor="w")
+    q.cancel_task(e.id, "the operator no longer needs this")
+    q.acknowledge_cancel(le.attempt_id, le.fence, worker_id="w")
+    q.reconcile_attempt(le.attempt_id)
     c = q.enqueue("jobs", "h", {"n": 3})
     q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
     q.recover(reason="header test")

@@ -14,6 +14,7 @@ EXPECTED = {
     "Context", "Decision", "ExecutorError", "HandlerError", "HandlerSpec", "Heartbeat", "InternalError",
     "LeaseLost", "NonRetryable", "PhaseOutOfOrder", "ProviderError", "RepositoryError", "Retry", "RetryPolicy",
     "Sweeper", "ValidationFailure", "classify",
+    "CancelRequested", "EffectRecord", "EffectUnknown", "mint_key",
 }
 
 
