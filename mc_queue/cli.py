@@ -267,18 +267,111 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
 
 
 @main.command()
-@click.option("--once", is_flag=True, help="One pass, then print what it did.")
-@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between passes.")
+@click.argument("task_id")
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.option("--ack-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds the executor has to acknowledge before its lease is voided.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
-def sweeper(obj: Ctx, once: bool, interval: float, as_json: bool) -> None:
-    """Expire leases, reconcile suspects, send due and unclaimed dispatches."""
+def cancel(obj: Ctx, task_id: str, reason: str, ack_timeout: float, as_json: bool) -> None:
+    """Cancel a task: prevent new work, signal the executor, reconcile, terminate as canceled."""
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("a cancellation needs a reason of at least ten characters", param_hint="--reason")
+    outcome = obj.client.cancel_task(task_id, reason, actor="operator", ack_timeout_ms=int(ack_timeout * 1000))
+    if as_json:
+        _emit_json({"task_id": task_id, "outcome": outcome})
+    else:
+        click.echo(f"{task_id}: {outcome}" + (" (the executor is told at its next heartbeat; the sweeper "
+                                             "finishes the protocol)" if outcome == "signaled" else ""))
+
+
+@main.group()
+def dlq() -> None:
+    """Quarantined tasks: list, show, replay with a reason, purge."""
+
+
+@dlq.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def dlq_list(obj: Ctx, as_json: bool) -> None:
+    items = {i["task_id"]: i for i in obj.client.attention_items()}
+    rows = [{"task_id": t, "quarantined_at_ms": at, "why": items.get(t, {}).get("why_unsafe"),
+             "summary": items.get(t, {}).get("summary")} for t, at in obj.client.dlq()]
+    if as_json:
+        _emit_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Dead-letter queue")
+    for col in ("task", "summary", "why"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["task_id"]), str(r["summary"] or ""), str(r["why"] or ""))
+    Console().print(table)
+
+
+@dlq.command("show")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
+    task = obj.client.get_task(task_id)
+    item = next((i for i in obj.client.attention_items() if i.get("task_id") == task_id), None)
+    if as_json:
+        _emit_json({**task_json(task), "attention": item})
+        return
+    print_task(task)
+    if item:
+        from .render import print_attention
+
+        print_attention([item])
+
+
+@dlq.command("replay")
+@click.argument("task_id")
+@click.option("--reason", required=True, help="Why it may run again (at least ten characters).")
+@click.option("--hypothesis", default=None, help="What is different now.")
+@click.pass_obj
+@handle_errors
+def dlq_replay(obj: Ctx, task_id: str, reason: str, hypothesis: str | None) -> None:
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("a replay needs a reason of at least ten characters", param_hint="--reason")
+    attempt = obj.client.dlq_replay(task_id, reason, hypothesis, actor="operator")
+    click.echo(f"{attempt.id} pending (the sweeper dispatches it)")
+
+
+@dlq.command("purge")
+@click.argument("task_id")
+@click.option("--reason", required=True, help="Why its history may go.")
+@click.option("--yes", is_flag=True, help="Confirm: the task and its whole history are deleted.")
+@click.pass_obj
+@handle_errors
+def dlq_purge(obj: Ctx, task_id: str, reason: str, yes: bool) -> None:
+    if not yes:
+        raise click.BadParameter("purging deletes the task and its history for good: add --yes", param_hint="--yes")
+    n = obj.client.dlq_purge(task_id, reason=reason, actor="operator")
+    click.echo(f"{task_id} purged ({n} attempt(s))")
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One pass, then print what it did.")
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between passes.")
+@click.option("--app", "app_spec", default=None,
+              help="package.module:app whose registered operations reconcile effects with their providers.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, as_json: bool) -> None:
+    """Expire leases, reconcile suspects with providers, send due and unclaimed dispatches."""
     import logging
 
     from .sweeper import Sweeper
 
-    sw = Sweeper(obj.client)
+    sw = Sweeper(obj.client, app=load_app(app_spec) if app_spec else None)
     if once:
         report = sw.run_once().as_dict()
         if as_json:

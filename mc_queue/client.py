@@ -559,6 +559,44 @@ class Client:
         raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return int(reply[1])
 
+    def dlq(self) -> list[tuple[str, int]]:
+        """Quarantined tasks: (task id, quarantined at ms), oldest first."""
+        rows = cast(list[tuple[str, float]], self.redis.zrange(self.keys.dlq, 0, -1, withscores=True))
+        return [(str(m), int(score)) for m, score in rows]
+
+    def dlq_replay(self, task_id: str, reason: str, hypothesis: str | None = None, *,
+                   actor: str | None = None) -> Attempt:
+        """Take a quarantined task out of the DLQ as a new Attempt with its reason (a person's decision)."""
+        tk = self._task_keys(task_id)
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("dlq_replay", {
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "dlq": self.keys.dlq,
+                "attention": self.keys.attention,
+            }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        if reply[0] == "E_STATE":
+            raise TransitionRefused(f"replay of {task_id} refused: the task is {reply[1]}, not quarantined",
+                                    task_id=task_id, script="dlq_replay", code="E_STATE")
+        raise_for_reply(reply, script="dlq_replay", task_id=task_id)
+        return _attempt_from_snapshot(task_id, int(reply[1]), reply[2])
+
+    def dlq_purge(self, task_id: str, *, reason: str, actor: str | None = None) -> int:
+        """Delete a quarantined task and its history for good; returns how many Attempts it had."""
+        tk = self._task_keys(task_id)
+        reply = self._run("dlq_purge", {
+            "nslog": self.keys.nslog, "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
+            "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            "effects": tk.effects,
+        }, {"actor": actor or self.actor, "reason": reason})
+        if reply[0] == "E_STATE":
+            raise TransitionRefused(f"purge of {task_id} refused: the task is {reply[1]}, not quarantined",
+                                    task_id=task_id, script="dlq_purge", code="E_STATE")
+        raise_for_reply(reply, script="dlq_purge", task_id=task_id)
+        return int(reply[1])
+
     def due_cancels(self, *, limit: int = 500) -> list[str]:
         """Running Attempts whose executor did not acknowledge a cancel in time."""
         due = self._run("due", {"index": self.keys.cancels}, {"limit": limit})

@@ -498,6 +498,16 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.cancel_task(e.id, "the operator no longer needs this")
     q.acknowledge_cancel(le.attempt_id, le.fence, worker_id="w")
     q.reconcile_attempt(le.attempt_id)
+    f = q.enqueue("jobs", "h", {"n": 5})
+    lf = q.claim_attempt(f.id, "w", 60_000)
+    poison = mc_queue.Decision("quarantine", "header test quarantines", attention={"task_id": f.id})
+    q.fail_attempt(lf.attempt_id, lf.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
+                   decision=poison)
+    q.dlq_replay(f.id, "the bug was fixed in the handler")
+    lf2 = q.claim_attempt(f.id, "w", 60_000)
+    q.fail_attempt(lf2.attempt_id, lf2.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
+                   decision=poison)
+    q.dlq_purge(f.id, reason="header test purges")
     c = q.enqueue("jobs", "h", {"n": 3})
     q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
     q.recover(reason="header test")
