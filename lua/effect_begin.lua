@@ -22,7 +22,7 @@
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
--- Events: effect_intent | stale_write_refused
+-- Events: effect_intent | effect_replayed | stale_write_refused
 -- Idempotent: yes (an intent of the same attempt and fence is reported as OK again)
 --@include common
 
@@ -41,7 +41,11 @@ if err then return err end
 local existing = redis.call('HGET', k_effects, key)
 if existing then
   local rec = cjson.decode(existing)
-  if rec.state == 'done' then return {'DONE', existing} end
+  if rec.state == 'done' then
+    emit(k_ev, 'effect_replayed', {'attempt', n, 'worker', worker, 'key', key, 'receipt_attempt',
+      tostring(rec.receipt_attempt or rec.attempt)})
+    return {'DONE', existing}
+  end
   if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == fence then return {'OK'} end
   if rec.state ~= 'absent' then return {'PENDING', existing} end
 end

@@ -115,3 +115,137 @@ class RedisServer:
 def unique_prefix(stem: str = "t") -> str:
     """A namespace prefix no other test uses: tests share a server, never FLUSHALL it."""
     return f"{stem}-{uuid.uuid4().hex[:10]}"
+
+
+class ForgeServer:
+    """A real local HTTP pull-request API (the protocol of ``mc_queue.providers.http``), for tests
+    and the demo: it counts what it did per operation key, and injects the faults that matter.
+
+    - ``honor_idempotency=False`` (default) ignores the ``Idempotency-Key`` header, like many real
+      APIs: only mc_queue's reconciliation (a lookup by key) then stands between a retry and a
+      duplicate pull request, which is what the tests must prove.
+    - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
+      for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
+    - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
+    - ``lookups_unavailable(n)``: the next n lookups answer 503 (the reconciler cannot tell).
+    """
+
+    def __init__(self, *, honor_idempotency: bool = False) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.honor_idempotency = honor_idempotency
+        self.pulls: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self._stall: list[float] = []
+        self._fail: list[tuple[int, float | None]] = []
+        self._lookup_fail = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="forge", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> ForgeServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> ForgeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stall_next(self, n: int = 1, seconds: float = 3.0) -> None:
+        with self.lock:
+            self._stall.extend([seconds] * n)
+
+    def fail_next(self, n: int = 1, status: int = 503, retry_after: float | None = None) -> None:
+        with self.lock:
+            self._fail.extend([(status, retry_after)] * n)
+
+    def lookups_unavailable(self, n: int = 1) -> None:
+        with self.lock:
+            self._lookup_fail += n
+
+    def count_by_key(self) -> dict[str, int]:
+        with self.lock:
+            out: dict[str, int] = {}
+            for p in self.pulls:
+                out[p["idempotency_key"]] = out.get(p["idempotency_key"], 0) + 1
+            return out
+
+    def duplicates(self) -> dict[str, int]:
+        return {k: v for k, v in self.count_by_key().items() if v > 1}
+
+    def _handler(self) -> Any:
+        import json as _json
+        from http.server import BaseHTTPRequestHandler
+        from urllib.parse import parse_qs, urlparse
+
+        forge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                data = _json.dumps(body).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timed out) after we accepted
+
+            def do_POST(self) -> None:
+                parts = urlparse(self.path).path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "repos" or parts[3] != "pulls":
+                    return self._send(404, {"error": "not found"})
+                body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                key = self.headers.get("Idempotency-Key", "")
+                with forge.lock:
+                    if forge._fail:
+                        status, retry_after = forge._fail.pop(0)
+                        hdr = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+                        return self._send(status, {"error": "injected failure"}, hdr)
+                    if forge.honor_idempotency and key:
+                        for p in forge.pulls:
+                            if p["idempotency_key"] == key:
+                                return self._send(200, p)
+                    pr = {"number": len(forge.pulls) + 1, "repo": f"{parts[1]}/{parts[2]}", "head": body.get("head"),
+                          "base": body.get("base"), "title": body.get("title"), "body": body.get("body", ""),
+                          "idempotency_key": key}
+                    pr["url"] = f"{forge.url}/repos/{pr['repo']}/pulls/{pr['number']}"
+                    forge.pulls.append(pr)
+                    stall = forge._stall.pop(0) if forge._stall else 0.0
+                if stall:
+                    time.sleep(stall)
+                return self._send(201, pr)
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                if url.path != "/pulls":
+                    return self._send(404, {"error": "not found"})
+                key = parse_qs(url.query).get("idempotency_key", [""])[0]
+                with forge.lock:
+                    if forge._lookup_fail:
+                        forge._lookup_fail -= 1
+                        return self._send(503, {"error": "lookup unavailable"})
+                    found = [p for p in forge.pulls
+                             if p["idempotency_key"] == key or f"Mcq-Operation-Key: {key}" in p["body"]]
+                if not found:
+                    return self._send(404, {"error": "no pull request with that key"})
+                return self._send(200, found[0])
+
+        return Handler

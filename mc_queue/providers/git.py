@@ -1,0 +1,102 @@
+"""A git remote as a provider: commit and push with ``--force-with-lease``, reconcile by ``ls-remote``.
+
+- The push names the value it expects the remote branch to have (``--force-with-lease=
+  refs/heads/B:<expected>``, empty for "must not exist"), so the remote itself refuses a stale or
+  duplicate push.
+- Every commit carries a trailer ``Mcq-Operation-Key: <key>``; reconciliation lists the remote
+  branch (``git ls-remote``), fetches its tip and looks for the trailer in its recent history.
+
+The branch is part of the operation's content identity: use :func:`identity` to build it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+TRAILER = "Mcq-Operation-Key"
+
+
+class GitError(RuntimeError):
+    """A git command failed; ``stderr`` says why (a refused push says 'stale info' or 'rejected')."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(f"{message}: {stderr.strip()[-500:]}")
+        self.stderr = stderr
+
+
+def identity(branch: str, content: str) -> str:
+    """Content identity of a push: the branch and a digest of what is pushed (never a time)."""
+    return f"{branch}@{content}"
+
+
+def branch_of(key: str) -> str:
+    ident = key.split(":", 2)[2]
+    return ident.rsplit("@", 1)[0]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_AUTHOR_NAME": env.get("GIT_AUTHOR_NAME", "mc_queue"),
+                "GIT_AUTHOR_EMAIL": env.get("GIT_AUTHOR_EMAIL", "mc_queue@localhost"),
+                "GIT_COMMITTER_NAME": env.get("GIT_COMMITTER_NAME", "mc_queue"),
+                "GIT_COMMITTER_EMAIL": env.get("GIT_COMMITTER_EMAIL", "mc_queue@localhost")})
+    return env
+
+
+def git(*args: str, cwd: str | Path | None = None, timeout: float = 60.0) -> str:
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+    if proc.returncode != 0:
+        raise GitError(f"git {' '.join(args[:2])} failed ({proc.returncode})", proc.stderr)
+    return proc.stdout
+
+
+class GitRemote:
+    def __init__(self, url: str, *, push_timeout: float = 30.0, scan_depth: int = 20) -> None:
+        self.url = url
+        self.push_timeout = push_timeout
+        self.scan_depth = scan_depth
+
+    def remote_head(self, branch: str) -> str | None:
+        out = git("ls-remote", self.url, f"refs/heads/{branch}")
+        return out.split()[0] if out.strip() else None
+
+    def prepare(self, workdir: Path, base: str) -> None:
+        """A fresh clone of ``base`` in ``workdir`` (an Attempt's workspace)."""
+        git("clone", "--quiet", "--branch", base, self.url, str(workdir))
+
+    def commit_and_push(self, key: str, workdir: Path, *, branch: str, message: str,
+                        files: dict[str, str]) -> dict[str, Any]:
+        """Write ``files``, commit with the key's trailer, push with a lease on the expected remote
+        value. Returns the receipt ``{"sha", "branch", "key"}``. A push whose client timed out may
+        still have landed: never call this again for the same key; reconcile with :meth:`find`."""
+        expected = self.remote_head(branch) or ""
+        for rel, text in files.items():
+            path = workdir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        git("add", "--all", cwd=workdir)
+        git("commit", "--quiet", "-m", f"{message}\n\n{TRAILER}: {key}", cwd=workdir)
+        sha = git("rev-parse", "HEAD", cwd=workdir).strip()
+        git("push", "--quiet", f"--force-with-lease=refs/heads/{branch}:{expected}", self.url,
+            f"HEAD:refs/heads/{branch}", cwd=workdir, timeout=self.push_timeout)
+        return {"sha": sha, "branch": branch, "key": key}
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        """The receipt of the commit pushed with ``key`` if the remote has it, else None."""
+        branch = branch_of(key)
+        head = self.remote_head(branch)
+        if head is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="mcq-git-") as tmp:
+            git("init", "--quiet", "--bare", tmp)
+            git("fetch", "--quiet", f"--depth={self.scan_depth}", self.url, f"refs/heads/{branch}", cwd=tmp)
+            log = git("log", f"-{self.scan_depth}", "--format=%H%x00%B%x01", "FETCH_HEAD", cwd=tmp)
+        for entry in log.split("\x01"):
+            sha, _, body = entry.strip().partition("\x00")
+            if f"{TRAILER}: {key}" in body:
+                return {"sha": sha, "branch": branch, "key": key}
+        return None

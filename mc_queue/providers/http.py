@@ -1,0 +1,49 @@
+"""An HTTP pull-request API through httpx, with an ``Idempotency-Key`` header and a key lookup.
+
+Wire protocol (what :class:`mc_queue.testing.ForgeServer` implements, and what a real forge
+adapter maps to):
+
+- ``POST {base}/repos/{repo}/pulls`` with JSON ``{"head", "base", "title", "body"}`` and header
+  ``Idempotency-Key: <key>`` -> 201 (or 200 for a replay) ``{"number", "url", "idempotency_key"}``;
+- ``GET {base}/pulls?idempotency_key=<key>`` -> 200 ``{"number", ...}`` or 404 when there is none.
+
+The key is also written into the PR body, so a provider that ignores the header still lets the
+lookup find it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+
+class HttpPullRequests:
+    def __init__(self, base_url: str, *, timeout: float = 5.0, token: str | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers,
+                                  transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def open_pr(self, key: str, *, repo: str, head: str, base: str, title: str, body: str = "") -> dict[str, Any]:
+        """Create the pull request; returns the provider's receipt. Raises httpx errors as they come
+        (401/403 authorization, 429/503 capacity, timeouts provider: see mc_queue.policy.classify)."""
+        resp = self._http.post(f"/repos/{repo}/pulls", headers={"Idempotency-Key": key},
+                               json={"head": head, "base": base, "title": title,
+                                     "body": f"{body}\n\nMcq-Operation-Key: {key}"})
+        resp.raise_for_status()
+        data = resp.json()
+        return {"number": data["number"], "url": data.get("url"), "key": key}
+
+    def find_pr(self, key: str) -> dict[str, Any] | None:
+        """The receipt of the pull request created with ``key``, or None when the provider has none.
+        Raises when the provider cannot answer (the reconciler records 'unknown')."""
+        resp = self._http.get("/pulls", params={"idempotency_key": key})
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        data = resp.json()
+        return {"number": data["number"], "url": data.get("url"), "key": key}
