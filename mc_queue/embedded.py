@@ -100,6 +100,10 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
                 "appendfsync always",
                 'save ""',
                 "daemonize yes",
+                # mc_queue keeps JSON of a few hundred bytes in hashes and a short stream per task:
+                # keep both compact (listpack) instead of Redis's defaults for big values.
+                "hash-max-listpack-value 1024",
+                "stream-node-max-bytes 1024",
                 f"pidfile {pidfile}",
                 f"logfile {root / 'redis.log'}",
                 "",
