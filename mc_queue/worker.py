@@ -260,7 +260,7 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
 # --------------------------------------------------------------------------- RQ integration
 
 
-def _refuse_foreign(func_name: str, job: Job) -> None:
+def _refuse_foreign(func_name: str, job: Job, *_args: Any, **_kwargs: Any) -> None:
     rt = _RUNTIME
     if rt is not None:
         with contextlib.suppress(Exception):
@@ -319,7 +319,9 @@ def _install_runtime(name: str) -> Runtime:
         raise McqError("call mc_queue.worker.configure(app, client) before building a worker")
     app, client, root = _TEMPLATE
     workspaces = WorkspaceRoot(root)
-    live = {workspaces.name_for(str(a)) for a in client.redis.zrange(client.keys.leases, 0, -1)}
+    def live() -> set[str]:
+        return {workspaces.name_for(str(a)) for a in client.redis.zrange(client.keys.leases, 0, -1)}
+
     report = workspaces.cleanup_stale(keep=live)
     if report.removed or report.refused:
         log.warning("workspace cleanup in %s: removed %s; refused %s", workspaces.root, report.removed,

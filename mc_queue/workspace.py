@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,13 +66,15 @@ class WorkspaceRoot:
             raise WorkspaceError(f"{path} is not directly inside the workspace root {self.root}")
         shutil.rmtree(path)
 
-    def cleanup_stale(self, keep: set[str] | None = None) -> CleanupReport:
-        """Remove every ``task-*`` workspace of this root except ``keep`` (names). Call before polling."""
+    def cleanup_stale(self, keep: set[str] | Callable[[], set[str]] | None = None) -> CleanupReport:
+        """Remove every ``task-*`` workspace of this root except those named in ``keep``. Call before
+        polling. ``keep`` may be a function: it is asked again right before each removal, so a
+        workspace another worker created meanwhile for a live Attempt is not taken from under it."""
         report = CleanupReport()
-        keep = keep or set()
+        current: Callable[[], set[str]] = keep if callable(keep) else (lambda: keep or set())
         with os.scandir(self.root) as entries:
             for entry in entries:
-                if not entry.name.startswith("task-") or entry.name in keep:
+                if not entry.name.startswith("task-") or entry.name in current():
                     continue
                 if entry.is_symlink():
                     report.refused.append((entry.name, "a symlink: never followed, never deleted through"))

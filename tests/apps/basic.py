@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import mc_queue
-from mc_queue import App, Backoff, Budget, Context, RetryPolicy
+from mc_queue import App, Backoff, Context, RetryPolicy
 
 app = App(name="test-basic", default_queue="jobs",
           retry=RetryPolicy(backoff=Backoff(base_s=0.2, max_s=1.0)), lease_ms=3000)

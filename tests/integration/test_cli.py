@@ -73,7 +73,8 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
 
 
 def test_idempotency_conflict_exits_2(redis_server: RedisServer, prefix: str) -> None:
-    assert mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 1}', "--idempotency-key", "k").returncode == 0
+    first = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 1}', "--idempotency-key", "k")
+    assert first.returncode == 0
     out = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 2}', "--idempotency-key", "k")
     assert out.returncode == 2 and "different payload" in out.stderr
     assert counts(redis_server, prefix)["q"]["counts"] == {"pending": 1}

@@ -108,7 +108,8 @@ def test_validation_needs_a_new_hypothesis_and_stops_on_the_same_fingerprint() -
     assert new.action == "retry" and new.next_hypothesis == "pin the dep"
     task2 = make_task([(FailureClass.VALIDATION, "test_x fails", None), (FailureClass.VALIDATION, "", "pin the dep")])
     again = decide(task2, task2.attempts[-1],
-                   classify(ValidationFailure("test_x fails", hypothesis="rewrite the parser")), RetryPolicy(), Budget())
+                   classify(ValidationFailure("test_x fails", hypothesis="rewrite the parser")),
+                   RetryPolicy(), Budget())
     assert again.action == "stop" and "did not change" in again.why
 
 

@@ -1,0 +1,594 @@
+"""The RQ worker layer against the session's real redis-server, with real `mcq worker` processes.
+
+RQ carries Attempts; mc_queue's scripts decide. Every assertion reads mc_queue's records (tasks,
+Attempts, task events, the namespace stream, attention items), never log text. Workers are
+subprocesses (`python -m mc_queue ... worker --app tests.apps.basic:app --burst --kind ...`) with a
+private MCQ_HOME; the sweeper runs in the test process, one `run_once()` at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from rq import Callback, Queue
+from rq.registry import FailedJobRegistry
+from rq.serializers import JSONSerializer
+
+import mc_queue
+from mc_queue import Context, LeaseLost, Sweeper, Task, TaskState
+from mc_queue.keys import new_ulid
+from mc_queue.models import AttemptState, FailureClass
+from mc_queue.policy import RetryPolicy
+from mc_queue.sweeper import SweepReport
+from mc_queue.testing import RedisServer
+from mc_queue.worker import ENTRY, AppClient, job_id, rq_connection, rq_queue_name
+from mc_queue.workspace import WorkspaceError, WorkspaceRoot
+from tests.apps import basic, faulty
+
+REPO = Path(__file__).resolve().parents[2]
+BASIC = "tests.apps.basic:app"
+FAULTY = "tests.apps.faulty:app"
+SETTLED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED,
+                     TaskState.CANCELED})
+
+
+# --------------------------------------------------------------------------- harness
+
+
+def redis_ms(r: redis.Redis) -> int:
+    s, us = r.time()
+    return int(s) * 1000 + int(us) // 1000
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(interval)
+
+
+def events(task: Task, typ: str) -> list[mc_queue.Event]:
+    return [e for e in task.events if e.type == typ]
+
+
+def proc_state(pid: int) -> str:
+    """The kernel's one-letter state of a process (T = stopped), or '' when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+class Harness:
+    """One test's namespace: a client, AppClients for both test apps, a sweeper, and worker processes."""
+
+    def __init__(self, server: RedisServer, prefix: str, home: Path) -> None:
+        self.server = server
+        self.prefix = prefix
+        self.home = home
+        home.mkdir(parents=True, exist_ok=True)
+        self.client = mc_queue.connect(server.url, prefix=prefix)
+        self.basic = AppClient(basic.app, self.client)
+        self.faulty = AppClient(faulty.app, self.client)
+        self.sweeper = Sweeper(self.client)
+        self.rq = rq_connection(self.client)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopped: set[int] = set()  # pids this test SIGSTOPped (SIGCONTed again at teardown)
+        self._logs = 0
+
+    # -- processes
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
+        env["MCQ_HOME"] = str(self.home)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def worker_cmd(self, kind: str, app: str, extra: tuple[str, ...]) -> list[str]:
+        return [sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix", self.prefix,
+                "worker", "--app", app, "--burst", "--kind", kind, *extra]
+
+    def run_worker(self, kind: str = "fork", app: str = BASIC, *extra: str,
+                   timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """One burst worker: runs what its queues hold now, then exits."""
+        out = subprocess.run(self.worker_cmd(kind, app, extra), cwd=REPO, env=self.env(), capture_output=True,
+                             text=True, timeout=timeout)
+        assert out.returncode == 0, f"burst worker ({kind}) exited {out.returncode}:\n{out.stderr[-3000:]}"
+        return out
+
+    def start_worker(self, kind: str = "fork", app: str = BASIC, *extra: str) -> subprocess.Popen[bytes]:
+        """A burst worker in the background (its own session, so teardown can end it and its horse)."""
+        self._logs += 1
+        with open(self.home / f"worker-{self._logs}.log", "wb") as log:
+            p = subprocess.Popen(self.worker_cmd(kind, app, extra), cwd=REPO, env=self.env(), stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def worker_log(self, p: subprocess.Popen[bytes]) -> str:
+        i = self.procs.index(p) + 1
+        return (self.home / f"worker-{i}.log").read_text(errors="replace")[-3000:]
+
+    def stop(self, *pids: int) -> None:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.add(pid)
+        for pid in pids:
+            wait_for(lambda pid=pid: proc_state(pid) in ("T", "t"), 5, f"pid {pid} to stop")
+
+    def cont(self) -> None:
+        for pid in sorted(self.stopped):
+            if proc_state(pid):
+                os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()
+
+    def mcq(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix",
+                               self.prefix, *args], cwd=REPO, env=self.env(), capture_output=True, text=True,
+                              timeout=60)
+
+    # -- records
+
+    def task(self, task_id: str) -> Task:
+        return self.client.get_task(task_id)
+
+    def raw_attempt(self, task_id: str, n: int) -> dict[str, str]:
+        pre = f"{n}."
+        raw = self.client.redis.hgetall(self.client.keys.task(task_id).attempts)
+        return {k[len(pre):]: v for k, v in raw.items() if k.startswith(pre)}
+
+    def rq_queue(self, queue: str = "jobs") -> Queue:
+        return Queue(rq_queue_name(self.prefix, queue), connection=self.rq, serializer=JSONSerializer)
+
+    def enqueue_undispatched(self, app_client: AppClient, handler: str, payload: Any) -> Task:
+        """A task as AppClient.enqueue makes it, but not yet sent to RQ (its Attempt waits in the outbox)."""
+        spec = app_client.app.spec(handler)
+        return self.client.enqueue(spec.queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
+                                   lease_ms=spec.lease_ms, timeout_s=spec.timeout_s)
+
+    # -- driving
+
+    def drive(self, task_id: str, kind: str = "fork", app: str = BASIC, *extra: str,
+              until: Callable[[Task], bool] = lambda t: t.state in SETTLED, timeout: float = 40,
+              observe: Callable[[Task], None] | None = None) -> Task:
+        """Sweep once, run one burst worker, repeat, until ``until(task)`` (bounded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            task = self.task(task_id)
+            if observe is not None:
+                observe(task)
+            if until(task):
+                return task
+            assert time.monotonic() < deadline, (
+                f"task {task_id} not done after {timeout}s: state {task.state}, attempts "
+                f"{[(a.number, a.state.value) for a in task.attempts]}, events {[e.type for e in task.events]}")
+            report = self.sweeper.run_once()
+            assert not report.errors, report.errors
+            self.run_worker(kind, app, *extra)
+
+    def more_sweeps_and_workers(self, app: str = BASIC, sweeps: int = 3) -> None:
+        """What should change nothing once a task is settled: sweeps and workers of both kinds."""
+        for _ in range(sweeps):
+            assert not self.sweeper.run_once().errors
+            time.sleep(0.1)
+        self.run_worker("fork", app)
+        self.run_worker("simple", app)
+        assert not self.sweeper.run_once().errors
+
+    def close(self) -> None:
+        self.cont()
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        self.faulty._rq.close()
+        self.basic.close()
+        self.rq.close()
+
+
+@pytest.fixture
+def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(redis_server, prefix, tmp_path / "home")
+    yield harness
+    harness.close()
+
+
+# --------------------------------------------------------------------------- 1. retries with backoff
+
+
+def test_flaky_capacity_retries_with_jittered_backoff_and_attempts_stay_immutable(h: Harness) -> None:
+    spec = basic.app.spec("flaky-capacity")
+    backoff = spec.retry.backoff
+    task = h.basic.enqueue("flaky-capacity", {"fail_times": 2})
+    assert RetryPolicy.model_validate_json(task.retry_policy or "") == spec.retry  # frozen at enqueue
+
+    snapshots: dict[int, tuple[dict[str, Any], dict[str, str]]] = {}
+
+    def observe(t: Task) -> None:
+        for a in t.attempts:
+            if not a.terminal:
+                continue
+            now = (a.model_dump(), h.raw_attempt(t.id, a.number))
+            if a.number in snapshots:
+                assert now == snapshots[a.number], f"attempt {a.number} changed after it was terminal"
+            else:
+                snapshots[a.number] = now
+
+    final = h.drive(task.id, "fork", until=lambda t: t.state is TaskState.SUCCEEDED, observe=observe)
+    assert [a.state for a in final.attempts] == [AttemptState.FAILED, AttemptState.FAILED, AttemptState.SUCCEEDED]
+    assert final.result == {"ok": True, "attempt": 3}
+    first = final.attempts[0]
+    assert first.previous is None and first.reason == "first dispatch"
+    for a in final.attempts[:2]:
+        assert a.failure is not None and a.failure.failure_class is FailureClass.CAPACITY
+    assert final.attempts[0].failure.fingerprint == final.attempts[1].failure.fingerprint  # type: ignore[union-attr]
+
+    created = {int(e.attempt or 0): e for e in events(final, "attempt_created")}
+    for a in final.attempts[1:]:
+        prev = final.attempts[a.number - 2]
+        assert a.previous == prev.id
+        assert a.reason and "capacity" in a.reason and f"attempt {prev.number}" in a.reason
+        assert a.created_at is not None and a.due_at is not None and a.started_at is not None
+        assert a.created_at == prev.ended_at  # decided in the same step as the failure
+        delay = (a.due_at - a.created_at).total_seconds()
+        # Full jitter: 0 <= delay <= Backoff.upper_bound(failures so far).
+        assert 0.0 <= delay <= backoff.upper_bound(prev.number), (a.number, delay)
+        assert int(created[a.number].fields["delay_ms"]) == round(delay * 1000)
+        assert created[a.number].fields["retry_of"] == str(prev.number)
+        assert a.started_at >= a.due_at, "an Attempt was claimed before its backoff was over"
+    assert [e.fields["decision"] for e in events(final, "attempt_failed")] == ["retry", "retry"]
+    assert [int(e.attempt or 0) for e in events(final, "attempt_claimed")] == [1, 2, 3]
+    assert len(events(final, "attempt_succeeded")) == 1
+    assert events(final, "claim_refused") == []
+
+    # Once terminal, never changed again: more sweeps and workers of both kinds.
+    assert sorted(snapshots) == [1, 2, 3]
+    h.more_sweeps_and_workers()
+    after = h.task(task.id)
+    observe(after)
+    assert len(after.attempts) == 3 and after.state is TaskState.SUCCEEDED
+    assert [e.type for e in after.events] == [e.type for e in final.events]
+
+
+# --------------------------------------------------------------------------- 2. stop, attention, quarantine
+
+
+def _attention(h: Harness, task_id: str) -> list[dict[str, Any]]:
+    return [i for i in h.client.attention_items() if i["task_id"] == task_id]
+
+
+def test_authorization_failure_is_never_retried_and_asks_for_attention(h: Harness) -> None:
+    task = h.basic.enqueue("auth-fails", {})
+    final = h.drive(task.id, "fork")
+    h.more_sweeps_and_workers()
+    final = h.task(task.id)
+    assert final.state is TaskState.BLOCKED
+    assert len(final.attempts) == 1
+    a = final.attempts[0]
+    assert a.state is AttemptState.FAILED and a.failure is not None
+    assert a.failure.failure_class is FailureClass.AUTHORIZATION
+    assert [e.fields["decision"] for e in events(final, "attempt_failed")] == ["stop"]
+    assert len(events(final, "attempt_created")) == 1 and len(events(final, "attempt_claimed")) == 1
+    assert len(events(final, "attention_raised")) == 1
+    assert h.client.redis.zscore(h.client.keys.outbox, f"{task.id}/2") is None
+
+    items = _attention(h, task.id)
+    assert len(items) == 1
+    item = items[0]
+    assert item["kind"] == "authorization" and item["failure_class"] == "authorization"
+    assert [(r["attempt"], r["failure_class"]) for r in item["tried"]] == [(1, "authorization")]
+    assert item["why_unsafe"] and item["fingerprint"] == a.failure.fingerprint
+
+    out = h.mcq("attention", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = [i for i in json.loads(out.stdout) if i["task_id"] == task.id]
+    assert listed == [item]
+
+
+def test_validation_failure_twice_with_same_fingerprint_stops_after_two_attempts(h: Harness) -> None:
+    task = h.basic.enqueue("validation-fails", {})
+    h.drive(task.id, "simple")
+    h.more_sweeps_and_workers()
+    final = h.task(task.id)
+    assert final.state is TaskState.BLOCKED
+    assert [a.state for a in final.attempts] == [AttemptState.FAILED, AttemptState.FAILED]
+    f1, f2 = (a.failure for a in final.attempts)
+    assert f1 is not None and f2 is not None
+    assert f1.failure_class is f2.failure_class is FailureClass.VALIDATION
+    assert f1.fingerprint == f2.fingerprint
+    second = final.attempts[1]
+    # Retried once, and only with the handler's changed hypothesis, never blindly.
+    assert second.previous == final.attempts[0].id
+    assert second.hypothesis == "pin the parser dependency (try 1)"
+    assert second.reason and "validation" in second.reason
+    assert [e.fields["decision"] for e in events(final, "attempt_failed")] == ["retry", "stop"]
+    assert len(events(final, "attempt_claimed")) == 2
+
+    items = _attention(h, task.id)
+    assert len(items) == 1
+    item = items[0]
+    assert item["kind"] == "validation" and item["fingerprint"] == f1.fingerprint
+    assert [(r["attempt"], r["fingerprint"]) for r in item["tried"]] == [(1, f1.fingerprint), (2, f1.fingerprint)]
+    assert item["why_unsafe"] and item["changed"]
+
+
+def test_internal_failure_quarantines_the_task(h: Harness) -> None:
+    task = h.basic.enqueue("crashes", {})
+    h.drive(task.id, "fork")
+    h.more_sweeps_and_workers()
+    final = h.task(task.id)
+    assert final.state is TaskState.QUARANTINED
+    assert len(final.attempts) == 1
+    f = final.attempts[0].failure
+    assert f is not None and f.failure_class is FailureClass.INTERNAL and f.type == "KeyError"
+    assert h.client.redis.zscore(h.client.keys.dlq, task.id) is not None
+    assert len(events(final, "task_quarantined")) == 1
+    items = _attention(h, task.id)
+    assert len(items) == 1 and items[0]["kind"] == "quarantined" and items[0]["why_unsafe"]
+
+
+# --------------------------------------------------------------------------- 4. long handler keeps its lease
+
+
+@pytest.mark.parametrize("kind", ["fork", "simple"])
+def test_handler_running_for_several_lease_lengths_keeps_its_lease(h: Harness, kind: str) -> None:
+    spec = basic.app.spec("long")
+    seconds = 6
+    assert seconds * 1000 >= 4 * spec.lease_ms  # the handler never yields for four lease lengths
+    task = h.basic.enqueue("long", {"seconds": seconds})
+
+    stop = threading.Event()
+    reports: list[SweepReport] = []
+    crashes: list[BaseException] = []
+    sweeper_client = mc_queue.connect(h.server.url, prefix=h.prefix)
+
+    def sweep_loop() -> None:
+        sw = Sweeper(sweeper_client, actor="concurrent-sweeper")
+        try:
+            while not stop.is_set():
+                reports.append(sw.run_once())
+                stop.wait(0.3)
+        except BaseException as exc:  # reported below, not lost in the thread
+            crashes.append(exc)
+
+    t = threading.Thread(target=sweep_loop, daemon=True)
+    t.start()
+    try:
+        h.run_worker(kind, timeout=60)
+    finally:
+        stop.set()
+        t.join(10)
+        sweeper_client.close()
+    assert not crashes, crashes
+    assert len(reports) >= 10, f"the concurrent sweeper ran only {len(reports)} passes"
+    assert not any(r.expired or r.reconciled or r.errors for r in reports), [r.as_dict() for r in reports]
+
+    final = h.task(task.id)
+    assert final.state is TaskState.SUCCEEDED and final.result == {"slept": seconds}
+    assert len(final.attempts) == 1
+    a = final.attempts[0]
+    assert a.lease_ms == spec.lease_ms
+    assert a.elapsed_ms is not None and a.elapsed_ms >= seconds * 1000 > 3 * spec.lease_ms
+    for typ in ("lease_expired", "stale_write_refused", "claim_refused", "attempt_reconciled"):
+        assert events(final, typ) == [], typ
+    assert len(events(final, "attempt_claimed")) == 1 and len(events(final, "attempt_succeeded")) == 1
+
+
+# --------------------------------------------------------------------------- 7. foreign RQ jobs
+
+
+@pytest.mark.parametrize("kind", ["fork", "simple"])
+def test_foreign_rq_job_is_refused_never_imported(h: Harness, kind: str) -> None:
+    marker = Path(f"/tmp/pwned-{uuid.uuid4().hex}")
+    try:
+        foreign = h.rq_queue().enqueue_call(func="os.system", args=(f"touch {marker}",),
+                                            on_failure=Callback("tests.apps.faulty.touch_marker"),
+                                            on_success=Callback("tests.apps.faulty.touch_marker"))
+        legit = h.basic.enqueue("noop", {})  # queued behind the foreign job: the worker keeps serving
+        h.run_worker(kind)
+        assert not marker.exists(), "a foreign RQ job ran os.system"
+    finally:
+        marker.unlink(missing_ok=True)
+    assert list(h.home.glob("pwned-*")) == [], "a callback named by a foreign job ran"
+    assert h.task(legit.id).state is TaskState.SUCCEEDED
+    refused = [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"]
+    assert [(e["job_id"], e["func_name"]) for e in refused] == [(foreign.id, "os.system")], (
+        "the refusal of a foreign job must be recorded in the namespace stream")
+
+
+@pytest.mark.parametrize("kind", ["fork", "simple"])
+def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
+    """A job that does name mc_queue's entry, with success callbacks naming os.system or a function
+    that would leave a file: the Attempt runs; neither callback does."""
+    tasks = {}
+    for cb in ("os.system", "tests.apps.faulty.touch_marker"):
+        task = h.enqueue_undispatched(h.basic, "noop", {"cb": cb})
+        aid = task.attempts[0].id
+        h.rq_queue().enqueue_call(func=ENTRY, args=(h.prefix, aid, 3000), job_id=job_id(h.prefix, aid),
+                                  result_ttl=0, failure_ttl=3600, on_success=Callback(cb))
+        tasks[cb] = task
+    h.run_worker(kind)
+    for task in tasks.values():
+        final = h.task(task.id)
+        assert final.state is TaskState.SUCCEEDED and len(final.attempts) == 1
+    assert list(h.home.glob("pwned-*")) == [], "a success callback named in Redis ran"
+    # os.system(job, connection, result) would raise and fail the RQ job: nothing failed.
+    failed = FailedJobRegistry(rq_queue_name(h.prefix, "jobs"), connection=h.rq, serializer=JSONSerializer)
+    assert failed.get_job_ids() == []
+    assert [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"] == []
+
+
+# --------------------------------------------------------------------------- 8. workspaces and checkpoints
+
+
+def test_cleanup_stale_removes_stale_refuses_symlinks_keeps_named(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    ws = WorkspaceRoot(root)
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "precious.txt").write_text("keep me")
+    (outside / "deep" / "also.txt").write_text("keep me too")
+
+    stale = root / f"task-{new_ulid()}-1"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "f.txt").write_text("x")
+    (stale / "link-out").symlink_to(outside, target_is_directory=True)  # a link inside a stale workspace
+    link = root / f"task-{new_ulid()}-2"
+    link.symlink_to(outside, target_is_directory=True)
+    kept = root / f"task-{new_ulid()}-3"
+    kept.mkdir()
+    (kept / "f.txt").write_text("live")
+    odd = root / "task-not-a-workspace"
+    odd.mkdir()
+    other = root / "cache"
+    other.mkdir()
+
+    report = ws.cleanup_stale(keep={kept.name})
+
+    assert report.removed == [stale.name]
+    assert not stale.exists() and not stale.is_symlink()
+    assert sorted(name for name, _ in report.refused) == sorted([link.name, odd.name])
+    assert link.is_symlink(), "the task-* symlink itself must not be deleted"
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert (outside / "deep" / "also.txt").read_text() == "keep me too"
+    assert sorted(p.name for p in outside.iterdir()) == ["deep", "precious.txt"]
+    assert (kept / "f.txt").read_text() == "live"
+    assert odd.is_dir() and other.is_dir()
+    with pytest.raises(WorkspaceError):
+        ws.remove(link)
+    assert (outside / "precious.txt").exists()
+
+    # The same root again with nothing kept: the kept one goes now, the symlink is still refused.
+    again = ws.cleanup_stale()
+    assert again.removed == [kept.name]
+    assert link.name in dict(again.refused) and (outside / "precious.txt").exists()
+
+
+def test_worker_cleans_stale_workspaces_before_polling_but_keeps_a_live_leases(h: Harness) -> None:
+    root = h.home / "wsroot"
+    ws = WorkspaceRoot(root)
+    stale = root / f"task-{new_ulid()}-1"
+    stale.mkdir()
+    (stale / "left-by-a-crash.txt").write_text("x")
+
+    task = h.enqueue_undispatched(h.basic, "noop", {})
+    lease = h.client.claim_attempt(task.id, "holder-elsewhere", lease_ms=1500, expect_attempt=1)
+    live = root / ws.name_for(lease.attempt_id)
+    live.mkdir()
+    (live / "work.txt").write_text("in progress")
+
+    h.run_worker("fork", BASIC, "--workspace-root", str(root))  # the queue is empty: cleanup alone
+    assert not stale.exists(), "a stale workspace survived a worker start"
+    assert (live / "work.txt").read_text() == "in progress", "a workspace with a live lease was removed"
+
+    # The other side: once the lease expired and the sweeper made the Attempt suspect, it is stale.
+    wait_for(lambda: redis_ms(h.client.redis) > lease.expires_at_ms, 5, "the lease to pass")
+    report = h.sweeper.run_once()
+    assert report.expired == [lease.attempt_id]
+    h.run_worker("simple", BASIC, "--workspace-root", str(root))
+    assert not live.exists(), "the workspace of an expired lease survived a worker start"
+
+
+CKPT_SCOPE = {"repository": "example/app", "base": "abc123", "branch": "main", "generation": 1}
+
+
+@pytest.mark.parametrize("app,handler,payload,reused", [
+    pytest.param(BASIC, "checkpoints", {"repo": "example/app", "base": "abc123", "fail_first": True}, True,
+                 id="basic-identical-scope"),
+    pytest.param(FAULTY, "checkpoints-scoped", {"scopes": [CKPT_SCOPE, CKPT_SCOPE]}, True, id="identical-scope"),
+    pytest.param(FAULTY, "checkpoints-scoped", {"scopes": [CKPT_SCOPE, {**CKPT_SCOPE, "base": "def456"}]}, False,
+                 id="different-base"),
+    pytest.param(FAULTY, "checkpoints-scoped",
+                 {"scopes": [CKPT_SCOPE, {**CKPT_SCOPE, "repository": "example/fork"}]}, False,
+                 id="different-repository"),
+])
+def test_checkpoint_reused_by_the_next_attempt_only_with_identical_scope(
+        h: Harness, app: str, handler: str, payload: dict[str, Any], reused: bool) -> None:
+    app_client = h.basic if app == BASIC else h.faulty
+    task = app_client.enqueue(handler, payload)
+    final = h.drive(task.id, "simple", app, until=lambda t: t.state is TaskState.SUCCEEDED)
+    assert [a.state for a in final.attempts] == [AttemptState.FAILED, AttemptState.SUCCEEDED]
+    first, second = final.attempts
+    assert first.failure is not None and first.failure.failure_class is FailureClass.PROVIDER
+    assert set(first.checkpoints) == {"workspace_prepared", "source_capture_done"}
+    captured = first.checkpoints["source_capture_done"]
+    assert captured["data"] == {"files": ["a.py"], "by": 1}
+    assert second.previous == first.id
+    if reused:
+        assert final.result is not None and final.result["reused"] == {"files": ["a.py"], "by": 1}
+        assert set(second.checkpoints) == {"workspace_prepared"}
+        assert second.checkpoints["workspace_prepared"]["scope_digest"] == captured["scope_digest"]
+    else:
+        assert final.result is not None and final.result["reused"] is None
+        own = second.checkpoints["source_capture_done"]
+        assert own["data"] == {"files": ["a.py"], "by": 2}
+        assert own["scope_digest"] != captured["scope_digest"]
+    # Attempt 1's checkpoint is read, never rewritten, by Attempt 2.
+    assert h.task(task.id).attempts[0] == first
+
+
+def test_checkpoint_for_an_earlier_phase_is_refused(h: Harness) -> None:
+    steps = [["workspace_prepared", 1], ["source_capture_done", 2], ["workspace_prepared", 3],
+             ["source_capture_done", 99], ["source_capture_done", 2], ["commit_done", 4]]
+    task = h.faulty.enqueue("checkpoint-order", {"steps": steps})
+    final = h.drive(task.id, "simple", FAULTY)
+    assert final.state is TaskState.SUCCEEDED, final.attempts[0].failure
+    assert final.result == {"outcomes": [
+        ["workspace_prepared", "ok"], ["source_capture_done", "ok"],
+        ["workspace_prepared", "PhaseOutOfOrder"],  # before the last phase
+        ["source_capture_done", "PhaseOutOfOrder"],  # the last phase again, with other data
+        ["source_capture_done", "ok"],  # the same record again: an idempotent replay
+        ["commit_done", "ok"]]}
+    a = final.attempts[0]
+    assert a.phase == "commit_done"
+    assert a.checkpoints["workspace_prepared"]["data"] == 1
+    assert a.checkpoints["source_capture_done"]["data"] == 2
+    assert [e.fields["phase"] for e in events(final, "checkpoint_recorded")] == [
+        "workspace_prepared", "source_capture_done", "commit_done"]
+    refused = events(final, "checkpoint_refused")
+    assert [(e.fields["phase"], e.fields["last_phase"]) for e in refused] == [
+        ("workspace_prepared", "source_capture_done"), ("source_capture_done", "source_capture_done")]
+
+
+def test_checkpoint_with_a_stale_fence_is_refused_and_audited(h: Harness, tmp_path: Path) -> None:
+    spec = basic.app.spec("checkpoints")
+    task = h.enqueue_undispatched(h.basic, "checkpoints", {"repo": "example/app", "base": "abc123"})
+    lease = h.client.claim_attempt(task.id, "w-stale", lease_ms=1000, expect_attempt=1)
+    task = h.task(task.id)
+    ctx = Context(h.client, spec, task, task.attempts[0], lease.fence, "w-stale", tmp_path)
+    ctx.checkpoint("workspace_prepared", {"n": 1}, scope=CKPT_SCOPE)  # the live fence: accepted
+
+    wait_for(lambda: redis_ms(h.client.redis) > lease.expires_at_ms, 5, "the lease to pass")
+    assert [e.attempt_id for e in h.client.expire_leases()] == [lease.attempt_id]
+    with pytest.raises(LeaseLost):
+        ctx.checkpoint("source_capture_done", {"n": 2}, scope=CKPT_SCOPE)
+    assert ctx.lease_lost
+    with pytest.raises(LeaseLost):  # refused locally from now on: no write, no second event
+        ctx.checkpoint("commit_done", {"n": 3}, scope=CKPT_SCOPE)
+
+    after = h.task(task.id)
+    a = after.attempts[0]
+    assert a.state is AttemptState.SUSPECT and a.phase == "workspace_prepared"
+    assert set(a.checkpoints) == {"workspace_prepared"}
+    stale = events(after, "stale_write_refused")
+    assert len(stale) == 1
+    f = stale[0].fields
+    assert (f["op"], f["refusal"], f["worker"]) == ("checkpoint", "stale_fence", "w-stale")
+    assert int(f["presented_fence"]) == lease.fence and int(f["current_fence"]) == lease.fence + 1
+    assert [e.fields["phase"] for e in events(after, "checkpoint_recorded")] == ["workspace_prepared"]
