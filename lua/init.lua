@@ -26,7 +26,8 @@ if redis.call('EXISTS', k_meta) == 0 then
     mark_lost(k_meta, k_nslog, 'namespace meta is missing but ' .. why .. ': Redis lost state', actor)
   else
     local epoch = new_epoch(nonce)
-    redis.call('HSET', k_meta, 'state', 'ok', 'epoch', epoch, 'seq', 0, 'floor', 0, 'created_at', now_ms())
+    redis.call('HSET', k_meta, 'state', 'ok', 'epoch', epoch, 'seq', 0, 'floor', 0, 'created_at', now_ms(),
+      'run_id', run_id() or '')
     emit(k_nslog, 'namespace_created', {'epoch', epoch, 'actor', actor})
   end
 end

@@ -60,13 +60,16 @@ local started = tonumber(aget(k_att, n, 'started_at')) or ts
 aset(k_att, n, {'state', outcome, 'ended_at', ts, 'elapsed_ms', ts - started, 'settled_by', 'reconcile',
   'evidence', evidence})
 redis.call('ZREM', k_suspect, t[1] .. '/' .. n)
-emit(k_ev, 'attempt_reconciled', {'attempt', n, 'actor', actor, 'outcome', outcome, 'failure_class', fclass,
-  'evidence', evidence, 'decision', d.action, 'why', d.why})
+local final = DECISIONS[d.action]
+if outcome ~= 'failed' then final = outcome elseif d.action == 'retry' and d.delay_ms <= 0 then final = 'pending' end
+emit(k_ev, 'attempt_reconciled', {'attempt', n, 'actor', actor, 'outcome', outcome, 'task_state', final,
+  'failure_class', fclass, 'evidence', evidence, 'decision', d.action, 'why', d.why})
 local state
 if outcome == 'canceled' then
   redis.call('HSET', k_task, 'state', 'canceled', 'active', '', 'updated_at', ts)
   move_count(k_counts, t[2], t[3], 'canceled')
-  emit(k_ev, 'task_canceled', {'attempt', n, 'actor', actor, 'reason', redis.call('HGET', k_task, 'cancel_requested') or ''})
+  emit(k_ev, 'task_canceled', {'attempt', n, 'actor', actor,
+    'reason', redis.call('HGET', k_task, 'cancel_requested') or ''})
   state = 'canceled'
 elseif outcome == 'succeeded' then
   aset(k_att, n, {'result', result})

@@ -21,7 +21,8 @@ local floor = now_us()
 if tonumber(m[3] or '0') >= floor then floor = tonumber(m[3]) + 1 end
 if m[2] and m[2] ~= '' then redis.call('SADD', k_epochs, m[2]) end
 local epoch = new_epoch(nonce)
-redis.call('HSET', k_meta, 'state', 'recovering', 'epoch', epoch, 'floor', fmt(floor), 'recovered_at', now_ms())
+redis.call('HSET', k_meta, 'state', 'recovering', 'epoch', epoch, 'floor', fmt(floor), 'recovered_at', now_ms(),
+  'run_id', run_id() or '')
 if redis.call('HEXISTS', k_meta, 'seq') == 0 then redis.call('HSET', k_meta, 'seq', 0) end
 emit(k_nslog, 'recovery_started', {'actor', actor, 'reason', reason, 'old_epoch', m[2] or '', 'epoch', epoch,
   'old_state', m[1] or 'missing', 'floor', fmt(floor)})

@@ -28,17 +28,20 @@ local k_meta, k_epochs, k_nslog, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_task, k_att, k_ev = KEYS[5], KEYS[6], KEYS[7]
 local n, fence, worker, lease_ms, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local cost, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
-if ARGV[4] == '' then lease_ms = tonumber(redis.call('HGET', k_att, n .. '.lease_ms') or '') or 0 end
 if not cost or not tokens or cost < 0 or tokens < 0 then return {'E_BADARG', 'cost and tokens must be >= 0'} end
-if not lease_ms or lease_ms < 1 or lease_ms ~= math.floor(lease_ms) then
+if ARGV[4] ~= '' and (not lease_ms or lease_ms < 1 or lease_ms ~= math.floor(lease_ms)) then
   return {'E_BADARG', 'lease_ms must be a positive integer'}
 end
+-- Namespace and fence first: after Redis lost its data the stored lease length is gone too, and
+-- the loss must be reported as a loss, not as a bad argument.
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
+if ARGV[4] == '' then lease_ms = tonumber(redis.call('HGET', k_att, n .. '.lease_ms') or '') end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, 'renew:' .. fmt(lease_ms), 'renew', ts)
+err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker,
+  'renew:' .. (lease_ms and fmt(lease_ms) or ''), 'renew', ts)
 if err then return err end
-
+if not lease_ms or lease_ms < 1 then return {'E_BADARG', 'lease_ms must be a positive integer'} end
 local exp = ts + lease_ms
 aset(k_att, n, {'lease_exp', exp, 'hb_at', ts})
 redis.call('ZADD', k_leases, exp, redis.call('HGET', k_task, 'id') .. '/' .. n)

@@ -94,6 +94,8 @@ class Client:
             try:
                 reply = self._scripts.call(name, keys, argv)
                 return reply if isinstance(reply, list) else [reply]
+            except redis.AuthenticationError:
+                raise  # wrong credentials: resending cannot help
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 last = exc
                 time.sleep(min(0.05 * (2**i), 1.0))

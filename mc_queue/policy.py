@@ -16,6 +16,7 @@ Attempt, so the history it was computed from cannot change underneath it.
 from __future__ import annotations
 
 import math
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -155,8 +156,12 @@ def _classify_common(exc: BaseException) -> tuple[FailureClass, float | None]:
         return FailureClass.PROVIDER, None
     if isinstance(exc, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)):
         return FailureClass.PROVIDER, None
-    if isinstance(exc, (TimeoutError, ConnectionError)):
+    if isinstance(exc, (TimeoutError, ConnectionError, subprocess.TimeoutExpired)):
         return FailureClass.PROVIDER, None
+    from .providers.git import GitError
+
+    if isinstance(exc, GitError):  # a refused or failed push: the repository's state disagrees
+        return FailureClass.REPOSITORY, None
     if type(exc).__name__ == "JobTimeoutException":  # RQ killed a hung handler
         return FailureClass.EXECUTOR, None
     if isinstance(exc, MemoryError):

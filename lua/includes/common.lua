@@ -52,11 +52,28 @@ local function move_count(k_counts, queue, from, to)
   if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, 1) end
 end
 
--- The next fence for a task: one above the current one and above the namespace floor that
--- `mcq recover` raises, so a fence is never issued twice even if Redis lost the counter.
+-- The run id of this redis-server process (a new one at every start), or nil if INFO is not allowed.
+local function run_id()
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then return nil end
+  return string.match(info, 'run_id:(%x+)')
+end
+
+-- The next fence for a task: one above the current one and above the namespace floor.
+-- The floor is raised to Redis TIME in microseconds by `mcq recover`, and also by the first fence
+-- issued by a redis-server process that did not issue the previous one (a restart, a failover):
+-- its data may be an older copy whose counters are behind, but the clock is not, so no fence
+-- handed out before the restart can come again, even if nobody noticed a loss yet.
 local function next_fence(k_meta, current)
+  local m = redis.call('HMGET', k_meta, 'floor', 'run_id')
+  local floor = tonumber(m[1] or '0') or 0
+  local rid = run_id()
+  if rid == nil or rid ~= m[2] then
+    local t = now_us()
+    if t > floor then floor = t end
+    redis.call('HSET', k_meta, 'floor', fmt(floor), 'run_id', rid or '', 'restart_seen_at', now_ms())
+  end
   local f = (tonumber(current) or 0) + 1
-  local floor = tonumber(redis.call('HGET', k_meta, 'floor') or '0') or 0
   if f <= floor then f = floor + 1 end
   return f
 end

@@ -7,7 +7,7 @@ raising when it cannot tell. A GitHub pull-request provider is the same shape as
 label).
 """
 
-from .git import GitError, GitRemote
+from .git import GitError, GitRemote, GitTimeout
 from .http import HttpPullRequests
 
-__all__ = ["GitError", "GitRemote", "HttpPullRequests"]
+__all__ = ["GitError", "GitRemote", "GitTimeout", "HttpPullRequests"]

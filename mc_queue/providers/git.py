@@ -47,8 +47,17 @@ def _env() -> dict[str, str]:
     return env
 
 
+class GitTimeout(GitError, TimeoutError):
+    """A git command ran out of time. A push may still have landed: reconcile with find(), never resend."""
+
+
 def git(*args: str, cwd: str | Path | None = None, timeout: float = 60.0) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+    try:
+        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env=_env())
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise GitTimeout(f"git {' '.join(args[:2])} timed out after {timeout:g}s", err) from exc
     if proc.returncode != 0:
         raise GitError(f"git {' '.join(args[:2])} failed ({proc.returncode})", proc.stderr)
     return proc.stdout

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mc_queue import App, Backoff, Context, RetryPolicy
+from mc_queue import App, Backoff, CancelRequested, Context, LeaseLost, RetryPolicy
 from mc_queue.codec import digest
 from mc_queue.providers import GitRemote, HttpPullRequests
 from mc_queue.providers import git as gitmod
@@ -168,11 +168,17 @@ def poison(ctx: Context, payload: dict[str, Any]) -> None:
 
 @app.handler("heartbeats", lease_ms=4000)
 def heartbeats(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
-    """Works in small steps, each behind ctx.heartbeat() (which raises CancelRequested once asked)."""
+    """Works in small steps, each behind ctx.heartbeat() (which raises CancelRequested once asked).
+    ``seen``: a file that gets what the handler was told when its heartbeat refused to go on."""
     _write_pid(ctx, payload)
     steps = 0
     for _ in range(int(payload.get("steps", 100))):
         time.sleep(float(payload.get("step_s", 0.05)))
-        ctx.heartbeat()
+        try:
+            ctx.heartbeat()
+        except (CancelRequested, LeaseLost) as exc:
+            if payload.get("seen"):  # what the handler itself was told, for the test to read
+                Path(payload["seen"]).write_text(f"{type(exc).__name__} after {steps} steps")
+            raise
         steps += 1
     return {"steps": steps}

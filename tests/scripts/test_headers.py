@@ -32,7 +32,7 @@ SINGLE_KEY_COMMANDS = frozenset({
     "XADD", "XRANGE", "XLEN", "XTRIM",
 })
 ALL_KEYS_COMMANDS = frozenset({"EXISTS", "DEL", "UNLINK"})
-KEYLESS_COMMANDS = frozenset({"TIME"})
+KEYLESS_COMMANDS = frozenset({"TIME", "INFO"})
 HEADER_LABELS = ("Returns:", "Events", "Idempotent:")
 
 

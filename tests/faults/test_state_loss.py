@@ -1,0 +1,432 @@
+"""Redis loses acknowledged state: mc_queue notices, refuses to run, and never issues a fence twice.
+
+(a) Redis restarts empty (no persistence, lost disk).
+(b) Redis restarts from an older copy of its AOF (restore, failover to a lagging replica).
+(c) SIGKILL of redis-server with appendonly yes + appendfsync always: nothing acknowledged is lost.
+(d) The embedded server's witness remembers the epoch after its data folder was deleted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+import mc_queue
+from mc_queue.embedded import stop_server
+from mc_queue.keys import Keys
+from mc_queue.testing import RedisServer
+
+from .helpers import attempt_fields, copy_data, dump_namespace, events_of, meta, restore_data
+
+LONG = 60_000
+
+
+@pytest.fixture
+def clients(own_redis: RedisServer, prefix: str) -> Iterator[list[mc_queue.Client]]:
+    made: list[mc_queue.Client] = []
+    yield made
+    for c in made:
+        c.close()
+
+
+def _connect(server: RedisServer, prefix: str, made: list[mc_queue.Client]) -> mc_queue.Client:
+    c = mc_queue.connect(server.url, prefix=prefix)
+    made.append(c)
+    return c
+
+
+def _nslog_types(r: redis.Redis, prefix: str) -> list[str]:
+    return [f["type"] for _, f in r.xrange(f"{Keys(prefix).tag}:nslog")]
+
+
+# --------------------------------------------------------------------------- (a) empty restart
+
+
+def test_empty_restart_holders_next_renew_raises_namespace_lost(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
+) -> None:
+    """The lease holder's heartbeat is the first call after the loss: it must say NamespaceLost."""
+    worker = _connect(own_redis, prefix, clients)
+    tid = worker.enqueue("sl", "noop", {"i": 1}).id
+    lease = worker.claim_attempt(tid, "w1", lease_ms=LONG)
+    own_redis.restart(keep_data=False)
+
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease length granted at claim
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+    assert _connect(own_redis, prefix, clients).namespace().state == "lost"
+
+
+def test_empty_restart_refuses_until_recover_and_never_reuses_a_fence(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
+) -> None:
+    worker = _connect(own_redis, prefix, clients)
+    t1 = worker.enqueue("sl", "noop", {"i": 1}).id
+    t2 = worker.enqueue("sl", "noop", {"i": 2}).id
+    lease = worker.claim_attempt(t1, "w1", lease_ms=LONG)
+    f = lease.fence
+    own_redis.restart(keep_data=False)
+    r = own_redis.client()
+
+    # The same client: its next claim and its completion are refused; Redis is marked lost.
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        worker.claim_attempt(t2, "w1")
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        worker.complete_attempt(lease.attempt_id, f, {"done": True}, worker_id="w1")
+    assert meta(r, prefix)["state"] == "lost"
+    assert "state_loss_detected" in _nslog_types(r, prefix)
+
+    # A new client sees 'lost' and is refused too, with a message that says what to do.
+    fresh = _connect(own_redis, prefix, clients)
+    info = fresh.namespace()
+    assert info.state == "lost"
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover") as exc:
+        fresh.enqueue("sl", "noop", {"i": 3})
+    assert exc.value.code == "E_NSLOST"
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        fresh.claim_attempt(t2, "w2")
+    assert r.exists(Keys(prefix).task(t2).task) == 0  # nothing was written by the refused calls
+    assert r.exists(Keys(prefix).queues) == 0
+
+    # Recover, then claims work again; every new fence is above every fence issued before.
+    out = fresh.recover(reason="test: redis came back empty")
+    assert out["fence_floor"] > f and out["voided_leases"] == []
+    assert fresh.namespace().state == "ok"
+    t3 = fresh.enqueue("sl", "noop", {"i": 3}).id
+    new = fresh.claim_attempt(t3, "w2", lease_ms=LONG)
+    assert new.fence > f and new.fence > out["fence_floor"] - 1
+    assert fresh.complete_attempt(new.attempt_id, new.fence, {"ok": 1}, worker_id="w2").fence == new.fence
+    types = _nslog_types(r, prefix)
+    assert types.index("state_loss_detected") < types.index("recovery_started") < types.index("recovery_finished")
+    r.close()
+
+
+def test_empty_restart_clients_from_before_the_loss_work_after_recovery(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
+) -> None:
+    """After `recover`, a process still holding the pre-loss epoch must not knock the namespace back
+    into 'lost': its epoch is from before the recovery (retired), not from a Redis that lost data again.
+    """
+    worker = _connect(own_redis, prefix, clients)
+    producer = _connect(own_redis, prefix, clients)
+    t1 = worker.enqueue("sl", "noop", {"i": 1}).id
+    producer.enqueue("sl", "noop", {"i": 0})
+    lease = worker.claim_attempt(t1, "w1", lease_ms=LONG)
+    own_redis.restart(keep_data=False)
+    with pytest.raises(mc_queue.NamespaceLost):
+        worker.claim_attempt(t1, "w1")
+    ops = _connect(own_redis, prefix, clients)
+    ops.recover(reason="test: redis came back empty")
+    assert ops.namespace().state == "ok"
+
+    # The producer never saw the loss; it enqueues again (its old epoch is retired, it refreshes).
+    t2 = producer.enqueue("sl", "noop", {"i": 2}).id
+    assert ops.namespace().state == "ok"
+    # The old worker's lease is gone with the data: its write is refused as such, not as a new loss.
+    with pytest.raises((mc_queue.TaskNotFound, mc_queue.WriteRefused)):
+        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+    assert ops.namespace().state == "ok"
+    new = worker.claim_attempt(t2, "w1", lease_ms=LONG)
+    assert new.fence > lease.fence
+    assert ops.namespace().state == "ok"
+
+
+# --------------------------------------------------------------------------- (b) older snapshot
+
+
+@dataclass
+class Snapshot:
+    """An AOF copy taken mid-way, and what was issued after it (lost when the copy is restored)."""
+
+    server: RedisServer
+    prefix: str
+    ops: mc_queue.Client
+    w1: mc_queue.Client
+    w2: mc_queue.Client
+    ta: str = ""
+    tb: str = ""
+    td: str = ""
+    lease_a1: mc_queue.Lease | None = None
+    lease_a2: mc_queue.Lease | None = None
+    lease_b: mc_queue.Lease | None = None
+    issued: dict[str, list[int]] = field(default_factory=dict)
+
+    def max_issued(self) -> int:
+        return max(f for fences in self.issued.values() for f in fences)
+
+
+def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client], tmp: Path) -> Snapshot:
+    """Before the copy: A claimed (fence 1, 1 ms lease), B and C pending. After it: A expired (2),
+    reconciled, retried and claimed again (3); B claimed (1); D enqueued and claimed (1).
+    Then Redis is restarted from the copy: A is back at fence 1, B pending, D unknown."""
+    s = Snapshot(server, prefix, _connect(server, prefix, made), _connect(server, prefix, made),
+                 _connect(server, prefix, made))
+    s.ta = s.ops.enqueue("snap", "noop", {"t": "a"}).id
+    s.tb = s.ops.enqueue("snap", "noop", {"t": "b"}).id
+    s.ops.enqueue("snap", "noop", {"t": "c"})
+    s.lease_a1 = s.w1.claim_attempt(s.ta, "w1", lease_ms=1)
+    server.stop()  # clean shutdown: the AOF is complete on disk
+    copy = copy_data(server, tmp / "older-copy")
+    assert (copy / "appendonlydir").is_dir()
+    server.start()
+
+    time.sleep(0.005)
+    expired = s.ops.expire_leases()
+    # The first fence after a restart lies above the restart time (Redis TIME in microseconds).
+    assert [e.old_fence for e in expired] == [1] and expired[0].new_fence > 10**15
+    s.ops.reconcile_attempt(s.lease_a1.attempt_id)
+    s.ops.retry_task(s.ta, "worker w1 lost its lease; run it again")
+    s.lease_a2 = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
+    s.lease_b = s.w2.claim_attempt(s.tb, "w2", lease_ms=LONG)
+    s.td = s.ops.enqueue("snap", "noop", {"t": "d"}).id
+    lease_d = s.w2.claim_attempt(s.td, "w2", lease_ms=LONG)
+    assert s.lease_a2.fence == expired[0].new_fence + 1
+    assert s.lease_b.fence > 10**15 and lease_d.fence > 10**15  # above the floor the restart raised
+    s.issued = {s.ta: [1, expired[0].new_fence, s.lease_a2.fence], s.tb: [s.lease_b.fence], s.td: [lease_d.fence]}
+
+    server.stop()
+    restore_data(server, copy)
+    server.start()
+    r = server.client()
+    assert r.hget(Keys(prefix).task(s.ta).task, "fence") == "1"  # Redis went back in time
+    assert r.exists(Keys(prefix).task(s.td).task) == 0
+    assert meta(r, prefix)["state"] == "ok"  # nothing noticed yet
+    r.close()
+    return s
+
+
+def _recover_and_check_no_reuse(s: Snapshot) -> None:
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        s.ops.claim_attempt(s.tb, "w3")
+    with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+        s.ops.enqueue("snap", "noop", {"t": "e"})
+    assert s.lease_a1 and s.lease_a2 and s.lease_b
+    out = s.ops.recover(reason="test: restored from an older copy")
+    assert out["voided_leases"] == [s.lease_a1.attempt_id]  # A/1 was running in the older copy
+    assert out["fence_floor"] > s.max_issued()
+    r = s.server.client()
+    voided_to = int(r.hget(Keys(s.prefix).task(s.ta).task, "fence") or 0)
+    assert voided_to > s.max_issued()
+
+    # Writes with any fence issued before the recovery are refused (recorded, not applied).
+    with pytest.raises(mc_queue.StaleFence):
+        s.w1.complete_attempt(s.lease_a1.attempt_id, s.lease_a1.fence, {"by": "w1"}, worker_id="w1")
+    with pytest.raises(mc_queue.StaleFence):
+        s.w2.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+    assert s.ops.namespace().state == "ok"
+
+    # New fences: all above every fence issued before, none twice.
+    s.ops.reconcile_attempt(s.lease_a1.attempt_id)
+    s.ops.retry_task(s.ta, "recovered: run A again after the restore")
+    new_a = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
+    new_b = s.w1.claim_attempt(s.tb, "w1", lease_ms=LONG)
+    te = s.ops.enqueue("snap", "noop", {"t": "e"}).id
+    new_e = s.w1.claim_attempt(te, "w1", lease_ms=LONG)
+    for lease in (new_a, new_b, new_e):
+        assert lease.fence > s.max_issued()
+        assert lease.fence not in s.issued.get(lease.task_id, [])
+    assert new_a.fence > voided_to
+    assert s.w2.complete_attempt(new_a.attempt_id, new_a.fence, {"by": "w2"}, worker_id="w2").fence == new_a.fence
+    r.close()
+
+
+def test_older_snapshot_newer_fence_is_detected(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client], tmp_path: Path
+) -> None:
+    """A worker (a fresh process: it remembers only its fence) presents its newer fence; Redis holds 1."""
+    s = _older_snapshot(own_redis, prefix, clients, tmp_path)
+    assert s.lease_a2 is not None
+    restarted_worker = _connect(own_redis, prefix, clients)
+    with pytest.raises(mc_queue.NamespaceLost, match=f"presented fence {s.lease_a2.fence} but Redis holds 1"):
+        restarted_worker.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+    r = own_redis.client()
+    assert meta(r, prefix)["state"] == "lost"
+    ev = events_of(r, prefix, s.ta, "state_loss_detected")
+    assert [(e["op"], e["presented_fence"], e["current_fence"], e["worker"]) for e in ev] == [
+        ("complete", str(s.lease_a2.fence), "1", "w2")]
+    assert events_of(r, prefix, s.ta, "attempt_succeeded") == []
+    with pytest.raises(mc_queue.NamespaceLost):
+        restarted_worker.renew_lease(s.lease_a2.attempt_id, s.lease_a2.fence, worker_id="w2", lease_ms=LONG)
+    r.close()
+    _recover_and_check_no_reuse(s)
+
+
+def test_older_snapshot_claim_sequence_going_back_is_detected(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client], tmp_path: Path
+) -> None:
+    """The holder's own client has seen a higher claim sequence: its next renew is refused."""
+    s = _older_snapshot(own_redis, prefix, clients, tmp_path)
+    assert s.lease_b is not None
+    with pytest.raises(mc_queue.NamespaceLost, match="claim sequence went backwards"):
+        s.w2.renew_lease(s.lease_b.attempt_id, s.lease_b.fence, worker_id="w2", lease_ms=LONG)
+    r = own_redis.client()
+    assert meta(r, prefix)["state"] == "lost"
+    assert attempt_fields(r, prefix, s.tb, 1)["state"] == "pending"  # nothing was written to B
+    r.close()
+    _recover_and_check_no_reuse(s)
+
+
+def test_older_snapshot_sweeper_first_never_reissues_a_fence(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client], tmp_path: Path
+) -> None:
+    """After the restore the first to act is the sweeper, then reconcile, retry and a fresh worker's
+    claim: the (task, fence) pairs issued before the restore must not be issued again (or the
+    namespace must refuse until recovered). Fence 3 of A was held by w2 before the restore.
+    """
+    s = _older_snapshot(own_redis, prefix, clients, tmp_path)
+    sweeper = _connect(own_redis, prefix, clients)
+    fresh_worker = _connect(own_redis, prefix, clients)
+    issued_again: list[tuple[str, int]] = []
+    try:
+        expired = sweeper.expire_leases()
+        assert [(e.attempt_id, e.old_fence) for e in expired] == [(s.lease_a1.attempt_id if s.lease_a1 else "", 1)]
+        # The restart raised the floor: the bump lies above every fence issued before the restore.
+        assert expired[0].new_fence > s.max_issued()
+        assert s.lease_a1 is not None
+        sweeper.reconcile_attempt(s.lease_a1.attempt_id)
+        sweeper.retry_task(s.ta, "worker w1 lost its lease; run it again")
+        lease = fresh_worker.claim_attempt(s.ta, "w3", lease_ms=LONG)
+        if lease.fence in s.issued[s.ta]:
+            issued_again.append((s.ta, lease.fence))
+    except mc_queue.NamespaceLost:
+        pass  # refusing is fine: the loss was noticed before a fence was reused
+    assert issued_again == [], f"fences issued twice after restoring an older copy: {issued_again}"
+
+
+# --------------------------------------------------------------------------- (c) SIGKILL, AOF always
+
+
+def test_sigkill_with_aof_always_loses_nothing(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
+) -> None:
+    q = _connect(own_redis, prefix, clients)
+    r = own_redis.client()
+    assert r.config_get("appendonly")["appendonly"] == "yes"
+    assert r.config_get("appendfsync")["appendfsync"] == "always"
+    tids = [q.enqueue("kill", "noop", {"i": i}).id for i in range(12)]
+    leases = [q.claim_attempt(t, "w1", lease_ms=LONG) for t in tids[:8]]
+    for lease in leases[:3]:
+        q.complete_attempt(lease.attempt_id, lease.fence, {"i": lease.task_id}, worker_id="w1")
+    before = dump_namespace(r, prefix)
+    seq = int(meta(r, prefix)["seq"])
+    r.close()
+
+    own_redis.restart(keep_data=True, sig=9)  # SIGKILL: no shutdown, no final fsync
+    r = own_redis.client()
+    assert dump_namespace(r, prefix) == before
+    assert q.namespace().state == "ok"
+    # The clients carry on: renew and complete the held leases, claim again; the sequence continues.
+    for lease in leases[3:5]:
+        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+        q.complete_attempt(lease.attempt_id, lease.fence, {"after": "kill"}, worker_id="w1")
+    nxt = q.claim_attempt(tids[8], "w1", lease_ms=LONG)
+    # The first fence a restarted redis-server issues lies above the restart time.
+    assert nxt.fence > 10**15 and int(meta(r, prefix)["seq"]) == seq + 1
+    assert _nslog_types(r, prefix) == ["namespace_created"]
+    r.close()
+
+
+def test_sigkill_mid_stream_keeps_every_acknowledged_claim(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
+) -> None:
+    """A producer/worker loop runs while redis-server is SIGKILLed: whatever was acknowledged survives."""
+    q = _connect(own_redis, prefix, clients)
+    acked: list[tuple[str, int, int]] = []
+    stopped: list[BaseException] = []
+    go = threading.Event()
+
+    def loop() -> None:
+        i = 0
+        try:
+            while True:
+                tid = q.enqueue("kill", "noop", {"i": i}).id
+                lease = q.claim_attempt(tid, "w1", lease_ms=LONG)
+                acked.append((tid, lease.fence, lease.expires_at_ms))
+                i += 1
+                if i == 20:
+                    go.set()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            stopped.append(exc)
+        finally:
+            go.set()
+
+    th = threading.Thread(target=loop, daemon=True)
+    th.start()
+    assert go.wait(30)
+    own_redis.kill()
+    th.join(30)
+    assert not th.is_alive() and stopped, "the loop should end with a connection error"
+    own_redis.start()
+    r = own_redis.client()
+    assert len(acked) >= 20
+    pipe = r.pipeline(transaction=False)
+    for tid, _, _ in acked:
+        tk = Keys(prefix).task(tid)
+        pipe.hmget(tk.task, "state", "fence")
+        pipe.hmget(tk.attempts, "1.state", "1.fence", "1.lease_exp", "1.worker")
+    replies = pipe.execute()
+    for i, (_, fence, exp) in enumerate(acked):
+        assert replies[2 * i] == ["running", str(fence)]
+        assert replies[2 * i + 1] == ["running", str(fence), str(exp), "w1"]
+    assert int(meta(r, prefix)["seq"]) >= len(acked)
+    assert q.namespace().state == "ok"
+    r.close()
+
+
+# --------------------------------------------------------------------------- (d) embedded witness
+
+
+def test_embedded_witness_remembers_the_epoch(tmp_path: Path, prefix: str) -> None:
+    home = tmp_path / "home"
+    made: list[mc_queue.Client] = []
+    try:
+        q = mc_queue.connect(home=str(home), prefix=prefix)
+        made.append(q)
+        assert q.embedded is not None and q.embedded.started
+        tid = q.enqueue("emb", "noop", {"i": 1}).id
+        lease = q.claim_attempt(tid, "w1", lease_ms=LONG)
+        epoch = q.namespace().epoch
+        assert q.embedded.witness.exists() and prefix in q.embedded.witness.read_text()
+
+        # A clean stop with the data kept is not a loss.
+        assert stop_server(home)
+        q2 = mc_queue.connect(home=str(home), prefix=prefix)
+        made.append(q2)
+        assert q2.namespace().state == "ok" and q2.namespace().epoch == epoch
+
+        # Stop, delete the data folder, start again: the witness remembers the epoch.
+        assert stop_server(home)
+        shutil.rmtree(home / "redis")
+        q3 = mc_queue.connect(home=str(home), prefix=prefix)
+        made.append(q3)
+        assert q3.embedded is not None and q3.embedded.started
+        info = q3.namespace()
+        assert info.state == "lost"
+        with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+            q3.enqueue("emb", "noop", {"i": 2})
+        with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
+            q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+
+        out = q3.recover(reason="test: embedded data folder deleted")
+        assert q3.namespace().state == "ok"
+        assert q3.namespace().epoch == out["epoch"] != epoch
+        assert out["epoch"] in q3.embedded.witness.read_text()
+        t2 = q3.enqueue("emb", "noop", {"i": 2}).id
+        new = q3.claim_attempt(t2, "w2", lease_ms=LONG)
+        assert new.fence > lease.fence and new.fence >= out["fence_floor"]
+        # The client from before the loss presents the retired epoch: it refreshes and goes on.
+        t3 = q.enqueue("emb", "noop", {"i": 3}).id
+        assert q.claim_attempt(t3, "w1", lease_ms=LONG).fence > out["fence_floor"]
+        assert q3.namespace().state == "ok"
+    finally:
+        for c in made:
+            c.close()
+        stop_server(home)
