@@ -136,7 +136,8 @@ class Context:
     learns :class:`LeaseLost` at its next call and may not start another side effect."""
 
     def __init__(self, client: Client, spec: HandlerSpec, task: Task, attempt: Attempt, fence: int,
-                 worker_id: str, workspace: Path, operations: Mapping[str, Reconcile] | None = None) -> None:
+                 worker_id: str, workspace: Path | Callable[[], Path],
+                 operations: Mapping[str, Reconcile] | None = None) -> None:
         self.client = client
         self.spec = spec
         self.task = task
@@ -144,7 +145,8 @@ class Context:
         self.attempt_id = attempt.id
         self.fence = fence
         self.worker_id = worker_id
-        self.workspace = workspace
+        self._workspace: Path | None = workspace if isinstance(workspace, Path) else None
+        self._make_workspace = workspace if callable(workspace) else None
         self.payload: dict[str, Any] = task.payload
         assert task.manifest is not None
         self.manifest: Manifest = attempt.manifest or task.manifest
@@ -154,6 +156,20 @@ class Context:
         self._lost: str | None = None
         self._cancelled = False
         self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()  # serialises background heartbeats with their stop
+        self._beating = False
+
+    @property
+    def workspace(self) -> Path:
+        """This Attempt's fresh directory, created on first use under the worker's workspace root."""
+        if self._workspace is None:
+            assert self._make_workspace is not None
+            self._workspace = self._make_workspace()
+        return self._workspace
+
+    @property
+    def workspace_created(self) -> bool:
+        return self._workspace is not None
 
     # -- lease state, shared with the heartbeat thread
 

@@ -41,6 +41,16 @@ _RESENDS = 3  # explicit resends of an idempotent script after a connection erro
 T = TypeVar("T")
 
 
+def quiet_connection_kwargs() -> dict[str, Any]:
+    """Skip redis-py's CLIENT SETINFO handshake (two round trips and a package-metadata lookup per new
+    connection, which a forked work horse pays for every Attempt)."""
+    import inspect
+
+    if "driver_info" in inspect.signature(redis.Redis.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
 def _default_actor() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -68,7 +78,8 @@ class Client:
         self.actor = actor or _default_actor()
         self.witness_path = Path(witness_path) if witness_path else None
         common: dict[str, Any] = dict(decode_responses=True, socket_timeout=socket_timeout,
-                                      socket_connect_timeout=socket_timeout, health_check_interval=30)
+                                      socket_connect_timeout=socket_timeout, health_check_interval=30,
+                                      **quiet_connection_kwargs())
         self.redis: redis.Redis = redis.Redis.from_url(url, **common)
         self._w: redis.Redis = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **common)
         self._scripts = Scripts(self._w)
@@ -282,6 +293,12 @@ class Client:
     def complete_attempt(self, attempt_id: str, fence: int, result: Any = None, *, worker_id: str = "",
                          cost: float = 0.0, tokens: int = 0) -> Attempt:
         """Record success. Same fence + same result again is a no-op; a different result a conflict."""
+        task_id, n, reply = self._complete(attempt_id, fence, result, worker_id=worker_id, cost=cost, tokens=tokens)
+        return _attempt_from_snapshot(task_id, n, reply[2])
+
+    def _complete(self, attempt_id: str, fence: int, result: Any, *, worker_id: str, cost: float = 0.0,
+                  tokens: int = 0) -> tuple[str, int, list[Any]]:
+        """complete_attempt without building the Attempt record (the worker's hot path)."""
         task_id, n, tk = self._attempt(attempt_id)
         text = canonical_json(result, what="result")
         reply = self._run("complete", {
@@ -291,7 +308,7 @@ class Client:
             "cost": repr(float(cost)), "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
         raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id,
                         presented_fence=fence)
-        return _attempt_from_snapshot(task_id, n, reply[2])
+        return task_id, n, reply
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | BaseException | Mapping[str, Any], *,
                      worker_id: str = "", cost: float = 0.0, tokens: int = 0,

@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from .app import App, Context, LeaseLost
-from .client import Client
+from .client import Client, quiet_connection_kwargs
 from .errors import CancelRequested, ClaimRejected, McqError, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
@@ -62,7 +63,8 @@ def job_id(prefix: str, attempt_id: str) -> str:
 
 def rq_connection(client: Client) -> redis.Redis:
     """RQ needs bytes responses; same server and credentials as the client."""
-    return redis.Redis.from_url(client.url, socket_timeout=30, socket_connect_timeout=10)
+    return redis.Redis.from_url(client.url, socket_timeout=30, socket_connect_timeout=10,
+                                **quiet_connection_kwargs())
 
 
 # --------------------------------------------------------------------------- producer side
@@ -143,31 +145,68 @@ def runtime() -> Runtime:
     return _RUNTIME
 
 
-class Heartbeater(threading.Thread):
-    """Renews the lease every ``interval_s`` until stopped or refused; never waits on the handler."""
+class HeartbeatService:
+    """One daemon thread per process renews the lease of every registered Attempt every third of its
+    lease, whether or not the handler ever yields. Recreated after a fork (threads do not survive one)."""
 
-    def __init__(self, ctx: Context, interval_s: float) -> None:
-        super().__init__(name=f"mcq-heartbeat-{ctx.attempt_id}", daemon=True)
-        self.ctx = ctx
-        self.interval_s = interval_s
-        self._stop_evt = threading.Event()
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._due: dict[int, tuple[float, float, Context]] = {}  # id(ctx) -> (next due, interval, ctx)
+        self._pid = 0
+        self._thread: threading.Thread | None = None
 
-    def run(self) -> None:
-        while not self._stop_evt.wait(self.interval_s):
-            try:
-                self.ctx._beat()
-            except LeaseLost:
-                return
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.warning("heartbeat of %s failed (%s); retrying", self.ctx.attempt_id, exc)
-            except McqError as exc:  # namespace lost or similar: stop claiming authority
-                self.ctx._mark_lost(f"{type(exc).__name__}: {exc}")
-                return
+    def register(self, ctx: Context, interval_s: float) -> None:
+        ctx._beating = True
+        with self._lock:
+            self._due[id(ctx)] = (time.monotonic() + interval_s, interval_s, ctx)
+            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="mcq-heartbeat", daemon=True)
+                self._thread.start()
+        self._wake.set()
 
-    def stop(self) -> None:
-        self._stop_evt.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=5)
+    def unregister(self, ctx: Context) -> None:
+        """After this returns no heartbeat of ``ctx`` is in flight or will start (so none can land
+        after the completion and be refused as stale)."""
+        with self._lock:
+            self._due.pop(id(ctx), None)
+        with ctx._beat_lock:
+            ctx._beating = False
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                ready = [(k, iv, c) for k, (due, iv, c) in self._due.items() if due <= now]
+                for k, iv, c in ready:
+                    self._due[k] = (now + iv, iv, c)
+                nxt = min((due for due, _, _ in self._due.values()), default=now + 1.0)
+            for _k, _, ctx in ready:
+                with ctx._beat_lock:
+                    alive = ctx._beating and self._beat(ctx)
+                if not alive:
+                    with self._lock:
+                        self._due.pop(id(ctx), None)
+            self._wake.wait(max(0.0, nxt - time.monotonic()))
+            self._wake.clear()
+
+    @staticmethod
+    def _beat(ctx: Context) -> bool:
+        """Renew once; False when this Attempt's lease is gone for good."""
+        try:
+            ctx._beat()
+        except LeaseLost:
+            return False
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.warning("heartbeat of %s failed (%s); retrying", ctx.attempt_id, exc)
+        except McqError as exc:  # namespace lost or similar: stop claiming authority
+            ctx._mark_lost(f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+
+HEARTBEATS = HeartbeatService()
 
 
 def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
@@ -194,23 +233,22 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
                                f"handler {task.handler!r} is not registered in app {rt.app.name!r} of worker "
                                f"{rt.worker_id}")
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
-    workspace = rt.workspaces.create(attempt_id)
-    ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id, workspace, rt.app.operations)
-    beat = Heartbeater(ctx, spec.lease_ms / 3000)
-    beat.start()
+    ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
+                  functools.partial(rt.workspaces.create, attempt_id), rt.app.operations)
+    HEARTBEATS.register(ctx, spec.lease_ms / 3000)
     outcome: dict[str, Any]
     try:
         try:
             result = spec.fn(ctx, task.payload)
         finally:
-            beat.stop()
+            HEARTBEATS.unregister(ctx)
         ctx._check()
         if ctx.effects_used and "result_pending" in spec.phases:
             # Seed 003: the result is on file before the completion, so a worker dying in between
             # leaves a result the reconciler can prove, not a rerun of every effect.
             ctx.checkpoint("result_pending", {"result": result})
         try:
-            client.complete_attempt(attempt_id, lease.fence, result, worker_id=rt.worker_id)
+            client._complete(attempt_id, lease.fence, result, worker_id=rt.worker_id)
             outcome = {"succeeded": attempt_id}
         except CancelRequested:
             outcome = _acknowledge(client, rt, attempt_id, lease.fence)
@@ -228,9 +266,9 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
         _fail(client, rt, task, attempt, lease.fence, Classified(failure, classified.hypothesis))
         raise
     keep = rt.keep_failed_workspaces and "succeeded" not in outcome
-    if not keep:
+    if ctx.workspace_created and not keep:
         with contextlib.suppress(OSError):
-            rt.workspaces.remove(workspace)
+            rt.workspaces.remove(ctx.workspace)
     return outcome
 
 
@@ -326,6 +364,7 @@ def _install_runtime(name: str) -> Runtime:
     if report.removed or report.refused:
         log.warning("workspace cleanup in %s: removed %s; refused %s", workspaces.root, report.removed,
                     report.refused)
+    client.namespace()  # load the epoch once here: forked work horses inherit it
     rt = Runtime(app=app, client=client, worker_id=_SAFE.sub("_", name), workspaces=workspaces,
                  cleanup=report)
     set_runtime(rt)
