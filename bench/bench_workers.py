@@ -416,12 +416,13 @@ class Bench:
     def steps(self, n: int) -> dict[str, float]:
         """Time the steps mc_queue.worker.run_attempt takes for a no-op Attempt, each on its own (us/Attempt).
 
-        Same calls as run_attempt (claim with expect_attempt, get_task, workspace create, heartbeat thread
-        start, handler, stop, complete, workspace remove); the Context is left out (it only copies fields).
+        Same calls as run_attempt (claim with expect_attempt, get_task, Context with a lazy workspace that a
+        no-op never creates, heartbeat registration, handler, unregistration, complete without parsing).
         """
-        import types
+        import functools
 
-        from mc_queue.worker import Heartbeater
+        from mc_queue.app import Context
+        from mc_queue.worker import HEARTBEATS
         from mc_queue.workspace import WorkspaceRoot
 
         reset_server(self.admin)
@@ -445,26 +446,26 @@ class Bench:
             t1 = pc()
             task = client.get_task(tid)
             t2 = pc()
-            path = ws.create(aid)
+            ctx = Context(client, spec, task, task.attempts[0], lease.fence, "bench-steps",
+                          functools.partial(ws.create, aid))
             t3 = pc()
-            beat = Heartbeater(types.SimpleNamespace(attempt_id=aid), spec.lease_ms / 3000)  # type: ignore[arg-type]
-            beat.start()
+            HEARTBEATS.register(ctx, spec.lease_ms / 3000)
             t4 = pc()
-            spec.fn(types.SimpleNamespace(), task.payload)  # type: ignore[arg-type]
+            spec.fn(ctx, task.payload)
             t5 = pc()
-            beat.stop()
+            HEARTBEATS.unregister(ctx)
             t6 = pc()
-            client.complete_attempt(aid, lease.fence, None, worker_id="bench-steps")
+            client._complete(aid, lease.fence, None, worker_id="bench-steps")
             t7 = pc()
-            ws.remove(path)
-            t8 = pc()
+            t8 = t7
             for name, a, b in (("claim_attempt (EVALSHA claim)", t0, t1),
                                ("get_task (pipeline HGETALL x2 + XRANGE, pydantic Task)", t1, t2),
-                               ("workspace create (mkdir + checks)", t2, t3),
-                               ("heartbeat thread start", t3, t4), ("handler (no-op)", t4, t5),
-                               ("heartbeat thread stop (set + join)", t5, t6),
-                               ("complete_attempt (EVALSHA complete)", t6, t7),
-                               ("workspace remove (rmtree + checks)", t7, t8)):
+                               ("Context (lazy workspace, not created by a no-op)", t2, t3),
+                               ("heartbeat registration (one thread per process)", t3, t4),
+                               ("handler (no-op)", t4, t5),
+                               ("heartbeat unregistration", t5, t6),
+                               ("complete (EVALSHA complete, reply not parsed)", t6, t7),
+                               ("workspace remove (none created)", t7, t8)):
                 t[name] += b - a
         t["total of the steps"] = pc() - start
         ac.close()
