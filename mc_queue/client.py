@@ -18,7 +18,7 @@ from redis.retry import Retry
 from .codec import canonical_json, digest, encode_payload
 from .effects import EffectRecord
 from .errors import InvalidArgument, PhaseOutOfOrder, TaskNotFound, TransitionRefused, raise_for_reply
-from .failures import make_failure
+from .failures import fingerprint, make_failure
 from .keys import Keys, TaskKeys, check_queue, new_task_id, parse_attempt_id
 from .models import (
     Attempt,
@@ -708,17 +708,12 @@ def _decision_args(d: Decision | None, *, default: str) -> dict[str, Any]:
             "budget": d.budget_exhausted if d else ""}
 
 
-def _fp(fc: FailureClass, type_name: str, message: str) -> str:
-    from .failures import fingerprint
-
-    return fingerprint(fc, type_name, message)
-
-
 def _as_failure(failure: Failure | BaseException | Mapping[str, Any]) -> Failure:
     if isinstance(failure, Failure):
         if failure.fingerprint:
             return failure
-        return failure.model_copy(update={"fingerprint": _fp(failure.failure_class, failure.type, failure.message)})
+        fp = fingerprint(failure.failure_class, failure.type, failure.message)
+        return failure.model_copy(update={"fingerprint": fp})
     if isinstance(failure, BaseException):
         return classify(failure).failure
     if isinstance(failure, Mapping):

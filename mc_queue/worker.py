@@ -36,7 +36,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from .app import App, Context, LeaseLost
-from .client import Client, quiet_connection_kwargs
+from .client import DEFAULT_LEASE_MS, Client, quiet_connection_kwargs
 from .errors import CancelRequested, ClaimRejected, McqError, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
@@ -104,16 +104,10 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
     lease_ms = manifest.lease_ms if manifest else None
     timeout = manifest.timeout_s if manifest else None
     queue = Queue(rq_queue_name(client.keys.prefix, task.queue), connection=rq, serializer=JSONSerializer)
-    queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, lease_ms or client_default_lease()),
+    queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, lease_ms or DEFAULT_LEASE_MS),
                        job_id=job_id(client.keys.prefix, attempt.id), result_ttl=0, failure_ttl=7 * 86400,
                        timeout=int(timeout) if timeout else None)
     client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
-
-
-def client_default_lease() -> int:
-    from .client import DEFAULT_LEASE_MS
-
-    return DEFAULT_LEASE_MS
 
 
 # --------------------------------------------------------------------------- worker side
