@@ -34,7 +34,10 @@ from .models import (
 from .policy import Budget, Classified, Decision, RetryPolicy, classify, decide, parse_config
 from .scripts import Scripts
 
-DEFAULT_LEASE_MS = 30_000
+# The default lease: a heartbeat thread renews it every third (~3.3 s) whatever the handler does,
+# so a long tool call is not expired while its process lives; a vanished worker is noticed within
+# one lease plus one sweep (about 11 s with the sweeper's 1 s default interval).
+DEFAULT_LEASE_MS = 10_000
 _HANDLER_NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 _RESENDS = 3  # explicit resends of an idempotent script after a connection error or timeout
 
