@@ -31,8 +31,8 @@ def make_remote(tmp: Path) -> Path:
     return remote
 
 
-def test_example_app_commits_pushes_and_opens_one_pr_per_task(redis_server: RedisServer, prefix: str,
-                                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_app_commits_pushes_and_opens_one_pr_per_task(
+        redis_server: RedisServer, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     remote = make_remote(tmp_path)
     with ForgeServer() as forge:
         env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url,
