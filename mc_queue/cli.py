@@ -425,11 +425,18 @@ def server_status(obj: Ctx) -> None:
 
 
 @main.command()
+@click.option("--tasks", type=click.IntRange(1, 100), default=8, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 16), default=3, show_default=True)
+@click.option("--contracts", is_flag=True, help="The short contracts demo instead (one task, one paused worker).")
 @click.option("--keep-server", is_flag=True, help="Leave the embedded redis-server running afterwards.")
 @click.pass_obj
 @handle_errors
-def demo(obj: Ctx, keep_server: bool) -> None:
-    """Run the contracts demo on the embedded default (or --redis-url)."""
-    from .demo import run_demo
+def demo(obj: Ctx, tasks: int, workers: int, contracts: bool, keep_server: bool) -> None:
+    """An agent factory at work with faults injected (embedded default, or --redis-url)."""
+    if contracts:
+        from .demo import run_demo
 
-    sys.exit(run_demo(obj.redis_url, obj.home, keep_server=keep_server))
+        sys.exit(run_demo(obj.redis_url, obj.home, keep_server=keep_server))
+    from .factory_demo import run_factory_demo
+
+    sys.exit(run_factory_demo(obj.redis_url, obj.home, tasks=tasks, workers=workers, keep_server=keep_server))

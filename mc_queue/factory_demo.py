@@ -1,0 +1,256 @@
+"""``mcq demo``: an agent factory at work, with faults injected while it runs.
+
+Tasks of the example agent app (``mc_queue.examples.agents``) each clone a local git remote into a
+fresh workspace, commit a change, push it (``--force-with-lease``) and open a pull request at a local
+HTTP provider. A pool of real worker processes and a sweeper process run them while the demo:
+
+- kills a worker (SIGKILL) after its push and before its pull request;
+- pauses a worker (SIGSTOP) past its lease, then lets it resume;
+- makes the provider time out after it accepted a pull request.
+
+At the end it prints, per task, its outcome, and the totals read from the records and from the
+providers: pull requests and pushes (duplicates: 0), stale writes refused, leases expired and
+reconciled, quarantined. It cleans up what it started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import connect
+from .client import Client
+from .models import Task, TaskState
+from .providers.git import TRAILER, git
+from .testing import ForgeServer
+
+APP = "mc_queue.examples.agents:app"
+FINAL = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
+
+
+@dataclass
+class Faults:
+    killed: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
+    provider_timeouts: int = 0
+
+
+def _bare_remote(root: Path) -> Path:
+    remote = root / "remote.git"
+    git("init", "--quiet", "--bare", "--initial-branch=main", str(remote))
+    seed = root / "seed"
+    git("init", "--quiet", "--initial-branch=main", str(seed))
+    (seed / "README.md").write_text("# example/app\n")
+    git("add", "README.md", cwd=seed)
+    git("-c", "user.name=demo", "-c", "user.email=demo@localhost", "commit", "--quiet", "-m", "initial", cwd=seed)
+    git("push", "--quiet", str(remote), "main", cwd=seed)
+    return remote
+
+
+class Fleet:
+    """The worker processes and the sweeper process, by worker id."""
+
+    def __init__(self, client: Client, env: dict[str, str], log_dir: Path) -> None:
+        self.client = client
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: dict[str, float] = {}
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "mc_queue", "--redis-url", self.client.url, "--prefix", self.client.keys.prefix,
+             *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def worker(self, name: str) -> None:
+        self._start(name, ["worker", "--app", APP, "--kind", "simple", "--name", name])
+
+    def sweeper(self) -> None:
+        self._start("sweeper", ["sweeper", "--app", APP, "--interval", "0.5"])
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None and name not in self.paused
+
+    def signal(self, name: str, sig: int) -> None:
+        proc = self.procs.get(name)
+        if proc and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+
+    def stop_all(self) -> None:
+        for name in list(self.paused):
+            self.signal(name, signal.SIGCONT)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _running(client: Client, tasks: list[str]) -> list[Task]:
+    out = []
+    for tid in tasks:
+        t = client.get_task(tid)
+        latest = t.latest
+        if t.state is TaskState.RUNNING and latest is not None and latest.state.value == "running":
+            out.append(t)
+    return out
+
+
+def _inject(client: Client, fleet: Fleet, tasks: list[str], faults: Faults, lease_s: float) -> None:
+    """One step of the fault script, driven by what the records say is happening."""
+    now = time.monotonic()
+    for name, since in list(fleet.paused.items()):
+        if now - since > lease_s + 4:  # well past its lease: let it resume and try to write
+            fleet.signal(name, signal.SIGCONT)
+            del fleet.paused[name]
+    running = [(t, t.latest.worker_id) for t in _running(client, tasks) if t.latest and t.latest.worker_id]
+    running = [(t, w) for t, w in running if w is not None and fleet.alive(w)]
+    if not faults.paused:
+        for t, worker in running:  # freeze a worker in the middle of its task, for longer than its lease
+            fleet.signal(worker, signal.SIGSTOP)
+            fleet.paused[worker] = now
+            faults.paused.append(f"{worker} on {t.id}")
+            return
+    if not faults.killed:
+        for t, worker in running:
+            pushed = any(e.type == "effect_receipt" and e.fields.get("key", "").startswith("push:") for e in t.events)
+            pr_started = any(e.type == "effect_intent" and e.fields.get("operation") == "open-pr" for e in t.events)
+            if pushed and not pr_started:
+                fleet.signal(worker, signal.SIGKILL)  # mid-task: after the push, before the pull request
+                faults.killed.append(f"{worker} on {t.id}")
+                fleet.worker(f"{worker}-r")  # a replacement joins the pool
+                return
+
+
+def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8, workers: int = 3,
+                     keep_server: bool = False, timeout_s: float = 180.0) -> int:
+    console = Console()
+    q = connect(redis_url, prefix=f"factory-{int(time.time())}", home=home)
+    server = q.embedded
+    if server is not None:
+        console.print(f"[bold]embedded redis-server[/bold] {'started' if server.started else 'reused'}: "
+                      f"{server.url} (AOF, appendfsync always; data in {server.home / 'redis'})")
+    tmp = Path(tempfile.mkdtemp(prefix="mcq-demo-"))
+    forge = ForgeServer().start()
+    fleet: Fleet | None = None
+    try:
+        remote = _bare_remote(tmp)
+        env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",
+               "MCQ_HOME": str(tmp / "home")}
+        os.environ.update({"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5"})
+        from .examples.agents import app
+        from .worker import AppClient
+
+        ac = AppClient(app, q)
+        lease_s = app.spec("fix-issue").lease_ms / 1000
+        forge.stall_next(1, 3.0)  # the first pull request is accepted, then the client times out
+        ids = [ac.enqueue("fix-issue", {"repository": "example/app", "issue": 100 + i, "think_s": 2.0,
+                                        "instruction": f"make test_{i} pass"}, idempotency_key=f"issue-{100 + i}").id
+               for i in range(tasks)]
+        console.print(f"{tasks} tasks enqueued on namespace [bold]{q.keys.prefix}[/bold]; git remote {remote}; "
+                      f"pull-request API {forge.url}")
+        fleet = Fleet(q, env, tmp)
+        fleet.sweeper()
+        for i in range(workers):
+            fleet.worker(f"demo-w{i + 1}")
+        faults = Faults()
+        deadline = time.monotonic() + timeout_s
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console) as bar:
+            job = bar.add_task("tasks final", total=tasks)
+            while time.monotonic() < deadline:
+                done = sum(1 for t in ids if q.get_task(t).state in FINAL)
+                bar.update(job, completed=done,
+                           description=f"tasks final (killed {len(faults.killed)}, paused {len(faults.paused)})")
+                if done == tasks and not fleet.paused:
+                    break
+                _inject(q, fleet, ids, faults, lease_s)
+                time.sleep(0.25)
+        time.sleep(1.0)  # the thawed worker's refused writes land
+        fleet.stop_all()
+        faults.provider_timeouts = 1 - len(forge._stall)  # the stalls the provider actually served
+        return _report(console, q, ids, forge, remote, faults)
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        forge.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if server is not None and server.started and not keep_server:
+            from .embedded import stop_server
+
+            stop_server(server.home)
+            console.print(f"embedded redis-server stopped; its data stays in {server.home / 'redis'}")
+        q.close()
+
+
+def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, remote: Path, faults: Faults) -> int:
+    table = Table(title="Tasks")
+    for col in ("task", "state", "attempts", "pull request", "how"):
+        table.add_column(col)
+    events: Counter[str] = Counter()
+    reconciled: Counter[str] = Counter()
+    pushes = 0
+    for tid in ids:
+        t = q.get_task(tid)
+        events.update(e.type for e in t.events)
+        for e in t.events:
+            if e.type == "effect_receipt" and e.fields.get("source") == "reconcile":
+                reconciled["effects found done at the provider"] += 1
+            if e.type == "effect_replayed":
+                reconciled["effects replayed, not repeated"] += 1
+        how = ", ".join(sorted({f"{a.failure.failure_class.value}" for a in t.attempts if a.failure})) or "first try"
+        result = t.result or {}
+        table.add_row(tid, t.state.value, str(len(t.attempts)), str(result.get("pull_request", "")), how)
+        branch = result.get("branch")
+        if branch:
+            log = git("log", "--format=%B", f"refs/heads/{branch}", cwd=remote)
+            pushes += log.count(f"{TRAILER}: push:")
+    console.print(table)
+    dup = forge.duplicates()
+    succeeded = sum(1 for t in ids if q.get_task(t).state is TaskState.SUCCEEDED)
+    totals = Table(title="Totals (from the records and the providers)")
+    totals.add_column("what")
+    totals.add_column("count", justify="right")
+    for what, n in [
+        ("tasks succeeded", f"{succeeded}/{len(ids)}"),
+        ("pull requests at the provider", str(len(forge.pulls))),
+        ("duplicate pull requests", str(sum(v - 1 for v in dup.values()))),
+        ("pushes on the git remote (one commit per task)", str(pushes)),
+        ("faults: workers killed mid-task", str(len(faults.killed))),
+        ("faults: workers paused past their lease", str(len(faults.paused))),
+        ("faults: provider timed out after accepting", str(faults.provider_timeouts)),
+        ("leases expired", str(events["lease_expired"])),
+        ("attempts reconciled", str(events["attempt_reconciled"])),
+        *[(k, str(v)) for k, v in reconciled.items()],
+        ("stale writes refused (audited)", str(events["stale_write_refused"])),
+        ("claims refused (duplicate messages)", str(events["claim_refused"])),
+        ("quarantined", str(events["task_quarantined"])),
+    ]:
+        totals.add_row(what, n)
+    console.print(totals)
+    for line in faults.killed:
+        console.print(f"killed: {line}")
+    for line in faults.paused:
+        console.print(f"paused: {line}")
+    console.print(f"see any task's story: mcq --prefix {q.keys.prefix} show TASK")
+    ok = succeeded == len(ids) and not dup and pushes == len(ids)
+    return 0 if ok else 1
