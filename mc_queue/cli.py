@@ -110,18 +110,31 @@ def enqueue(obj: Ctx, queue: str, handler: str, payload: str, idempotency_key: s
 def show(obj: Ctx, task_id: str, as_json: bool) -> None:
     """A task, its Attempts and its whole timeline."""
     task = obj.client.get_task(task_id)
+    effects = obj.client.effects(task_id)
     if as_json:
-        _emit_json(task_json(task))
+        _emit_json(task_json(task, effects))
     else:
-        print_task(task)
+        print_task(task, effects=effects)
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
 @click.pass_obj
 @handle_errors
-def status(obj: Ctx, as_json: bool) -> None:
-    """Per queue: tasks by state and queue age."""
+def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
+    """Per queue: tasks by state and queue age (the oldest claimable pending Attempt's wait)."""
+    if watch and not as_json:
+        import time
+
+        from rich.live import Live
+
+        from .render import status_table
+
+        with Live(status_table(obj.client.status()), refresh_per_second=4) as live:
+            while True:
+                time.sleep(watch)
+                live.update(status_table(obj.client.status()))
     data = obj.client.status()
     if as_json:
         _emit_json({"namespace": obj.client.keys.prefix, "queues": data})

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from .effects import EffectRecord
 from .models import Attempt, Event, Task
 
 _EVENT_STYLE = {
@@ -23,12 +25,31 @@ _EVENT_STYLE = {
 }
 
 
-def task_json(task: Task) -> dict[str, Any]:
+def task_json(task: Task, effects: dict[str, EffectRecord] | None = None) -> dict[str, Any]:
     body = task.model_dump(mode="json", exclude={"attempts", "events"})
-    return {
+    out = {
         "task": body,
         "attempts": [a.model_dump(mode="json") for a in task.attempts],
         "events": [e.model_dump(mode="json") for e in task.events],
+    }
+    if effects is not None:
+        out["effects"] = [e.model_dump(mode="json") for e in effects.values()]
+        out["budget_left"] = budget_left(task)
+    return out
+
+
+def budget_left(task: Task) -> dict[str, Any]:
+    """What the task's frozen budget still allows, from its Attempts' records."""
+    from .policy import Budget, parse_config
+
+    b = parse_config(task.budget, Budget)
+    cost = sum(a.cost for a in task.attempts)
+    tokens = sum(a.tokens for a in task.attempts)
+    return {
+        "attempts": f"{len(task.attempts)} of {b.max_attempts}",
+        "cost": f"{cost:g}" + (f" of {b.max_cost:g}" if b.max_cost is not None else " (no limit)"),
+        "tokens": f"{tokens}" + (f" of {b.max_tokens}" if b.max_tokens is not None else " (no limit)"),
+        "same_failure_repeats_allowed": b.max_same_fingerprint,
     }
 
 
@@ -73,16 +94,28 @@ def describe_event(e: Event) -> str:
     return " ".join(f"{k}={v}" for k, v in f.items())
 
 
-def print_task(task: Task, console: Console | None = None) -> None:
+def print_task(task: Task, console: Console | None = None, effects: dict[str, EffectRecord] | None = None) -> None:
     console = console or Console()
     console.print(f"[bold]{task.id}[/bold]  queue [cyan]{task.queue}[/cyan]  handler [cyan]{task.handler}[/cyan]  "
                   f"state [bold]{task.state.value}[/bold]  fence {task.fence}")
     attempts = Table(title="Attempts", show_lines=False)
-    for col in ("#", "state", "worker", "fence", "started", "ended", "elapsed ms", "reason / hypothesis", "failure"):
+    for col in ("#", "state", "worker", "fence", "started", "ended", "elapsed ms", "cost", "tokens",
+                "reason / hypothesis", "failure", "evidence"):
         attempts.add_column(col)
     for a in task.attempts:
         attempts.add_row(*_attempt_row(a))
     console.print(attempts)
+    if effects:
+        fx = Table(title="Side effects (operation key -> provider receipt)")
+        for col in ("key", "state", "by attempt", "receipt / note", "source"):
+            fx.add_column(col)
+        for fx_rec in effects.values():
+            fx.add_row(fx_rec.key, fx_rec.state, str(fx_rec.receipt_attempt or fx_rec.attempt),
+                       json.dumps(fx_rec.receipt) if fx_rec.receipt is not None else (fx_rec.note or ""),
+                       fx_rec.source or "")
+        console.print(fx)
+    if effects is not None:
+        console.print("budget: " + ", ".join(f"{k} {v}" for k, v in budget_left(task).items()))
     timeline = Table(title="Timeline")
     for col in ("time", "attempt", "event", "what happened"):
         timeline.add_column(col)
@@ -98,12 +131,17 @@ def _attempt_row(a: Attempt) -> list[str]:
     if a.hypothesis:
         why += f" / {a.hypothesis}"
     failure = f"{a.failure.failure_class.value}: {a.failure.type}" if a.failure else ""
+    evidence = a.evidence.get("conclusion", "") if isinstance(a.evidence, dict) else ""
     return [str(a.number), a.state.value, a.worker_id or "", str(a.fence or ""), _t(a.started_at), _t(a.ended_at),
-            str(a.elapsed_ms if a.elapsed_ms is not None else ""), why, failure]
+            str(a.elapsed_ms if a.elapsed_ms is not None else ""), f"{a.cost:g}", str(a.tokens), why, failure,
+            evidence]
 
 
 def print_status(status: dict[str, dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console()
+    (console or Console()).print(status_table(status))
+
+
+def status_table(status: dict[str, dict[str, Any]]) -> Table:
     states = ["pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined", "canceled"]
     table = Table(title="Queues")
     table.add_column("queue")
@@ -113,7 +151,7 @@ def print_status(status: dict[str, dict[str, Any]], console: Console | None = No
     for queue, info in status.items():
         counts = info["counts"]
         table.add_row(queue, *[str(counts.get(s, 0)) for s in states], f"{info['queue_age_ms'] / 1000:.1f}s")
-    console.print(table)
+    return table
 
 
 def print_attention(items: list[dict[str, Any]], console: Console | None = None) -> None:

@@ -40,7 +40,8 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     shown = mcq(redis_server, prefix, "show", task_id, "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
-    assert set(data) == {"task", "attempts", "events"}
+    assert {"task", "attempts", "events"} <= set(data)
+    assert data["effects"] == [] and data["budget_left"]["attempts"] == "1 of 5"
     assert data["task"]["state"] == "succeeded"
     assert [(a["number"], a["state"], a["fence"], a["worker_id"]) for a in data["attempts"]] == [
         (1, "succeeded", 1, "w1")]
