@@ -37,7 +37,7 @@ from rq.serializers import JSONSerializer
 
 from .app import App, Context, LeaseLost
 from .client import DEFAULT_LEASE_MS, Client, quiet_connection_kwargs
-from .errors import CancelRequested, ClaimRejected, McqError, TransitionRefused, WriteRefused
+from .errors import CancelRequested, McqError, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
 from .models import Attempt, AttemptState, FailureClass, Task
@@ -215,9 +215,7 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
     try:
         lease = client.claim_attempt(task_id, rt.worker_id, lease_ms=lease_ms, expect_attempt=n,
                                      request_id=uuid.uuid4().hex)
-    except ClaimRejected as exc:
-        return {"skipped": exc.message}
-    except TransitionRefused as exc:
+    except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
         return {"skipped": exc.message}
     task = client.get_task(task_id)
     attempt = task.attempts[n - 1]
