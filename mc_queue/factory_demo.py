@@ -34,7 +34,7 @@ from . import connect
 from .client import Client
 from .models import Task, TaskState
 from .providers.git import TRAILER, git
-from .testing import ForgeServer
+from .testing import ForgeServer, bare_git_remote
 
 APP = "mc_queue.examples.agents:app"
 FINAL = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
@@ -45,18 +45,6 @@ class Faults:
     killed: list[str] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
     provider_timeouts: int = 0
-
-
-def _bare_remote(root: Path) -> Path:
-    remote = root / "remote.git"
-    git("init", "--quiet", "--bare", "--initial-branch=main", str(remote))
-    seed = root / "seed"
-    git("init", "--quiet", "--initial-branch=main", str(seed))
-    (seed / "README.md").write_text("# example/app\n")
-    git("add", "README.md", cwd=seed)
-    git("-c", "user.name=demo", "-c", "user.email=demo@localhost", "commit", "--quiet", "-m", "initial", cwd=seed)
-    git("push", "--quiet", str(remote), "main", cwd=seed)
-    return remote
 
 
 class Fleet:
@@ -153,7 +141,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
     forge = ForgeServer().start()
     fleet: Fleet | None = None
     try:
-        remote = _bare_remote(tmp)
+        remote = bare_git_remote(tmp)
         env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",
                "MCQ_HOME": str(tmp / "home")}
         os.environ.update({"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5"})

@@ -249,3 +249,22 @@ class ForgeServer:
                 return self._send(200, found[0])
 
         return Handler
+
+
+def bare_git_remote(root: str | os.PathLike[str], *, branch: str = "main") -> Path:
+    """A bare git repository under ``root`` whose ``branch`` holds one initial commit: a real remote
+    for the git provider in tests and the demo."""
+    from .providers.git import git
+
+    base = Path(root)
+    remote = base / "remote.git"
+    git("init", "--quiet", "--bare", f"--initial-branch={branch}", str(remote))
+    seed = base / "seed"
+    git("init", "--quiet", f"--initial-branch={branch}", str(seed))
+    (seed / "README.md").write_text("# example/app\n")
+    git("add", "README.md", cwd=seed)
+    git("-c", "user.name=mc_queue", "-c", "user.email=mc_queue@localhost", "commit", "--quiet", "-m", "initial",
+        cwd=seed)
+    git("push", "--quiet", str(remote), branch, cwd=seed)
+    shutil.rmtree(seed)
+    return remote

@@ -14,26 +14,14 @@ import yaml
 
 import mc_queue
 from mc_queue.providers.git import TRAILER, git
-from mc_queue.testing import ForgeServer, RedisServer
+from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_remote(tmp: Path) -> Path:
-    remote = tmp / "remote.git"
-    git("init", "--quiet", "--bare", "--initial-branch=main", str(remote))
-    seed = tmp / "seed"
-    git("init", "--quiet", "--initial-branch=main", str(seed))
-    (seed / "README.md").write_text("app\n")
-    git("add", "README.md", cwd=seed)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "initial", cwd=seed)
-    git("push", "--quiet", str(remote), "main", cwd=seed)
-    return remote
-
-
 def test_example_app_commits_pushes_and_opens_one_pr_per_task(
         redis_server: RedisServer, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    remote = make_remote(tmp_path)
+    remote = bare_git_remote(tmp_path)
     with ForgeServer() as forge:
         env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url,
                "MCQ_HOME": str(tmp_path / "home")}
