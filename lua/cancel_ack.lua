@@ -10,6 +10,7 @@
 -- KEYS[7] task       task hash
 -- KEYS[8] attempts   attempts hash
 -- KEYS[9] events     task event stream
+-- KEYS[10] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the executor holds
 -- ARGV[3] worker     worker id
@@ -24,12 +25,14 @@
 
 local k_meta, k_epochs, k_nslog, k_leases, k_suspect, k_cancels = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local k_task, k_att, k_ev = KEYS[7], KEYS[8], KEYS[9]
+local k_stats = KEYS[10]
 local n, fence, worker, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, 'cancel_ack', 'cancel_ack', ts)
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, 'cancel_ack', 'cancel_ack',
+  ts)
 if err then return err end
 if not redis.call('HGET', k_task, 'cancel_requested') then return {'E_CANCEL', 'no cancellation was requested'} end
 local id = redis.call('HGET', k_task, 'id')

@@ -8,6 +8,7 @@
 -- KEYS[4] task       task hash
 -- KEYS[5] attempts   attempts hash
 -- KEYS[6] events     task event stream
+-- KEYS[7] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n            attempt number
 -- ARGV[2] fence        fence the caller holds
 -- ARGV[3] worker       worker id
@@ -27,6 +28,7 @@
 --@include common
 
 local k_meta, k_epochs, k_nslog, k_task, k_att, k_ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local k_stats = KEYS[7]
 local n, fence, worker, phase = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local phase_index, record, digest = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local epoch, min_seq = ARGV[8], ARGV[9]
@@ -40,7 +42,7 @@ end
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, 'checkpoint', ts)
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'checkpoint', ts)
 if err then return err end
 err = cancel_check(k_task, k_ev, n, worker, digest, 'checkpoint')
 if err then return err end

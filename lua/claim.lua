@@ -11,6 +11,7 @@
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
 -- KEYS[10] outbox   attempts waiting to be dispatched to the transport
+-- KEYS[11] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] worker     worker id
 -- ARGV[2] lease_ms   lease length
 -- ARGV[3] epoch      namespace epoch the client knows
@@ -26,6 +27,7 @@
 
 local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local k_task, k_att, k_ev, k_pending, k_outbox = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local k_stats = KEYS[11]
 local worker, lease_ms, epoch, min_seq, req, expect_n = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 
 if not lease_ms or lease_ms < 1 or lease_ms ~= math.floor(lease_ms) then
@@ -59,6 +61,7 @@ elseif tonumber(a[6]) > ts then
   why = 'attempt ' .. n .. ' is not due for ' .. fmt(tonumber(a[6]) - ts) .. ' ms'
 end
 if why then
+  redis.call('HINCRBY', k_stats, 'claim_refused', 1)
   emit(k_ev, 'claim_refused', {'attempt', n, 'worker', worker, 'reason', why, 'holder', a[5] or ''})
   return {'E_CLAIM', why, a[5] or ''}
 end

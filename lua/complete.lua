@@ -10,6 +10,7 @@
 -- KEYS[6] task       task hash
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
+-- KEYS[9] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
@@ -30,6 +31,7 @@
 
 local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local k_task, k_att, k_ev = KEYS[6], KEYS[7], KEYS[8]
+local k_stats = KEYS[9]
 local n, fence, worker, result, digest = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local cost, tokens, epoch, min_seq = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
@@ -45,7 +47,7 @@ end
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, 'complete', ts)
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'complete', ts)
 if err then return err end
 err = cancel_check(k_task, k_ev, n, worker, digest, 'complete')
 if err then return err end

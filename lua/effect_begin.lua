@@ -10,6 +10,7 @@
 -- KEYS[5] attempts   attempts hash
 -- KEYS[6] events     task event stream
 -- KEYS[7] effects    the task's effects (key -> record JSON)
+-- KEYS[8] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the caller holds
 -- ARGV[3] worker     worker id
@@ -28,13 +29,14 @@
 
 local k_meta, k_epochs, k_nslog, k_task = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_att, k_ev, k_effects = KEYS[5], KEYS[6], KEYS[7]
+local k_stats = KEYS[8]
 local n, fence, worker, key, record, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
 if key == '' then return {'E_BADARG', 'an effect needs a key'} end
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, key, 'effect_begin', ts)
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, key, 'effect_begin', ts)
 if err then return err end
 err = cancel_check(k_task, k_ev, n, worker, key, 'effect_begin')
 if err then return err end

@@ -10,6 +10,7 @@
 -- KEYS[5] attempts   attempts hash
 -- KEYS[6] events     task event stream
 -- KEYS[7] effects    the task's effects (key -> record JSON)
+-- KEYS[8] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the worker holds, or '' for the reconciler
 -- ARGV[3] actor      worker or reconciler id
@@ -29,6 +30,7 @@
 
 local k_meta, k_epochs, k_nslog, k_task = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_att, k_ev, k_effects = KEYS[5], KEYS[6], KEYS[7]
+local k_stats = KEYS[8]
 local n, fence, actor, key, outcome, receipt, source = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local epoch, min_seq = ARGV[8], ARGV[9]
 
@@ -53,7 +55,7 @@ local ts = now_ms()
 if fence ~= '' then
   local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, actor, true)
   if err then return err end
-  err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, actor, key, 'effect_done', ts)
+  err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, actor, key, 'effect_done', ts)
   if err then
     -- The provider's receipt is evidence even when its sender lost authority: keep it in the history.
     emit(k_ev, 'late_receipt', {'attempt', n, 'worker', actor, 'key', key, 'receipt', receipt})

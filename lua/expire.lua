@@ -11,6 +11,7 @@
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
 -- KEYS[8] cancels    running attempts with a cancel request
+-- KEYS[9] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] actor      who expires (sweeper id)
 -- ARGV[3] force      '1' to expire a live lease (recovery), else '0'
@@ -22,6 +23,7 @@
 
 local k_meta, k_counts, k_leases, k_suspect = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_task, k_att, k_ev, k_cancels = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local k_stats = KEYS[9]
 local n, actor, force, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local t = redis.call('HMGET', k_task, 'id', 'attempts', 'fence', 'queue')
@@ -43,6 +45,7 @@ aset(k_att, n, {'state', 'suspect', 'suspect_at', ts})
 redis.call('ZREM', k_leases, aid)
 redis.call('ZREM', k_cancels, aid)
 redis.call('ZADD', k_suspect, ts, aid)
+redis.call('HINCRBY', k_stats, force == '1' and 'lease_voided' or 'lease_expired', 1)
 emit(k_ev, 'lease_expired', {'attempt', n, 'actor', actor, 'worker', a[3], 'fence', a[4],
   'new_fence', fmt(fence), 'lease_exp', a[2], 'overdue_ms', fmt(ts - tonumber(a[2])), 'reason', reason})
 return {'OK', fmt(fence), a[4]}

@@ -16,6 +16,7 @@
 -- KEYS[10] attention attention items (task id -> JSON)
 -- KEYS[11] dlq       quarantined tasks (task id -> time)
 -- KEYS[12] outbox    attempts waiting to be dispatched to the transport
+-- KEYS[13] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -46,10 +47,11 @@
 local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local k_task, k_att, k_ev = KEYS[6], KEYS[7], KEYS[8]
 local k_pending, k_attention, k_dlq, k_outbox = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local k_stats = KEYS[13]
 local n, fence, worker, failure, digest, fclass, fingerprint = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local cost, tokens, epoch, min_seq = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local d = {action = ARGV[12], why = ARGV[13], reason = ARGV[14], hypothesis = ARGV[15], delay_ms = tonumber(ARGV[16]),
-  attention = ARGV[17], budget = ARGV[18], actor = 'policy'}
+  attention = ARGV[17], budget = ARGV[18], actor = 'policy', fclass = ARGV[6]}
 if not DECISIONS[d.action] then return {'E_BADARG', 'unknown decision ' .. d.action} end
 if not d.delay_ms or d.delay_ms < 0 then return {'E_BADARG', 'delay_ms must be >= 0'} end
 if d.action == 'retry' and select(2, string.gsub(d.reason, '[^\128-\191]', '')) < 10 then
@@ -66,7 +68,7 @@ end
 local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, 'fail', ts)
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'fail', ts)
 if err then return err end
 err = cancel_check(k_task, k_ev, n, worker, digest, 'fail')
 if err then return err end
@@ -80,6 +82,6 @@ redis.call('HINCRBY', k_att, n .. '.tokens', tokens)
 redis.call('ZREM', k_leases, t[2] .. '/' .. n)
 emit(k_ev, 'attempt_failed', {'attempt', n, 'worker', worker, 'fence', fence, 'failure_class', fclass,
   'fingerprint', fingerprint, 'decision', d.action, 'why', d.why})
-local state = apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, t[2], t[1], n,
-  'running', d, ts)
+local state = apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, k_stats,
+  t[2], t[1], n,  'running', d, ts)
 return {'OK', ts, attempt_snapshot(k_att, n), state}

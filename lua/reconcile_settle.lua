@@ -12,6 +12,7 @@
 -- KEYS[7] outbox     attempts waiting to be dispatched to the transport
 -- KEYS[8] attention  attention items (task id -> JSON)
 -- KEYS[9] dlq        quarantined tasks (task id -> time)
+-- KEYS[10] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -35,10 +36,11 @@
 
 local k_counts, k_suspect, k_task, k_att, k_ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local k_pending, k_outbox, k_attention, k_dlq = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local k_stats = KEYS[10]
 local n, actor, outcome = ARGV[1], ARGV[2], ARGV[3]
 local result, failure, fclass, fingerprint, evidence = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local d = {action = ARGV[9], why = ARGV[10], reason = ARGV[11], hypothesis = ARGV[12], delay_ms = tonumber(ARGV[13]),
-  attention = ARGV[14], budget = ARGV[15], actor = actor}
+  attention = ARGV[14], budget = ARGV[15], actor = actor, fclass = ARGV[6]}
 
 if outcome ~= 'succeeded' and outcome ~= 'failed' and outcome ~= 'canceled' then
   return {'E_BADARG', 'outcome must be succeeded, failed or canceled'}
@@ -62,6 +64,7 @@ aset(k_att, n, {'state', outcome, 'ended_at', ts, 'elapsed_ms', ts - started, 's
 redis.call('ZREM', k_suspect, t[1] .. '/' .. n)
 local final = DECISIONS[d.action]
 if outcome ~= 'failed' then final = outcome elseif d.action == 'retry' and d.delay_ms <= 0 then final = 'pending' end
+redis.call('HINCRBY', k_stats, 'reconciled:' .. outcome, 1)
 emit(k_ev, 'attempt_reconciled', {'attempt', n, 'actor', actor, 'outcome', outcome, 'task_state', final,
   'failure_class', fclass, 'evidence', evidence, 'decision', d.action, 'why', d.why})
 local state
@@ -78,7 +81,7 @@ elseif outcome == 'succeeded' then
   state = 'succeeded'
 else
   aset(k_att, n, {'failure', failure, 'fclass', fclass, 'fingerprint', fingerprint})
-  state = apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, t[1], t[2], n,
-    t[3], d, ts)
+  state = apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, k_stats,
+    t[1], t[2], n,    t[3], d, ts)
 end
 return {'OK', ts, attempt_snapshot(k_att, n), state}

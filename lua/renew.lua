@@ -8,6 +8,7 @@
 -- KEYS[5] task       task hash
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
+-- KEYS[8] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the caller holds
 -- ARGV[3] worker     worker id
@@ -26,6 +27,7 @@
 
 local k_meta, k_epochs, k_nslog, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_task, k_att, k_ev = KEYS[5], KEYS[6], KEYS[7]
+local k_stats = KEYS[8]
 local n, fence, worker, lease_ms, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local cost, tokens = tonumber(ARGV[7]), tonumber(ARGV[8])
 if not cost or not tokens or cost < 0 or tokens < 0 then return {'E_BADARG', 'cost and tokens must be >= 0'} end
@@ -38,7 +40,7 @@ local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
 if err then return err end
 if ARGV[4] == '' then lease_ms = tonumber(redis.call('HGET', k_att, n .. '.lease_ms') or '') end
 local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker,
+err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker,
   'renew:' .. (lease_ms and fmt(lease_ms) or ''), 'renew', ts)
 if err then return err end
 if not lease_ms or lease_ms < 1 then return {'E_BADARG', 'lease_ms must be a positive integer'} end

@@ -412,6 +412,23 @@ def attention(obj: Ctx, as_json: bool) -> None:
     print_attention(items)
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (localhost by default).")
+@click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True)
+@click.pass_obj
+@handle_errors
+def metrics(obj: Ctx, host: str, port: int) -> None:
+    """Serve Prometheus metrics of this namespace at http://HOST:PORT/metrics."""
+    import time
+
+    from .metrics import serve
+
+    serve(obj.client, host=host, port=port)
+    click.echo(f"serving metrics of namespace {obj.client.keys.prefix!r} at http://{host}:{port}/metrics", err=True)
+    while True:
+        time.sleep(3600)
+
+
 @main.group()
 def server() -> None:
     """The embedded redis-server (used when no --redis-url is given)."""

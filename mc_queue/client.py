@@ -261,7 +261,7 @@ class Client:
 
         def call(epoch: str) -> list[Any]:
             return self._run("claim", {
-                **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases,
+                **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
                 "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox,
             }, {"worker": worker_id, "lease_ms": lease_ms, "epoch": epoch, "min_seq": self._seq_seen,
@@ -286,6 +286,7 @@ class Client:
         charging = cost > 0 or tokens > 0
         reply = self._run("renew", {
             **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts,
+            "stats": self.keys.stats,
             "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "lease_ms": "" if lease_ms is None else lease_ms,
             "epoch": self._ns(), "min_seq": self._seq_seen, "cost": repr(float(cost)), "tokens": int(tokens),
@@ -306,6 +307,7 @@ class Client:
         text = canonical_json(result, what="result")
         reply = self._run("complete", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "stats": self.keys.stats,
             "attempts": tk.attempts, "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "result": text, "result_digest": digest(text),
             "cost": repr(float(cost)), "tokens": int(tokens), "epoch": self._ns(), "min_seq": self._seq_seen})
@@ -327,6 +329,7 @@ class Client:
         d = decision
         reply = self._run("fail", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "stats": self.keys.stats,
             "attempts": tk.attempts, "events": tk.events, "pending": tk.pending, "attention": self.keys.attention,
             "dlq": self.keys.dlq, "outbox": self.keys.outbox,
         }, {"n": n, "fence": fence, "worker": worker_id, "failure": text, "failure_digest": digest(text),
@@ -343,7 +346,7 @@ class Client:
         task_id, n, tk = self._attempt(attempt_id)
         text = canonical_json(dict(record), what="checkpoint")
         reply = self._run("checkpoint", {
-            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            **self._ns_keys(), "stats": self.keys.stats, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "phase": phase, "phase_index": phase_index,
             "record": text, "digest": digest(text), "epoch": self._ns(), "min_seq": self._seq_seen})
         if reply[0] == "E_PHASE":
@@ -360,6 +363,7 @@ class Client:
         task_id, n, tk = self._attempt(attempt_id)
         reply = self._run("effect_begin", {
             **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            "stats": self.keys.stats,
         }, {"n": n, "fence": fence, "worker": worker_id, "key": key,
             "record": canonical_json(dict(record), what="effect record"), "epoch": self._ns(),
             "min_seq": self._seq_seen})
@@ -374,6 +378,7 @@ class Client:
         text = canonical_json(receipt, what="receipt") if outcome == "done" else str(receipt or "")
         reply = self._run("effect_done", {
             **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            "stats": self.keys.stats,
         }, {"n": n, "fence": "" if fence is None else fence, "actor": actor or self.actor, "key": key,
             "outcome": outcome, "receipt": text, "source": source, "epoch": self._ns(), "min_seq": self._seq_seen})
         if reply[0] == "E_NOEFFECT":
@@ -424,6 +429,7 @@ class Client:
             _, n, tk = self._attempt(aid)
             self._scripts.call("expire", {
                 "meta": self.keys.meta, "counts": self.keys.counts, "leases": self.keys.leases,
+                "stats": self.keys.stats,
                 "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
                 "cancels": self.keys.cancels,
             }, {"n": n, "actor": actor, "force": force, "reason": reason}, client=pipe)
@@ -517,6 +523,7 @@ class Client:
         d = decision
         reply = self._run("reconcile_settle", {
             "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task, "attempts": tk.attempts,
+            "stats": self.keys.stats,
             "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
             "attention": self.keys.attention, "dlq": self.keys.dlq,
         }, {"n": n, "actor": actor, "outcome": outcome,
@@ -572,7 +579,7 @@ class Client:
         """The executor stops: it gives up its lease (the fence moves on) and waits for reconciliation."""
         task_id, n, tk = self._attempt(attempt_id)
         reply = self._run("cancel_ack", {
-            **self._ns_keys(), "leases": self.keys.leases, "suspect": self.keys.suspect,
+            **self._ns_keys(), "stats": self.keys.stats, "leases": self.keys.leases, "suspect": self.keys.suspect,
             "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
         }, {"n": n, "fence": fence, "worker": worker_id, "epoch": self._ns(), "min_seq": self._seq_seen})
         if reply[0] == "E_CANCEL":

@@ -18,6 +18,7 @@ Key schema (``P`` = ``{prefix}``)::
     P:dlq                  zset   task id -> time it was quarantined
     P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
     P:cancels              zset   attempt id -> deadline for the executor to acknowledge a cancel (ms)
+    P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
     P:t:<task id>          hash   the Task
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
@@ -115,6 +116,7 @@ class Keys:
         self.dlq = f"{tag}:dlq"
         self.outbox = f"{tag}:outbox"
         self.cancels = f"{tag}:cancels"
+        self.stats = f"{tag}:stats"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

@@ -128,7 +128,7 @@ end
 -- The check every fenced write (renew, complete, fail, checkpoint, ...) makes before writing.
 -- Returns nil when the write may go on; otherwise records a stale_write_refused event and returns
 -- the error reply. A presented fence above the current one proves Redis went back in time.
-local function fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worker, digest, op, ts)
+local function fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, op, ts)
   local t = redis.call('HMGET', k_task, 'fence', 'attempts')
   if not t[1] then return {'E_NOTASK', 'no such task'} end
   local cur = tonumber(t[1])
@@ -149,6 +149,7 @@ local function fence_check(k_meta, k_nslog, k_task, k_att, k_ev, n, fence, worke
     refusal, code = 'lease_expired', 'E_EXPIRED'
   end
   if refusal then
+    redis.call('HINCRBY', k_stats, 'stale_write_refused', 1)
     emit(k_ev, 'stale_write_refused', {'attempt', n, 'op', op, 'refusal', refusal, 'presented_fence', fence,
       'current_fence', fmt(cur), 'worker', worker, 'payload_digest', digest, 'attempt_state', state or 'missing'})
     return {code, fmt(cur), tostring(state), aget(k_att, n, 'lease_exp') or ''}
@@ -188,9 +189,13 @@ end
 -- Returns the task's new state. Callers validate the decision name before their first write.
 local DECISIONS = {[''] = 'failed', wait = 'failed', retry = 'backoff', stop = 'blocked', quarantine = 'quarantined'}
 
-local function apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, task_id, queue, n,
-                               from_state, d, ts)
+local function apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, k_stats,
+                               task_id, queue, n, from_state, d, ts)
   local state = DECISIONS[d.action]
+  if d.action ~= '' and d.action ~= 'wait' then
+    redis.call('HINCRBY', k_stats, 'decision:' .. d.action .. ':' .. (d.fclass or ''), 1)
+  end
+  if d.budget and d.budget ~= '' then redis.call('HINCRBY', k_stats, 'budget_exhausted:' .. d.budget, 1) end
   if d.action == 'retry' then
     local m = tonumber(n) + 1
     local due = ts + d.delay_ms

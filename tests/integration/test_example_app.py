@@ -61,7 +61,8 @@ def test_example_app_commits_pushes_and_opens_one_pr_per_task(
 def test_docker_compose_runs_redis_with_aof_a_worker_pool_and_the_sweeper() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"redis", "worker", "sweeper"}
+    assert set(services) == {"redis", "worker", "sweeper", "metrics"}
+    assert services["metrics"]["ports"] == ["127.0.0.1:9464:9464"]
     redis_cmd = services["redis"]["command"]
     assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
     assert redis_cmd[redis_cmd.index("--appendfsync") + 1] == "always"
@@ -69,11 +70,13 @@ def test_docker_compose_runs_redis_with_aof_a_worker_pool_and_the_sweeper() -> N
 
     from mc_queue.cli import load_app, main
 
-    for name in ("worker", "sweeper"):
+    for name in ("worker", "sweeper", "metrics"):
         cmd = services[name]["command"]
         assert services[name]["environment"]["MCQ_REDIS_URL"].startswith("redis://mcq:")
         # The command line parses, and the app it names imports (from the repo root, as in the image).
         assert CliRunner().invoke(main, [*cmd[:1], "--help"]).exit_code == 0
+        if "--app" not in cmd:
+            continue
         app_spec = cmd[cmd.index("--app") + 1]
         cwd = os.getcwd()
         try:

@@ -72,9 +72,12 @@ def wait_past(q: mc_queue.Client, ms: int, timeout: float = 5.0) -> None:
 
 
 def snapshot(q: mc_queue.Client) -> dict[str, Any]:
-    """Every key of the namespace and its value, except the append-only event streams."""
+    """Every key of the namespace and its value, except the append-only event streams and the metrics
+    counters (a refusal is counted there, as it is recorded in the events)."""
     out: dict[str, Any] = {}
     for key in sorted(q.redis.scan_iter(match=q.keys.tag + "*", count=1000)):
+        if key == q.keys.stats:
+            continue
         kind = q.redis.type(key)
         if kind == "hash":
             out[key] = q.redis.hgetall(key)
