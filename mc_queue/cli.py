@@ -413,6 +413,31 @@ def attention(obj: Ctx, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def workers(obj: Ctx, as_json: bool) -> None:
+    """Live workers of this namespace: health probe (RQ heartbeat) and the leases each holds."""
+    from .worker import live_workers
+
+    rows = live_workers(obj.client)
+    if as_json:
+        _emit_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Workers")
+    for col in ("worker", "pid", "state", "queues", "heartbeat", "healthy", "leases"):
+        table.add_column(col)
+    for r in rows:
+        beat = "-" if r["last_heartbeat_s_ago"] is None else f"{r['last_heartbeat_s_ago']}s ago"
+        table.add_row(str(r["worker"]), str(r["pid"] or ""), str(r["state"]), ",".join(r["queues"]), beat,
+                      "yes" if r["healthy"] else "NO", ", ".join(le["attempt"] for le in r["leases"]))
+    Console().print(table)
+
+
+@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (localhost by default).")
 @click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True)
 @click.pass_obj

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from rq import Queue, SimpleWorker, Worker
@@ -397,3 +397,38 @@ def make_worker(app: App, client: Client, queues: list[str], *, kind: str = "for
                name=name or f"{socket.gethostname()}.{os.getpid()}", serializer=JSONSerializer, job_class=McqJob)
 
 
+
+
+def live_workers(client: Client) -> list[dict[str, Any]]:
+    """The RQ workers serving this namespace's queues, with their health probe (RQ's worker
+    heartbeat: when it last reported, and whether that is recent) and the leases they hold now."""
+    conn = rq_connection(client)
+    try:
+        prefix = f"mcq:{client.keys.prefix}:"
+        holders: dict[str, list[dict[str, Any]]] = {}
+        held = cast(list[tuple[str, float]], client.redis.zrange(client.keys.leases, 0, -1, withscores=True))
+        for aid, exp in held:
+            task_id, n = parse_attempt_id(str(aid))
+            worker = client.redis.hget(client.keys.task(task_id).attempts, f"{n}.worker")
+            holders.setdefault(str(worker), []).append({"attempt": str(aid), "lease_expires_ms": int(exp)})
+        now = time.time()
+        out = []
+        for w in Worker.all(connection=conn, serializer=JSONSerializer):
+            queues = [q for q in w.queue_names() if q.startswith(prefix)]
+            if not queues:
+                continue
+            seen = w.last_heartbeat.timestamp() if w.last_heartbeat else None
+            worker_id = _SAFE.sub("_", w.name)
+            out.append({
+                "worker": worker_id, "pid": w.pid, "hostname": w.hostname, "state": w.get_state(),
+                "queues": [q[len(prefix):] for q in queues],
+                "last_heartbeat_s_ago": None if seen is None else round(now - seen, 1),
+                "healthy": seen is not None and now - seen < w.worker_ttl,
+                "leases": holders.pop(worker_id, []),
+            })
+        for worker_id, leases in sorted(holders.items()):  # leases held by processes RQ no longer lists
+            out.append({"worker": worker_id, "pid": None, "hostname": None, "state": "gone", "queues": [],
+                        "last_heartbeat_s_ago": None, "healthy": False, "leases": leases})
+        return out
+    finally:
+        conn.close()

@@ -592,3 +592,32 @@ def test_checkpoint_with_a_stale_fence_is_refused_and_audited(h: Harness, tmp_pa
     assert (f["op"], f["refusal"], f["worker"]) == ("checkpoint", "stale_fence", "w-stale")
     assert int(f["presented_fence"]) == lease.fence and int(f["current_fence"]) == lease.fence + 1
     assert [e.fields["phase"] for e in events(after, "checkpoint_recorded")] == ["workspace_prepared"]
+
+
+def test_mcq_workers_lists_live_workers_with_their_health_and_leases(redis_server: RedisServer, prefix: str,
+                                                                     tmp_path: Path) -> None:
+    """A non-burst worker holding a long task shows up busy and healthy, with its lease."""
+    from tests.apps.basic import app
+
+    ac = app.connect(redis_server.url, prefix=prefix)
+    pidfile = tmp_path / "pid"
+    task = ac.enqueue("records-pid", {"pidfile": str(pidfile), "steps": 200, "step_s": 0.1})
+    env = {**os.environ, "MCQ_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
+                             "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--name", "probe-w1"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists():
+            assert time.monotonic() < deadline, "the handler never started"
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
+                              "workers", "--json"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        rows = {r["worker"]: r for r in json.loads(out.stdout)}
+        assert rows["probe-w1"]["healthy"] is True and rows["probe-w1"]["state"] == "busy"
+        assert [le["attempt"] for le in rows["probe-w1"]["leases"]] == [f"{task.id}/1"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
