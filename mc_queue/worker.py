@@ -16,6 +16,7 @@ lease length, whether or not the handler ever yields.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -279,6 +280,14 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
         fresh = client.get_task(task.id)
         current = fresh.attempts[attempt.number - 1]
         decision = client.policy_decision(fresh, current, classified, cost=current.cost, tokens=current.tokens)
+        if decision.action != "retry":
+            # No next Attempt will reconcile effects this one started without a receipt: say so.
+            pending = [k for k, r in client.effects(task.id).items() if r.state == "intent"]
+            if pending:
+                why = (f"{decision.attention.get('why_unsafe', '')}; effects started but not confirmed by their "
+                       f"provider: {', '.join(pending)} (a retry reconciles them before anything is redone)")
+                decision = dataclasses.replace(
+                    decision, attention={**decision.attention, "pending_effects": pending, "why_unsafe": why})
         client.fail_attempt(attempt.id, fence, classified.failure, worker_id=rt.worker_id, decision=decision)
         return {"failed": attempt.id, "decision": decision.action, "why": decision.why}
     except CancelRequested:

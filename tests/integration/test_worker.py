@@ -621,3 +621,31 @@ def test_mcq_workers_lists_live_workers_with_their_health_and_leases(redis_serve
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+
+def test_a_stopped_task_names_the_effects_left_without_a_receipt(redis_server: RedisServer, prefix: str,
+                                                                tmp_path: Path) -> None:
+    """The provider refuses mid-effect with an authorization error: the task stops (no retry), and its
+    attention item lists the effect whose intent has no receipt, so a person knows what to check."""
+    from mc_queue.worker import _install_runtime as install
+    from mc_queue.worker import configure, run_attempt
+
+    app = mc_queue.App(name="auth-mid-effect")
+
+    @app.handler("push-then-401")
+    def handler(ctx: Context, payload: dict[str, Any]) -> None:
+        def perform(key: str) -> None:
+            raise mc_queue.AuthorizationError("token revoked while pushing")
+
+        ctx.effect("push", "abc123", perform, reconcile=lambda key: None)
+
+    q = mc_queue.connect(redis_server.url, prefix=prefix)
+    task = q.enqueue("default", "push-then-401", {}, retry_policy=app.retry, budget=app.budget)
+    configure(app, q, tmp_path / "ws")
+    install("in-process")
+    outcome = run_attempt(prefix, f"{task.id}/1", 10_000)
+    assert outcome["decision"] == "stop", outcome
+    item = next(i for i in q.attention_items() if i["task_id"] == task.id)
+    key = mc_queue.mint_key(task.id, "push", "abc123")
+    assert item["pending_effects"] == [key] and key in item["why_unsafe"]
+    assert q.get_task(task.id).state is TaskState.BLOCKED
