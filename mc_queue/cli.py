@@ -256,6 +256,7 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
            name: str | None, workspace_root: str | None, log_level: str) -> None:
     """Run Attempts of an app's handlers from RQ."""
     import logging
+    import time
 
     from .worker import WORKER_CLASSES, McqJob, configure, make_worker, rq_connection, rq_queue_name
 
@@ -275,8 +276,32 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
                         job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
         return
-    w = make_worker(app, client, names, kind=kind, name=name, workspace_root=workspace_root)
-    w.work(burst=burst, logging_level=log_level.upper())
+    import os
+    import socket
+
+    import redis as redis_errors
+
+    base = name or f"{socket.gethostname()}.{os.getpid()}"
+    delay, round_ = 0.5, 0
+    while True:
+        # A reconnecting worker takes a new name: RQ may still hold the old one's registration.
+        current = base if round_ == 0 else f"{base}.r{round_}"
+        round_ += 1
+        try:
+            w = make_worker(app, client, names, kind=kind, name=current, workspace_root=workspace_root)
+            worked = w.work(burst=burst, logging_level=log_level.upper())
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            w, worked = None, False
+            logging.getLogger("mc_queue.worker").warning("Redis unreachable (%s)", exc)
+        # RQ's loop returns on a stop request, at the end of a burst, or after a Redis error. Only the
+        # last is not an exit: the worker comes back once Redis answers (its leases are safe meanwhile:
+        # an Attempt it held simply expires and is reconciled).
+        if burst or (w is not None and getattr(w, "_stop_requested", False)):
+            return
+        logging.getLogger("mc_queue.worker").warning("worker loop ended without a stop request; reconnecting in "
+                                                     "%.1fs", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0) if not worked else 0.5
 
 
 @main.command()

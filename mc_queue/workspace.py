@@ -21,6 +21,13 @@ from .keys import parse_attempt_id
 _NAME_RE = re.compile(r"^task-[0-9A-Z]{26}-\d+$")
 
 
+def _gone_is_fine(func: Callable[..., object], path: str,
+                  exc_info: tuple[type[BaseException], BaseException, object]) -> None:
+    """rmtree error handler: a file already removed (by a worker cleaning the same root) is fine."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
+
 class WorkspaceError(Exception):
     """A workspace path outside its root, or a root that is not a plain directory."""
 
@@ -89,6 +96,6 @@ class WorkspaceRoot:
                 if not self._inside(path):
                     report.refused.append((entry.name, "resolves outside the root"))
                     continue
-                shutil.rmtree(path)
+                shutil.rmtree(path, onerror=_gone_is_fine)  # another worker may be removing it too
                 report.removed.append(entry.name)
         return report

@@ -244,3 +244,39 @@ def test_hung_handler_is_killed_by_the_job_timeout_as_an_executor_failure(h: Har
     assert events(after, "lease_expired") == [] and events(after, "stale_write_refused") == []
     assert [e.fields["decision"] for e in events(after, "attempt_failed")] == ["retry"]
     assert len(after.attempts) == 2 and after.attempts[1].previous == a1.id
+
+
+def test_a_worker_outlives_a_redis_outage_and_serves_again(own_redis: RedisServer, tmp_path: Path) -> None:
+    """redis-server SIGKILLed under a running (non-burst) worker and started again a few seconds
+    later: the worker process is still there and runs the next task."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import mc_queue
+    from mc_queue.testing import unique_prefix
+    from tests.apps.basic import app
+
+    prefix = unique_prefix()
+    ac = app.connect(own_redis.url, prefix=prefix)
+    first = ac.enqueue("noop", {"n": 1})
+    env = {**os.environ, "MCQ_HOME": str(tmp_path / "home")}
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", own_redis.url, "--prefix", prefix,
+                             "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--name", "survivor"],
+                            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: ac.client.get_task(first.id).state is TaskState.SUCCEEDED, 30, "the first task")
+        own_redis.stop(signal.SIGKILL)
+        time.sleep(3)
+        assert proc.poll() is None, "the worker exited during the outage"
+        own_redis.start()
+        q = mc_queue.connect(own_redis.url, prefix=prefix)
+        second = app.connect(own_redis.url, prefix=prefix).enqueue("noop", {"n": 2})
+        wait_for(lambda: q.get_task(second.id).state is TaskState.SUCCEEDED, 40, "the task after the outage")
+        assert proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -1,0 +1,658 @@
+"""Chaos run: the example agent app under a seeded random fault schedule, then one audit report.
+
+Real processes: a private redis-server (AOF, appendfsync always) in a temp dir, W worker processes
+(``mcq worker --kind simple``) that reach Redis through a TCP proxy this script owns, one sweeper
+process (direct link), a bare git remote and a local pull-request API (ForgeServer). Tasks of
+``mc_queue.examples.agents`` (push a commit, open a pull request) are enqueued at a steady rate with
+idempotency keys while, every few seconds, the schedule (``random.Random(seed)``, a shuffled bag of
+fault kinds refilled each round) injects one of:
+
+- ``kill``: SIGKILL of a worker that holds a lease (a replacement worker joins);
+- ``pause``: SIGSTOP of a worker that holds a lease, SIGCONT after lease + 4 s;
+- ``redis_restart``: ``RedisServer.restart(keep_data=True, sig=SIGKILL)``;
+- ``link_delay``: the worker <-> Redis proxy delays every chunk (both ways) for a few seconds;
+- ``link_cut``: the proxy closes every worker connection and refuses new ones for a few seconds;
+- ``provider_stall``: the next pull request is created, then the answer is held past the client's
+  timeout (``ForgeServer.stall_next``).
+
+Any worker or sweeper process that exits without being killed by the schedule is restarted (new
+name, 1 s later) and counted. At the end injection stops, a paused worker still gets its full pause,
+and the run waits until every
+task is at rest (or ``--settle-timeout``), then audits records and providers and prints ONE markdown
+report. Exit 0 only if no task is lost, no duplicate effect and no stale write accepted.
+
+    .venv/bin/python bench/chaos.py --short --seed 1
+    .venv/bin/python bench/chaos.py --minutes 3 --seed 7 --json chaos.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mc_queue.client import Client  # noqa: E402
+from mc_queue.keys import parse_attempt_id  # noqa: E402
+from mc_queue.models import Task, TaskState  # noqa: E402
+from mc_queue.providers.git import TRAILER, git  # noqa: E402
+from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote  # noqa: E402
+
+APP = "mc_queue.examples.agents:app"
+HANDLER = "fix-issue"
+# At rest: nothing will happen to the task without a person (failed / blocked wait for one).
+AT_REST = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
+KINDS = ["kill", "kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall"]
+WORKER_WRITES = {"attempt_succeeded", "attempt_failed", "checkpoint_recorded", "effect_intent"}
+
+
+# --------------------------------------------------------------------------- worker <-> Redis link
+
+
+class LinkProxy:
+    """A TCP proxy for the workers' Redis link: optional per-chunk delay, and cuts (close every
+    connection, refuse new ones for a while). Threads and blocking sockets."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(128)
+        self.port = int(self.listener.getsockname()[1])
+        self.delay_s = 0.0
+        self.cut_until = 0.0
+        self.lock = threading.Lock()
+        self.conns: set[socket.socket] = set()
+        self.stopped = False
+        self.accepted = 0
+        self.refused = 0
+        self.closed_by_cut = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> LinkProxy:
+        threading.Thread(target=self._accept, name="link-proxy", daemon=True).start()
+        return self
+
+    def cut(self, seconds: float) -> None:
+        with self.lock:
+            self.cut_until = time.monotonic() + seconds
+            conns = list(self.conns)
+            self.closed_by_cut += len(conns) // 2
+        for s in conns:
+            _close(s)
+
+    def stop(self) -> None:
+        self.stopped = True
+        _close(self.listener)
+        with self.lock:
+            conns = list(self.conns)
+        for s in conns:
+            _close(s)
+
+    def _accept(self) -> None:
+        while not self.stopped:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self.cut_until:
+                self.refused += 1
+                _close(client)
+                continue
+            try:
+                up = socket.create_connection(self.upstream, timeout=2)
+                up.settimeout(None)
+            except OSError:  # Redis is restarting
+                self.refused += 1
+                _close(client)
+                continue
+            with self.lock:
+                self.conns.update((client, up))
+                self.accepted += 1
+            for a, b in ((client, up), (up, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                d = self.delay_s
+                if d:
+                    time.sleep(d)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            _close(s)
+            with self.lock:
+                self.conns.discard(s)
+
+
+def _close(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        s.close()
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # wall clock, seconds
+    detail: str = ""
+    attempt: str | None = None  # kill / pause: the Attempt the victim held
+    worker: str | None = None
+
+
+class Fleet:
+    """Worker processes (via the proxy) and the sweeper process (direct), by name."""
+
+    def __init__(self, prefix: str, worker_url: str, sweeper_url: str, env: dict[str, str], log_dir: Path) -> None:
+        self.prefix = prefix
+        self.worker_url = worker_url
+        self.sweeper_url = sweeper_url
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: dict[str, float] = {}  # name -> monotonic time of SIGSTOP
+        self.killed: set[str] = set()
+        self.retired: set[str] = set()  # dead and accounted for
+        self.generation = 0
+        self.unexpected_exits: list[dict[str, Any]] = []
+        self.restart_at: list[tuple[float, str]] = []  # (monotonic time, "worker" | "sweeper")
+
+    def _start(self, name: str, url: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", self.prefix, *args],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def worker(self) -> str:
+        self.generation += 1
+        name = f"chaos-w{self.generation}"
+        self._start(name, self.worker_url, ["worker", "--app", APP, "--kind", "simple", "--name", name])
+        return name
+
+    def sweeper(self) -> str:
+        self.generation += 1
+        name = f"sweeper{self.generation}"
+        self._start(name, self.sweeper_url, ["sweeper", "--app", APP, "--interval", "0.5"])
+        return name
+
+    def live_workers(self) -> list[str]:
+        return [n for n, p in self.procs.items() if n.startswith("chaos-w") and p.poll() is None
+                and n not in self.paused and n not in self.killed]
+
+    def signal(self, name: str, sig: int) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+
+    def kill(self, name: str) -> None:
+        self.killed.add(name)
+        self.signal(name, signal.SIGKILL)
+
+    def resume_due(self, after_s: float, *, all_now: bool = False) -> None:
+        now = time.monotonic()
+        for name, since in list(self.paused.items()):
+            if all_now or now - since >= after_s:
+                self.signal(name, signal.SIGCONT)
+                del self.paused[name]
+
+    def reap(self, last_fault: str) -> None:
+        """Restart (after 1 s) every process that exited without the schedule killing it."""
+        now = time.monotonic()
+        for when, what in list(self.restart_at):
+            if now >= when:
+                self.restart_at.remove((when, what))
+                self.sweeper() if what == "sweeper" else self.worker()
+        for name, proc in list(self.procs.items()):
+            if name in self.retired or proc.poll() is None:
+                continue
+            self.retired.add(name)
+            if name in self.killed:
+                continue
+            tail = (self.log_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
+            self.unexpected_exits.append({"process": name, "exit_code": proc.returncode, "last_fault": last_fault,
+                                          "last_log_line": tail[-1][:200] if tail else "", "log_tail": tail})
+            self.restart_at.append((now + 1.0, "sweeper" if name.startswith("sweeper") else "worker"))
+
+    def stop_all(self) -> None:
+        self.resume_due(0, all_now=True)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    client: Client
+    redis_server: RedisServer
+    proxy: LinkProxy
+    forge: ForgeServer
+    fleet: Fleet
+    rng: random.Random
+    lease_s: float
+    faults: list[Fault] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+    keys: dict[str, str | None] = field(default_factory=dict)  # idempotency key -> task id
+    enqueue_errors: int = 0
+    bag: list[str] = field(default_factory=list)
+
+    def enqueue_due(self, due: int, ac: Any) -> None:
+        for i in range(due):
+            key = f"chaos-{self.args.seed}-{i}"
+            if self.keys.get(key):
+                continue
+            payload = {"repository": "example/app", "issue": 1000 + i, "think_s": self.args.think_s,
+                       "instruction": f"make test_{i} pass"}
+            try:
+                self.keys[key] = ac.enqueue(HANDLER, payload, idempotency_key=key).id
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                self.keys.setdefault(key, None)  # resent with the same key next tick
+                self.enqueue_errors += 1
+                return
+
+    def leased_victim(self) -> tuple[str, str] | None:
+        """(attempt id, worker name) of a running Attempt held by a live, unpaused worker."""
+        live = set(self.fleet.live_workers())
+        aids = [str(a) for a in self.client.redis.zrange(self.client.keys.leases, 0, -1)]
+        self.rng.shuffle(aids)
+        for aid in aids:
+            task_id, n = parse_attempt_id(aid)
+            att = self.client.get_task(task_id).attempts[n - 1]
+            if att.state.value == "running" and att.worker_id in live:
+                return aid, str(att.worker_id)
+        return None
+
+    def inject(self) -> bool:
+        """Inject the next fault of the bag; False when its precondition does not hold yet."""
+        if not self.bag:
+            self.bag = list(KINDS)
+            self.rng.shuffle(self.bag)
+        kind = self.bag[0]
+        f = Fault(kind, time.time())
+        if kind in ("kill", "pause"):
+            if kind == "pause" and self.fleet.paused:
+                return False
+            victim = self.leased_victim()
+            if victim is None:
+                return False
+            f.attempt, f.worker = victim
+            if kind == "kill":
+                self.fleet.kill(f.worker)
+                self.fleet.worker()  # a replacement joins
+            else:
+                self.fleet.signal(f.worker, signal.SIGSTOP)
+                self.fleet.paused[f.worker] = time.monotonic()
+            f.detail = f"{f.worker} holding {f.attempt}"
+        elif kind == "redis_restart":
+            t0 = time.monotonic()
+            self.redis_server.restart(keep_data=True, sig=signal.SIGKILL)
+            f.detail = f"down {1000 * (time.monotonic() - t0):.0f} ms"
+        elif kind == "link_delay":
+            d, secs = self.rng.uniform(0.05, 0.4), self.rng.uniform(3, 6)
+            self.proxy.delay_s = d
+            threading.Timer(secs, lambda: setattr(self.proxy, "delay_s", 0.0)).start()
+            f.detail = f"+{1000 * d:.0f} ms per chunk for {secs:.1f} s"
+        elif kind == "link_cut":
+            secs = self.rng.uniform(1, 4)
+            self.proxy.cut(secs)
+            f.detail = f"cut for {secs:.1f} s"
+        elif kind == "provider_stall":
+            self.forge.stall_next(1, 3.0)
+            f.detail = "next pull request accepted, answer held 3 s (client timeout 1.5 s)"
+        self.bag.pop(0)
+        self.faults.append(f)
+        return True
+
+    def at_rest(self) -> tuple[int, int]:
+        ids = [t for t in self.keys.values() if t]
+        pipe = self.client.redis.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(self.client.keys.task(tid).task, "state")
+        states = pipe.execute()
+        return sum(1 for s in states if s and TaskState(s) in AT_REST), len(self.keys)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
+    rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
+    forge = ForgeServer().start()
+    proxy = LinkProxy(rs.port).start()
+    remote = bare_git_remote(tmp)
+    env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",
+           "MCQ_HOME": str(tmp / "home"), "PYTHONPATH": str(ROOT)}
+    os.environ.update({k: env[k] for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL", "MCQ_FORGE_TIMEOUT")})
+    from mc_queue.examples.agents import app
+    from mc_queue.worker import AppClient
+
+    prefix = f"chaos-{args.seed}-{int(time.time())}"
+    client = Client(rs.url, prefix=prefix, actor="chaos")
+    fleet = Fleet(prefix, proxy.url, rs.url, env, tmp)
+    r = Run(args, client, rs, proxy, forge, fleet, random.Random(args.seed), app.spec(HANDLER).lease_ms / 1000)
+    ac = AppClient(app, client)
+    started = time.monotonic()
+    inject_s = args.minutes * 60
+    try:
+        fleet.sweeper()
+        for _ in range(args.workers):
+            fleet.worker()
+        next_fault = started + r.rng.uniform(args.fault_min, args.fault_max)
+        while (now := time.monotonic()) - started < inject_s:
+            try:
+                r.enqueue_due(int((now - started) / 60 * args.tasks_per_minute) + 1, ac)
+                fleet.resume_due(r.lease_s + 4)
+                if now >= next_fault:
+                    if r.inject():
+                        next_fault = now + r.rng.uniform(args.fault_min, args.fault_max)
+                    else:
+                        next_fault = now + 0.5
+                fleet.reap(r.faults[-1].kind if r.faults else "")
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                pass
+            time.sleep(0.2)
+        injected_s = time.monotonic() - started
+        # Settle: no more faults; resume everyone; finish enqueueing; wait until every task is at rest.
+        proxy.delay_s = 0.0
+        proxy.cut_until = 0.0
+        deadline = time.monotonic() + args.settle_timeout
+        rest, total = 0, 0
+        while time.monotonic() < deadline:
+            try:
+                r.enqueue_due(len(r.keys), ac)
+                fleet.resume_due(r.lease_s + 4)  # a worker paused last keeps its full pause
+                fleet.reap("settle")
+                rest, total = r.at_rest()
+                if rest == total and all(r.keys.values()) and not fleet.paused:
+                    break
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass
+            time.sleep(0.5)
+        settle_s = time.monotonic() - started - injected_s
+        time.sleep(1.0)  # the last refused writes of resumed workers land
+        fleet.stop_all()
+        return audit(r, remote, injected_s, settle_s)
+    finally:
+        fleet.stop_all()
+        proxy.stop()
+        forge.stop()
+        client.close()
+        rs.stop(signal.SIGKILL)
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+def pct(values: list[float], q: int) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def stale_writes_accepted(t: Task) -> list[str]:
+    """Writes the records accepted from an Attempt that no longer held the authority to make them.
+
+    - a worker write (attempt_succeeded / attempt_failed / checkpoint_recorded / effect_intent, and a
+      ``perform`` effect_receipt) of Attempt n after the lease_expired of Attempt n, or with a fence
+      other than the one Attempt n was claimed with;
+    - more than one attempt_succeeded for one Attempt, or more than one success (worker completion or
+      reconciliation) for one task, or a succeeded task whose result is not its succeeded Attempt's.
+    """
+    bad: list[str] = []
+    claimed: dict[int, str] = {}
+    expired: set[int] = set()
+    successes: list[int] = []
+    per_attempt: Counter[int] = Counter()
+    for e in t.events:
+        n = e.attempt or 0
+        if e.type == "attempt_claimed":
+            claimed[n] = e.fields.get("fence", "")
+        elif e.type == "lease_expired":
+            expired.add(n)
+        elif e.type == "attempt_reconciled" and e.fields.get("outcome") == "succeeded":
+            successes.append(n)
+        is_write = e.type in WORKER_WRITES or (e.type == "effect_receipt" and e.fields.get("source") == "perform")
+        if not is_write:
+            continue
+        if n in expired:
+            bad.append(f"{t.id}/{n}: {e.type} accepted after its lease expired")
+        if "fence" in e.fields and e.fields["fence"] != claimed.get(n):
+            bad.append(f"{t.id}/{n}: {e.type} with fence {e.fields['fence']}, claimed {claimed.get(n)}")
+        if e.type == "attempt_succeeded":
+            per_attempt[n] += 1
+            successes.append(n)
+    bad += [f"{t.id}/{n}: {c} attempt_succeeded" for n, c in per_attempt.items() if c > 1]
+    if len(successes) > 1:
+        bad.append(f"{t.id}: {len(successes)} successes (attempts {successes})")
+    if t.state is TaskState.SUCCEEDED:
+        won = [a for a in t.attempts if a.state.value == "succeeded"]
+        if len(won) != 1 or won[0].result != t.result:
+            bad.append(f"{t.id}: task result is not the one succeeded Attempt's result")
+    return bad
+
+
+def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str, Any]:
+    c = r.client
+    tasks: list[Task] = []
+    missing: list[str] = []
+    for key, tid in r.keys.items():
+        tid = tid or c.redis.hget(c.keys.idem, key)
+        try:
+            tasks.append(c.get_task(str(tid))) if tid else missing.append(key)
+        except Exception:
+            missing.append(key)
+    states = Counter(t.state.value for t in tasks)
+    not_final = [t for t in tasks if t.state not in AT_REST]
+    events: Counter[str] = Counter()
+    refused_by: Counter[str] = Counter()
+    stale_bad: list[str] = []
+    found_done = redone = replayed = unknown = 0
+    reconciled_outcomes: Counter[str] = Counter()
+    decided_at: dict[str, float] = {}
+    for t in tasks:
+        events.update(e.type for e in t.events)
+        stale_bad += stale_writes_accepted(t)
+        intents_after: dict[str, list[int]] = defaultdict(list)
+        for e in t.events:
+            if e.type == "effect_intent":
+                intents_after[e.fields.get("key", "")].append(e.attempt or 0)
+        for e in t.events:
+            if e.type == "stale_write_refused":
+                refused_by[f"{e.fields.get('op')}/{e.fields.get('refusal')}"] += 1
+            elif e.type == "attempt_reconciled":
+                reconciled_outcomes[e.fields.get("outcome", "?")] += 1
+                decided_at.setdefault(f"{t.id}/{e.attempt}", e.at.timestamp())
+            elif e.type == "effect_receipt" and e.fields.get("source") == "reconcile":
+                found_done += 1
+            elif e.type == "effect_absent" and e.fields.get("source") == "reconcile":
+                key = e.fields.get("key", "")
+                redone += any(n > (e.attempt or 0) for n in intents_after[key])
+            elif e.type == "effect_unknown":
+                unknown += 1
+            elif e.type == "effect_replayed":
+                replayed += 1
+    stats = {k: int(v) for k, v in c.redis.hgetall(c.keys.stats).items()}
+    # Providers: pull requests per key at the forge, commits per push key on every ref of the remote.
+    forge_dups = r.forge.duplicates()
+    log = git("log", "--all", "--format=%B", cwd=remote)
+    push_keys = Counter(line.split(":", 1)[1].strip() for line in log.splitlines()
+                        if line.startswith(f"{TRAILER}:"))
+    git_dups = {k: v for k, v in push_keys.items() if v > 1}
+    latencies: dict[str, list[float]] = defaultdict(list)
+    undecided: list[str] = []
+    for f in r.faults:
+        if f.attempt:
+            at = decided_at.get(f.attempt)
+            if at is None:
+                undecided.append(f"{f.kind} {f.attempt}")
+            else:
+                latencies[f.kind].append(1000 * (at - f.at))
+    try:
+        ns_state = c.namespace().state
+    except Exception as exc:
+        ns_state = f"unreadable: {exc}"
+    refused_events = events["stale_write_refused"]
+    return {
+        "seed": r.args.seed, "minutes": r.args.minutes, "workers": r.args.workers,
+        "tasks_per_minute": r.args.tasks_per_minute, "injecting_s": round(injected_s, 1),
+        "settle_s": round(settle_s, 1),
+        "faults": Counter(f.kind for f in r.faults), "fault_log": [f.__dict__ for f in r.faults],
+        "unexpected_exits": r.fleet.unexpected_exits, "enqueue_errors": r.enqueue_errors,
+        "proxy": {"accepted": r.proxy.accepted, "refused": r.proxy.refused, "closed_by_cut": r.proxy.closed_by_cut},
+        "tasks": len(r.keys), "states": dict(states),
+        "lost": missing + [f"{t.id} ({t.state.value})" for t in not_final],
+        "forge_pulls": len(r.forge.pulls), "forge_duplicates": forge_dups,
+        "push_commits": sum(push_keys.values()), "push_keys": len(push_keys), "git_duplicates": git_dups,
+        "stale_accepted": stale_bad,
+        "stale_refused_stats": stats.get("stale_write_refused", 0), "stale_refused_events": refused_events,
+        "stale_refused_by": dict(refused_by),
+        "lease_expired": events["lease_expired"], "reconciled": dict(reconciled_outcomes),
+        "effects_found_done": found_done, "effects_redone": redone, "effects_replayed": replayed,
+        "effects_unknown": unknown, "quarantined": events["task_quarantined"],
+        "attention_raised": events["attention_raised"],
+        "latency_ms": {k: sorted(v) for k, v in latencies.items()}, "undecided": undecided,
+        "namespace_state": ns_state,
+    }
+
+
+def kv(d: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"
+
+
+def fmt_ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def report(a: dict[str, Any]) -> tuple[str, bool]:
+    dup_pr = sum(v - 1 for v in a["forge_duplicates"].values())
+    dup_push = sum(v - 1 for v in a["git_duplicates"].values())
+    lost = len(a["lost"])
+    stale = len(a["stale_accepted"])
+    counts_agree = a["stale_refused_stats"] == a["stale_refused_events"]
+    ok = lost == 0 and dup_pr == 0 and dup_push == 0 and stale == 0 and counts_agree
+    out = [f"## Chaos run: seed {a['seed']}, {a['minutes']} min of faults, {a['workers']} workers, "
+           f"{a['tasks_per_minute']} tasks/min", "",
+           f"Injecting {a['injecting_s']} s, then settling {a['settle_s']} s. Result: **{'PASS' if ok else 'FAIL'}**.",
+           "", "| fault | injected |", "|---|---:|"]
+    for kind in ("kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall"):
+        out.append(f"| {kind} | {a['faults'].get(kind, 0)} |")
+    out.append(f"| processes that died on their own, restarted | {len(a['unexpected_exits'])} |")
+    out += ["", "| check | value | must be |", "|---|---:|---|",
+            f"| tasks enqueued (idempotency keys) | {a['tasks']} | |",
+            f"| task states | {kv(a['states'])} | |",
+            f"| **tasks lost** (missing, or not at rest) | {lost} | 0 |",
+            f"| pull requests at the provider / duplicates | {a['forge_pulls']} / {dup_pr} | dup 0 |",
+            f"| push commits on the remote / push keys / duplicates | {a['push_commits']} / {a['push_keys']} / "
+            f"{dup_push} | dup 0 |",
+            f"| **stale writes accepted** | {stale} | 0 |",
+            f"| stale writes refused: `stale_write_refused` in `{{prefix}}:stats` / events | "
+            f"{a['stale_refused_stats']} / {a['stale_refused_events']} | equal |",
+            f"| refused, by op/refusal | {kv(a['stale_refused_by'])} | |",
+            f"| leases expired | {a['lease_expired']} | |",
+            f"| suspects reconciled, by outcome | {kv(a['reconciled'])} | |",
+            f"| effects found done by the reconciler / found absent and redone | {a['effects_found_done']} / "
+            f"{a['effects_redone']} | |",
+            f"| receipts replayed by a later Attempt (not repeated) / effects unknown | {a['effects_replayed']} / "
+            f"{a['effects_unknown']} | |",
+            f"| quarantined / attention items raised | {a['quarantined']} / {a['attention_raised']} | |",
+            f"| enqueue calls that failed and were resent with the same key | {a['enqueue_errors']} | |",
+            f"| namespace state at the end | {a['namespace_state']} | ok |",
+            "", "| fault -> attempt_reconciled of the victim's Attempt | n | p50 ms | p95 ms | max ms |",
+            "|---|---:|---:|---:|---:|"]
+    for kind, vals in sorted(a["latency_ms"].items()):
+        out.append(f"| {kind} | {len(vals)} | {fmt_ms(pct(vals, 50))} | {fmt_ms(pct(vals, 95))} | "
+                   f"{fmt_ms(max(vals))} |")
+    every = [v for vals in a["latency_ms"].values() for v in vals]
+    out.append(f"| all | {len(every)} | {fmt_ms(pct(every, 50))} | {fmt_ms(pct(every, 95))} | "
+               f"{fmt_ms(max(every) if every else None)} |")
+    if a["undecided"]:
+        out += ["", f"Faults whose Attempt got no attempt_reconciled: {', '.join(a['undecided'])}"]
+    for e in a["unexpected_exits"]:
+        out.append(f"- {e['process']} exited {e['exit_code']} (last fault: {e['last_fault']}): "
+                   f"`{e['last_log_line']}`")
+    for item in a["lost"][:20]:
+        out.append(f"- LOST: {item}")
+    for item in a["stale_accepted"][:20]:
+        out.append(f"- STALE WRITE ACCEPTED: {item}")
+    if not counts_agree:
+        out.append("- the stats counter and the audited events disagree")
+    return "\n".join(out), ok
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=2.0, help="minutes of fault injection")
+    p.add_argument("--short", action="store_true", help="CI mode: 0.5 min of faults, settle timeout 50 s")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tasks-per-minute", type=float, default=40.0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--think-s", type=float, default=0.5, help="pause in each task between push and pull request")
+    p.add_argument("--fault-min", type=float, default=2.5, help="seconds between faults, at least")
+    p.add_argument("--fault-max", type=float, default=5.0, help="seconds between faults, at most")
+    p.add_argument("--settle-timeout", type=float, default=None, help="seconds (default 50 short, 120 else)")
+    p.add_argument("--json", default=None, help="write every figure here")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, Redis data, git remote)")
+    args = p.parse_args()
+    if args.short:
+        args.minutes = 0.5
+    if args.settle_timeout is None:
+        args.settle_timeout = 50.0 if args.minutes <= 0.5 else 120.0
+    a = run(args)
+    text, ok = report(a)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**a, "ok": ok}, indent=2, default=str))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
