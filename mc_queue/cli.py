@@ -131,15 +131,16 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
 
         from .render import status_table
 
-        with Live(status_table(obj.client.status()), refresh_per_second=4) as live:
+        with Live(status_table(obj.client.status(), obj.client.overview()), refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(status_table(obj.client.status()))
+                live.update(status_table(obj.client.status(), obj.client.overview()))
     data = obj.client.status()
+    overview = obj.client.overview()
     if as_json:
-        _emit_json({"namespace": obj.client.keys.prefix, "queues": data})
+        _emit_json({"namespace": obj.client.keys.prefix, "queues": data, "overview": overview})
     else:
-        print_status(data)
+        print_status(data, overview)
 
 
 @main.command()

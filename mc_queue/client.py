@@ -695,6 +695,20 @@ class Client:
             out[q]["queue_age_ms"] = max(0, now - int(oldest[0][1])) if oldest else 0
         return out
 
+    def overview(self) -> dict[str, Any]:
+        """Namespace-wide figures from the indexes (no scan of tasks): live leases, suspect or
+        reconciling Attempts, attention items, quarantined tasks, dispatches due, namespace state."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(self.keys.leases)
+        pipe.zcard(self.keys.suspect)
+        pipe.hlen(self.keys.attention)
+        pipe.zcard(self.keys.dlq)
+        pipe.hget(self.keys.meta, "state")
+        leases, suspect, attention, dlq, state = pipe.execute()
+        return {"leases_live": int(leases), "suspect": int(suspect), "attention": int(attention),
+                "quarantined": int(dlq), "outbox_due": len(self.due_dispatches(limit=10_000)),
+                "namespace_state": state or "missing"}
+
     def attention_items(self) -> list[dict[str, Any]]:
         """Open attention items (stopped or quarantined tasks), oldest task first."""
         raw = cast(dict[str, str], self.redis.hgetall(self.keys.attention))

@@ -56,22 +56,15 @@ class NamespaceCollector(Collector):
             age.add_metric([queue], info["queue_age_ms"] / 1000)
         yield from (tasks, depth, age)
 
-        pipe = c.redis.pipeline(transaction=False)
-        pipe.zcard(k.leases)
-        pipe.zcard(k.suspect)
-        pipe.hlen(k.attention)
-        pipe.zcard(k.dlq)
-        pipe.hget(k.meta, "state")
-        pipe.hgetall(k.stats)
-        leases, suspect, attention, dlq, state, raw = pipe.execute()
-        due = len(c.due_dispatches(limit=10_000))
+        ov = c.overview()
+        raw = c.redis.hgetall(k.stats)
         for name, doc, value in (
-            ("mcq_leases_live", "Running Attempts holding a lease", leases),
-            ("mcq_attempts_suspect", "Attempts suspect or reconciling", suspect),
-            ("mcq_attention_items", "Tasks stopped for a person", attention),
-            ("mcq_quarantined_tasks", "Tasks in the dead-letter queue", dlq),
-            ("mcq_outbox_due", "Dispatches due now", due),
-            ("mcq_namespace_ok", "1 when the namespace is ok", 1 if state == "ok" else 0),
+            ("mcq_leases_live", "Running Attempts holding a lease", ov["leases_live"]),
+            ("mcq_attempts_suspect", "Attempts suspect or reconciling", ov["suspect"]),
+            ("mcq_attention_items", "Tasks stopped for a person", ov["attention"]),
+            ("mcq_quarantined_tasks", "Tasks in the dead-letter queue", ov["quarantined"]),
+            ("mcq_outbox_due", "Dispatches due now", ov["outbox_due"]),
+            ("mcq_namespace_ok", "1 when the namespace is ok", 1 if ov["namespace_state"] == "ok" else 0),
         ):
             yield GaugeMetricFamily(name, doc, value=float(value))
 

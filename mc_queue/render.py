@@ -137,11 +137,12 @@ def _attempt_row(a: Attempt) -> list[str]:
             evidence]
 
 
-def print_status(status: dict[str, dict[str, Any]], console: Console | None = None) -> None:
-    (console or Console()).print(status_table(status))
+def print_status(status: dict[str, dict[str, Any]], overview: dict[str, Any] | None = None,
+                 console: Console | None = None) -> None:
+    (console or Console()).print(status_table(status, overview))
 
 
-def status_table(status: dict[str, dict[str, Any]]) -> Table:
+def status_table(status: dict[str, dict[str, Any]], overview: dict[str, Any] | None = None) -> Table:
     states = ["pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined", "canceled"]
     table = Table(title="Queues")
     table.add_column("queue")
@@ -151,6 +152,9 @@ def status_table(status: dict[str, dict[str, Any]]) -> Table:
     for queue, info in status.items():
         counts = info["counts"]
         table.add_row(queue, *[str(counts.get(s, 0)) for s in states], f"{info['queue_age_ms'] / 1000:.1f}s")
+    if overview:
+        table.caption = ("namespace " + str(overview["namespace_state"]) + ": " + ", ".join(
+            f"{k.replace('_', ' ')} {v}" for k, v in overview.items() if k != "namespace_state"))
     return table
 
 

@@ -50,6 +50,9 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     human = mcq(redis_server, prefix, "show", task_id)
     assert human.returncode == 0 and "attempt_succeeded" in human.stdout
     assert counts(redis_server, prefix) == {"fixes": {"counts": {"succeeded": 1}, "queue_age_ms": 0}}
+    overview = json.loads(mcq(redis_server, prefix, "status", "--json").stdout)["overview"]
+    assert overview == {"leases_live": 0, "suspect": 0, "attention": 0, "quarantined": 0, "outbox_due": 0,
+                        "namespace_state": "ok"}
 
 
 @pytest.mark.parametrize("args,needle", [
