@@ -360,7 +360,7 @@ class Run:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
     rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
-    forge = ForgeServer().start()
+    forge = ForgeServer(one_pr_per_head=True).start()  # GitHub's rule: one PR per head
     proxy = LinkProxy(rs.port).start()
     remote = bare_git_remote(tmp)
     env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",

@@ -138,7 +138,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         console.print(f"[bold]embedded redis-server[/bold] {'started' if server.started else 'reused'}: "
                       f"{server.url} (AOF, appendfsync always; data in {server.home / 'redis'})")
     tmp = Path(tempfile.mkdtemp(prefix="mcq-demo-"))
-    forge = ForgeServer().start()
+    forge = ForgeServer(one_pr_per_head=True).start()  # GitHub's rule: one PR per head
     fleet: Fleet | None = None
     try:
         remote = bare_git_remote(tmp)

@@ -124,17 +124,20 @@ class ForgeServer:
     - ``honor_idempotency=False`` (default) ignores the ``Idempotency-Key`` header, like many real
       APIs: only mc_queue's reconciliation (a lookup by key) then stands between a retry and a
       duplicate pull request, which is what the tests must prove.
+    - ``one_pr_per_head=True`` refuses (422) a second pull request for the same repository and head
+      branch, as GitHub does: the provider-side fence against a zombie worker's late call.
     - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
       for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
     - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
     - ``lookups_unavailable(n)``: the next n lookups answer 503 (the reconciler cannot tell).
     """
 
-    def __init__(self, *, honor_idempotency: bool = False) -> None:
+    def __init__(self, *, honor_idempotency: bool = False, one_pr_per_head: bool = False) -> None:
         import threading
         from http.server import ThreadingHTTPServer
 
         self.honor_idempotency = honor_idempotency
+        self.one_pr_per_head = one_pr_per_head
         self.pulls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self._stall: list[float] = []
@@ -223,6 +226,10 @@ class ForgeServer:
                         for p in forge.pulls:
                             if p["idempotency_key"] == key:
                                 return self._send(200, p)
+                    repo = f"{parts[1]}/{parts[2]}"
+                    if forge.one_pr_per_head and any(p["repo"] == repo and p["head"] == body.get("head")
+                                                     for p in forge.pulls):
+                        return self._send(422, {"error": f"a pull request already exists for {body.get('head')}"})
                     pr = {"number": len(forge.pulls) + 1, "repo": f"{parts[1]}/{parts[2]}", "head": body.get("head"),
                           "base": body.get("base"), "title": body.get("title"), "body": body.get("body", ""),
                           "idempotency_key": key}

@@ -5,7 +5,11 @@ adapter maps to):
 
 - ``POST {base}/repos/{repo}/pulls`` with JSON ``{"head", "base", "title", "body"}`` and header
   ``Idempotency-Key: <key>`` -> 201 (or 200 for a replay) ``{"number", "url", "idempotency_key"}``;
-- ``GET {base}/pulls?idempotency_key=<key>`` -> 200 ``{"number", ...}`` or 404 when there is none.
+- ``GET {base}/pulls?idempotency_key=<key>`` -> 200 ``{"number", ...}`` or 404 when there is none;
+- a forge that allows one open pull request per head branch (GitHub does) answers 422 to a second
+  one: that is the provider-side fence against a zombie worker that resumes between its intent and
+  its call, after reconciliation found nothing. Without it (and without honoring Idempotency-Key)
+  no queue can stop that zombie's call from landing; reconciliation then sees both.
 
 The key is also written into the PR body, so a provider that ignores the header still lets the
 lookup find it.
@@ -34,6 +38,12 @@ class HttpPullRequests:
         resp = self._http.post(f"/repos/{repo}/pulls", headers={"Idempotency-Key": key},
                                json={"head": head, "base": base, "title": title,
                                      "body": f"{body}\n\nMcq-Operation-Key: {key}"})
+        if resp.status_code == 422:
+            # The forge already has a pull request for this head (GitHub's own uniqueness): if it is
+            # ours (same operation key), that is the receipt; if not, the 422 stands.
+            found = self.find_pr(key)
+            if found is not None:
+                return found
         resp.raise_for_status()
         data = resp.json()
         return {"number": data["number"], "url": data.get("url"), "key": key}

@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "bench/chaos.py", "--short", "--seed", "3", "--json",
-                          str(tmp_path / "chaos.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # Settle long enough for the outbox to re-send a message lost in a fault (re-checked after 60 s).
+    out = subprocess.run([sys.executable, "bench/chaos.py", "--short", "--seed", "3", "--settle-timeout", "100",
+                          "--json", str(tmp_path / "chaos.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=400)
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     assert "**PASS**" in out.stdout
     report = json.loads((tmp_path / "chaos.json").read_text())
