@@ -145,7 +145,7 @@ def count_round_trips() -> Iterator[list[int]]:
 
 def new_client(server: RedisServer) -> mc_queue.Client:
     q = mc_queue.connect(server.url, prefix=unique_prefix("bench"), actor="bench")
-    q.namespace()  # create the namespace (init script) outside any timed section
+    q.open_namespace()  # create the namespace (init script) outside any timed section
     return q
 
 

@@ -51,9 +51,9 @@ import redis
 import mc_queue
 from mc_queue.client import Client
 from mc_queue.codec import encode_payload
+from mc_queue.config import Budget, RetryPolicy
 from mc_queue.keys import new_task_id
 from mc_queue.models import Manifest
-from mc_queue.policy import Budget, RetryPolicy
 from mc_queue.sweeper import Sweeper
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -189,7 +189,7 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
     with server:
         admin = server.client()
         q = mc_queue.connect(server.url, prefix=unique_prefix("ops"), actor="bench")
-        q.namespace()
+        q.open_namespace()
         mem0 = used_memory(admin)
         loader = IdleLoader(q, admin)
         sweeper = Sweeper(q, batch=args.batch)
@@ -231,13 +231,13 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
 def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> list[tuple[str, int, int]]:
     """n tasks enqueued and claimed with pipelined EVALSHA through the client's Scripts."""
     epoch = q._ns()
-    scripts, keys = q._scripts, q.keys
+    scripts, keys = q.runner, q.keys
     policy, budget = RetryPolicy().model_dump_json(), Budget().model_dump_json()
     leases: list[tuple[str, int, int]] = []
     ids = [new_task_id(QUEUE) for _ in range(n)]
     for start in range(0, n, batch):
         chunk = ids[start:start + batch]
-        pipe = q._w.pipeline(transaction=False)
+        pipe = q.writer.pipeline(transaction=False)
         for tid in chunk:
             text, dg = encode_payload({"tid": tid})
             tk = keys.task(tid)
@@ -251,7 +251,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 "actor": "bench"}, client=pipe)
         for reply in pipe.execute():
             assert reply[0] == "OK", reply
-        pipe = q._w.pipeline(transaction=False)
+        pipe = q.writer.pipeline(transaction=False)
         for tid in chunk:
             tk = keys.task(tid)
             scripts.call("claim", {
@@ -280,7 +280,7 @@ class Renewer(threading.Thread):
         self.start_at = 0.0
 
     def run(self) -> None:
-        q, keys, scripts = self.q, self.q.keys, self.q._scripts
+        q, keys, scripts = self.q, self.q.keys, self.q.runner
         epoch = q._ns()
         batches = [self.leases[i:i + self.batch] for i in range(0, len(self.leases), self.batch)]
         slot = self.period / len(batches)
@@ -305,7 +305,7 @@ class Renewer(threading.Thread):
                 time.sleep(wait)
             else:
                 self.lateness.append(-wait)
-            pipe = q._w.pipeline(transaction=False)
+            pipe = q.writer.pipeline(transaction=False)
             for ks, av in prepared[k % len(prepared)]:
                 scripts.call("renew", ks, av, client=pipe)
             for reply in pipe.execute():
@@ -323,7 +323,7 @@ def bench_leases(base: Path, args: argparse.Namespace) -> dict[str, Any]:
         admin = server.client()
         prefix = unique_prefix("ops")
         q = mc_queue.connect(server.url, prefix=prefix, actor="bench")
-        q.namespace()
+        q.open_namespace()
         print(f"  enqueue + claim {args.leases:,} attempts (lease {args.lease_ms} ms) ...", file=sys.stderr)
         t0 = time.perf_counter()
         leases = enqueue_and_claim(q, args.leases, args.lease_ms)

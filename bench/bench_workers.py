@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # so that `bench.noop_app` imports when run as be
 
 from mc_queue.scripts import specs  # noqa: E402
 from mc_queue.testing import RedisServer, unique_prefix  # noqa: E402
-from mc_queue.worker import rq_queue_name  # noqa: E402
+from mc_queue.transport import rq_queue_name  # noqa: E402
 
 GOAL_RATIO = 0.85
 RQ_QUEUE = "bench-rq"
@@ -421,8 +421,7 @@ class Bench:
         """
         import functools
 
-        from mc_queue.app import Context
-        from mc_queue.worker import HEARTBEATS
+        from mc_queue.context import Context
         from mc_queue.workspace import WorkspaceRoot
 
         reset_server(self.admin)
@@ -436,7 +435,7 @@ class Bench:
         pc = time.perf_counter
         ping0 = pc()
         for _ in range(n):
-            client._w.ping()
+            client.writer.ping()
         t["(one PING round trip, for scale)"] = pc() - ping0
         start = pc()
         for tid in ids:
@@ -449,13 +448,13 @@ class Bench:
             ctx = Context(client, spec, task, task.attempts[0], lease.fence, "bench-steps",
                           functools.partial(ws.create, aid))
             t3 = pc()
-            HEARTBEATS.register(ctx, spec.lease_ms / 3000)
+            ctx.start_heartbeats(spec.lease_ms / 3000)
             t4 = pc()
             spec.fn(ctx, task.payload)
             t5 = pc()
-            HEARTBEATS.unregister(ctx)
+            ctx.stop_heartbeats()
             t6 = pc()
-            client._complete(aid, lease.fence, None, worker_id="bench-steps")
+            client.complete_quietly(aid, lease.fence, None, worker_id="bench-steps")
             t7 = pc()
             t8 = t7
             for name, a, b in (("claim_attempt (EVALSHA claim)", t0, t1),

@@ -367,7 +367,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "MCQ_HOME": str(tmp / "home"), "PYTHONPATH": str(ROOT)}
     os.environ.update({k: env[k] for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL", "MCQ_FORGE_TIMEOUT")})
     from mc_queue.examples.agents import app
-    from mc_queue.worker import AppClient
+    from mc_queue.producer import AppClient
 
     prefix = f"chaos-{args.seed}-{int(time.time())}"
     client = Client(rs.url, prefix=prefix, actor="chaos")

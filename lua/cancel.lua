@@ -14,7 +14,8 @@
 -- KEYS[8] pending    the queue's pending index
 -- KEYS[9] outbox     attempts waiting to be dispatched to the transport
 -- KEYS[10] cancels   running attempts with a cancel request (attempt id -> deadline ms)
--- ARGV[1] reason     why (recorded)
+-- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
+-- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
 -- ARGV[4] epoch
@@ -25,40 +26,43 @@
 -- Idempotent: yes (a second request reports the first)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_task, k_att, k_ev, k_pending, k_outbox, k_cancels = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local reason, actor, timeout_ms, epoch = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-
-if not timeout_ms or timeout_ms < 0 then return {'E_BADARG', 'timeout_ms must be >= 0'} end
-if select(2, string.gsub(reason, '[^\128-\191]', '')) < 10 then
-  return {'E_BADARG', 'a cancellation needs a reason of at least ten characters'}
-end
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, '0', actor, false)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox',
+  'cancels', 'stats'})
+local A, bad = args(ARGV, {
+  {'reason', 'text', 2000},
+  {'actor', 'id', 200},
+  {'timeout_ms', 'int', 0, DAY_MS},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local count, reason = chars(A.reason)
+if count < 10 then return {'E_BADARG', 'reason: a cancellation needs a reason of at least ten characters'} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', k_task, 'id', 'queue', 'state', 'attempts', 'active', 'cancel_requested')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'active', 'cancel_requested')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local task_id, queue, state, n = t[1], t[2], t[3], t[4]
 if state == 'canceled' then return {'DUP', 'canceled'} end
 if state == 'succeeded' or state == 'quarantined' then
-  emit(k_ev, 'cancel_refused', {'actor', actor, 'reason', 'task is ' .. state .. ' already'})
-  return {'E_STATE', state}
+  return refuse(K.events, K.stats, 'cancel_refused', {'E_STATE', state},
+    {'actor', A.actor, 'reason', 'task is ' .. state .. ' already'})
 end
-local ts = now_ms()
-local astate = aget(k_att, n, 'state')
 if t[6] then return {'DUP', 'signaled'} end
-redis.call('HSET', k_task, 'cancel_requested', reason, 'cancel_at', ts, 'cancel_by', actor, 'updated_at', ts)
-emit(k_ev, 'cancel_requested', {'attempt', n, 'actor', actor, 'reason', reason, 'attempt_state', astate or ''})
+local ts = now_ms()
+local astate = aget(K.attempts, n, 'state')
+redis.call('HSET', K.task, 'cancel_requested', reason, 'cancel_at', ts, 'cancel_by', A.actor, 'updated_at', ts)
+emit(K.events, 'cancel_requested', {'attempt', n, 'actor', A.actor, 'reason', reason, 'attempt_state', astate or ''})
 if astate == 'running' or astate == 'suspect' or astate == 'reconciling' then
-  local deadline = ts + timeout_ms
-  if astate == 'running' then redis.call('ZADD', k_cancels, deadline, task_id .. '/' .. n) end
+  local deadline = ts + A.timeout_ms
+  if astate == 'running' then redis.call('ZADD', K.cancels, deadline, task_id .. '/' .. n) end
   return {'OK', 'signaled', tonumber(n), deadline}
 end
 if astate == 'pending' then
-  aset(k_att, n, {'state', 'canceled', 'ended_at', ts, 'settled_by', 'cancel'})
+  aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts, 'settled_by', 'cancel'})
 end
-redis.call('ZREM', k_pending, task_id)
-redis.call('ZREM', k_outbox, task_id .. '/' .. n)
-redis.call('HSET', k_task, 'state', 'canceled', 'active', '')
-move_count(k_counts, queue, state, 'canceled')
-emit(k_ev, 'task_canceled', {'attempt', n, 'actor', actor, 'reason', reason})
+redis.call('ZREM', K.pending, task_id)
+redis.call('ZREM', K.outbox, task_id .. '/' .. n)
+redis.call('HSET', K.task, 'state', 'canceled', 'active', '')
+move_count(K.counts, queue, state, 'canceled')
+emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor, 'reason', reason})
 return {'OK', 'canceled'}

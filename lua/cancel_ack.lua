@@ -10,37 +10,54 @@
 -- KEYS[7] task       task hash
 -- KEYS[8] attempts   attempts hash
 -- KEYS[9] events     task event stream
--- KEYS[10] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[11] fence     the task's fence counter
+-- KEYS[12] lease     the task's lease key
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the executor holds
 -- ARGV[3] worker     worker id
--- ARGV[4] epoch
--- ARGV[5] min_seq
--- Returns: {'OK', new_fence} | {'E_CANCEL', why} (no cancel requested)
+-- ARGV[4] request_id a resend with the same id (after the fence moved) reports the same acknowledgement
+-- ARGV[5] epoch
+-- ARGV[6] min_seq
+-- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
+-- Returns: {'OK', new_fence} | {'DUP', new_fence} | {'E_CANCEL', why} (no cancel requested)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
--- Events: cancel_acknowledged | stale_write_refused
--- Idempotent: no second ack is possible (the fence moved); a resend is refused as stale and audited
+-- Events: cancel_acknowledged | cancel_ack_refused | stale_write_refused
+-- Idempotent: by request id
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_leases, k_suspect, k_cancels = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local k_task, k_att, k_ev = KEYS[7], KEYS[8], KEYS[9]
-local k_stats = KEYS[10]
-local n, fence, worker, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'leases', 'suspect', 'cancels', 'task', 'attempts', 'events',
+  'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, with({
+  {'n', 'int', 1, MAX_N},
+  {'fence', 'int', 0, MAX_INT},
+  {'worker', 'text', 200},
+  {'request_id', 'reqid'},
+}, FENCED_ARGS))
+if bad then return bad end
+local n = fmt(A.n)
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
-local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, 'cancel_ack', 'cancel_ack',
-  ts)
+if A.request_id ~= '' then
+  local a = redis.call('HMGET', K.attempts, n .. '.cancel_ack_req', n .. '.fence', n .. '.cancel_ack_fence')
+  if a[1] == A.request_id and a[2] == fmt(A.fence) then return {'DUP', a[3]} end
+end
+local ts
+err, ts = fence_check(K, A, A.worker, 'cancel_ack', 'cancel_ack', false)
 if err then return err end
-if not redis.call('HGET', k_task, 'cancel_requested') then return {'E_CANCEL', 'no cancellation was requested'} end
-local id = redis.call('HGET', k_task, 'id')
-local new_fence = next_fence(k_meta, redis.call('HGET', k_task, 'fence'))
-redis.call('HSET', k_task, 'fence', fmt(new_fence), 'updated_at', ts)
-aset(k_att, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts})
-redis.call('ZREM', k_leases, id .. '/' .. n)
-redis.call('ZREM', k_cancels, id .. '/' .. n)
-redis.call('ZADD', k_suspect, ts, id .. '/' .. n)
-emit(k_ev, 'cancel_acknowledged', {'attempt', n, 'worker', worker, 'fence', fence, 'new_fence', fmt(new_fence)})
-return {'OK', fmt(new_fence)}
+if not redis.call('HGET', K.task, 'cancel_requested') then
+  return refuse(K.events, K.stats, 'cancel_ack_refused', {'E_CANCEL', 'no cancellation was requested'},
+    {'attempt', n, 'worker', A.worker, 'reason', 'no cancellation was requested'})
+end
+local id = redis.call('HGET', K.task, 'id')
+local new_fence = fmt(next_fence(K.meta, K.fence))
+redis.call('HSET', K.task, 'updated_at', ts)
+aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 'cancel_ack_req', A.request_id,
+  'cancel_ack_fence', new_fence})
+redis.call('DEL', K.lease)
+redis.call('ZREM', K.leases, id .. '/' .. n)
+redis.call('ZREM', K.cancels, id .. '/' .. n)
+redis.call('ZADD', K.suspect, ts, id .. '/' .. n)
+emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'new_fence', new_fence})
+return {'OK', new_fence}

@@ -9,6 +9,8 @@
 -- KEYS[5] attempts   attempts hash
 -- KEYS[6] events     task event stream
 -- KEYS[7] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[8] fence      the task's fence counter
+-- KEYS[9] lease      the task's lease key
 -- ARGV[1] n            attempt number
 -- ARGV[2] fence        fence the caller holds
 -- ARGV[3] worker       worker id
@@ -18,7 +20,8 @@
 -- ARGV[7] digest       sha256 of the record
 -- ARGV[8] epoch
 -- ARGV[9] min_seq
--- Returns: {'OK', phase_index} | {'DUP', phase_index} (same phase, same record)
+-- ARGV[10] proof       claim sequence of the fence when the caller's client was issued it, or ''
+-- Returns: {'OK', phase_index} | {'DUP', phase_index} (same phase, same record, same fence)
 --          {'E_PHASE', last_phase, last_index} (not after the last phase)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
@@ -27,34 +30,35 @@
 -- Idempotent: yes (phase + record digest)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_task, k_att, k_ev = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local k_stats = KEYS[7]
-local n, fence, worker, phase = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local phase_index, record, digest = tonumber(ARGV[5]), ARGV[6], ARGV[7]
-local epoch, min_seq = ARGV[8], ARGV[9]
-
-if not phase_index or phase_index < 0 or phase == '' then
-  return {'E_BADARG', 'phase and a phase index >= 0 are required'}
-end
-if aget(k_att, n, 'ckpt_digest.' .. phase) == digest and aget(k_att, n, 'fence') == fence then
-  return {'DUP', phase_index}
-end
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, with({
+  {'n', 'int', 1, MAX_N},
+  {'fence', 'int', 0, MAX_INT},
+  {'worker', 'text', 200},
+  {'phase', 'id', 128},
+  {'phase_index', 'int', 0, 1000},
+  {'record', 'json', 1048576, 'obj'},
+  {'digest', 'hex', 64},
+}, FENCED_ARGS))
+if bad then return bad end
+local n = fmt(A.n)
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
-local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'checkpoint', ts)
-if err then return err end
-err = cancel_check(k_task, k_ev, n, worker, digest, 'checkpoint')
-if err then return err end
-local last = tonumber(aget(k_att, n, 'phase_index') or '-1')
-if phase_index <= last then
-  local last_phase = aget(k_att, n, 'phase') or ''
-  emit(k_ev, 'checkpoint_refused', {'attempt', n, 'worker', worker, 'phase', phase, 'last_phase', last_phase,
-    'reason', 'phases are monotonic within an attempt'})
-  return {'E_PHASE', last_phase, fmt(last)}
+if aget(K.attempts, n, 'ckpt_digest.' .. A.phase) == A.digest and aget(K.attempts, n, 'fence') == fmt(A.fence) then
+  return {'DUP', A.phase_index}
 end
-aset(k_att, n, {'ckpt.' .. phase, record, 'ckpt_digest.' .. phase, digest, 'phase', phase,
-  'phase_index', phase_index, 'phase_at', ts})
-emit(k_ev, 'checkpoint_recorded', {'attempt', n, 'worker', worker, 'fence', fence, 'phase', phase,
-  'digest', digest})
-return {'OK', phase_index}
+local ts
+err, ts = fence_check(K, A, A.worker, A.digest, 'checkpoint', true)
+if err then return err end
+local last = tonumber(aget(K.attempts, n, 'phase_index') or '-1')
+if A.phase_index <= last then
+  local last_phase = aget(K.attempts, n, 'phase') or ''
+  return refuse(K.events, K.stats, 'checkpoint_refused', {'E_PHASE', last_phase, fmt(last)},
+    {'attempt', n, 'worker', A.worker, 'phase', A.phase, 'last_phase', last_phase,
+     'reason', 'phases are monotonic within an attempt'})
+end
+aset(K.attempts, n, {'ckpt.' .. A.phase, A.record, 'ckpt_digest.' .. A.phase, A.digest, 'phase', A.phase,
+  'phase_index', A.phase_index, 'phase_at', ts})
+emit(K.events, 'checkpoint_recorded', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'phase', A.phase,
+  'digest', A.digest})
+return {'OK', A.phase_index}

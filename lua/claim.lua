@@ -1,6 +1,9 @@
 -- mc_queue: claim
--- Take the task's pending Attempt: issue the next fence (INCR, above the namespace floor), set the
--- lease from Redis's clock, index it by expiry. A second caller is refused, never given a lease.
+-- Take the task's pending Attempt: issue the next fence (INCR of the task's fence counter, raised
+-- above the namespace floor), and take the lease: a key of its own set with PX from Redis's clock
+-- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
+-- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
+-- for one (never above the namespace ceiling).
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -10,71 +13,80 @@
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
--- KEYS[10] outbox   attempts waiting to be dispatched to the transport
--- KEYS[11] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[10] outbox    attempts waiting to be dispatched to the transport
+-- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[12] fence     the task's fence counter
+-- KEYS[13] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
 -- ARGV[1] worker     worker id
--- ARGV[2] lease_ms   lease length
+-- ARGV[2] lease_ms   lease length, or '' for the task's own
 -- ARGV[3] epoch      namespace epoch the client knows
 -- ARGV[4] min_seq    highest claim sequence this client has seen (state-loss detection)
 -- ARGV[5] request_id the caller's id for this claim; a resend returns the same lease
 -- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
--- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms} | {'DUP', ...same...}
+-- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms} | {'DUP', ...same...}
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_claimed | claim_refused
 -- Idempotent: by request id
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_task, k_att, k_ev, k_pending, k_outbox = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local k_stats = KEYS[11]
-local worker, lease_ms, epoch, min_seq, req, expect_n = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-
-if not lease_ms or lease_ms < 1 or lease_ms ~= math.floor(lease_ms) then
-  return {'E_BADARG', 'lease_ms must be a positive integer'}
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'pending',
+  'outbox', 'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, {
+  {'worker', 'id', 200},
+  {'lease_ms', 'int?', 1, MAX_INT},
+  {'epoch', 'epoch'},
+  {'min_seq', 'int', 0, MAX_INT},
+  {'request_id', 'reqid'},
+  {'expect_n', 'int?', 1, MAX_N},
+})
+if bad then return bad end
+local m = meta_read(K.meta)
+if A.lease_ms and A.lease_ms > m.max_lease then
+  return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
 end
-if worker == '' then return {'E_BADARG', 'worker id must not be empty'} end
-
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, false)
+local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, false)
 if err then return err end
 
-local t = redis.call('HMGET', k_task, 'state', 'attempts', 'queue', 'fence', 'id')
+local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
-local state, n, queue, task_id = t[1], t[2], t[3], t[5]
+local state, n, queue, task_id = t[1], t[2], t[3], t[4]
+local lease_ms = A.lease_ms or math.min(tonumber(t[5] or '') or m.max_lease, m.max_lease)
 local aid = task_id .. '/' .. n
-local a = redis.call('HMGET', k_att, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
-  n .. '.worker', n .. '.due_at', n .. '.seq')
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
+  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms')
 local ts = now_ms()
 
-if req ~= '' and a[2] == req and a[1] == 'running' then
-  return {'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts}
+if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
+  return {'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or ''}
 end
 
 local why = nil
-if expect_n ~= '' and expect_n ~= n then
-  why = 'sent to run attempt ' .. expect_n .. ' but the task is at attempt ' .. n
+if A.expect_n and fmt(A.expect_n) ~= n then
+  why = 'sent to run attempt ' .. fmt(A.expect_n) .. ' but the task is at attempt ' .. n
 elseif state ~= 'pending' and state ~= 'backoff' then
   why = 'task is ' .. state
 elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])
-elseif tonumber(a[6]) > ts then
+elseif (tonumber(a[6]) or 0) > ts then
   why = 'attempt ' .. n .. ' is not due for ' .. fmt(tonumber(a[6]) - ts) .. ' ms'
 end
 if why then
-  redis.call('HINCRBY', k_stats, 'claim_refused', 1)
-  emit(k_ev, 'claim_refused', {'attempt', n, 'worker', worker, 'reason', why, 'holder', a[5] or ''})
-  return {'E_CLAIM', why, a[5] or ''}
+  return refuse(K.events, K.stats, 'claim_refused', {'E_CLAIM', why, a[5] or ''},
+    {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
 end
 
-local fence = next_fence(k_meta, t[4])
-local seq = redis.call('HINCRBY', k_meta, 'seq', 1)
+local fence = next_fence(K.meta, K.fence)
+local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
-redis.call('HSET', k_task, 'state', 'running', 'fence', fmt(fence), 'updated_at', ts)
-aset(k_att, n, {'state', 'running', 'worker', worker, 'fence', fmt(fence), 'lease_exp', exp, 'hb_at', ts,
-  'started_at', ts, 'claim_req', req, 'seq', seq, 'lease_ms', lease_ms})
-redis.call('ZADD', k_leases, exp, aid)
-redis.call('ZREM', k_pending, task_id)
-redis.call('ZREM', k_outbox, aid)
-move_count(k_counts, queue, state, 'running')
-emit(k_ev, 'attempt_claimed', {'attempt', n, 'worker', worker, 'fence', fmt(fence), 'lease_exp', exp})
-return {'OK', tonumber(n), fmt(fence), exp, seq, ts}
+redis.call('SET', K.lease, lease_value(n, fence), 'PX', lease_ms)
+redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts)
+aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fmt(fence), 'lease_exp', exp, 'hb_at', ts,
+  'started_at', ts, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_ms})
+redis.call('ZADD', K.leases, exp, aid)
+redis.call('ZREM', K.pending, task_id)
+redis.call('ZREM', K.outbox, aid)
+move_count(K.counts, queue, state, 'running')
+emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fmt(fence), 'lease_exp', exp,
+  'lease_ms', lease_ms})
+return {'OK', tonumber(n), fmt(fence), exp, seq, ts, lease_ms}

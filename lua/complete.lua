@@ -11,15 +11,18 @@
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
 -- KEYS[9] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[10] fence     the task's fence counter
+-- KEYS[11] lease     the task's lease key
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
 -- ARGV[4] result         result JSON
 -- ARGV[5] result_digest  sha256 of the canonical result
--- ARGV[6] cost           cost to add to what the Attempt was charged (decimal string)
+-- ARGV[6] cost           cost to add to what the Attempt was charged (plain decimal)
 -- ARGV[7] tokens         tokens to add
 -- ARGV[8] epoch
 -- ARGV[9] min_seq
+-- ARGV[10] proof         claim sequence of the fence when the caller's client was issued it, or ''
 -- Returns: {'OK', ended_at, attempt_fields} | {'DUP', ended_at, attempt_fields}
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
@@ -29,37 +32,43 @@
 -- Idempotent: yes (fence + result digest)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_task, k_att, k_ev = KEYS[6], KEYS[7], KEYS[8]
-local k_stats = KEYS[9]
-local n, fence, worker, result, digest = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local cost, tokens, epoch, min_seq = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'stats', 'fence',
+  'lease'})
+local A, bad = args(ARGV, with({
+  {'n', 'int', 1, MAX_N},
+  {'fence', 'int', 0, MAX_INT},
+  {'worker', 'text', 200},
+  {'result', 'json', 524288},
+  {'result_digest', 'hex', 64},
+  {'cost', 'dec', 1e9},
+  {'tokens', 'int', 0, 1e12},
+}, FENCED_ARGS))
+if bad then return bad end
+local n = fmt(A.n)
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
+if err then return err end
 
-local a = redis.call('HMGET', k_att, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
--- A replay only when the worker itself recorded this success (a reconciled one has no digest).
-if a[1] == 'succeeded' and a[2] == fence and a[3] then
-  if a[3] == digest then return {'DUP', a[4], attempt_snapshot(k_att, n)} end
-  emit(k_ev, 'completion_conflict', {'attempt', n, 'worker', worker, 'fence', fence,
-    'payload_digest', digest, 'recorded_digest', a[3]})
-  return {'E_CONFLICT', a[3]}
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
+-- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
+if a[1] == 'succeeded' and a[2] == fmt(A.fence) and a[3] then
+  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, n)} end
+  return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', a[3]},
+    {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'payload_digest', A.result_digest, 'recorded_digest', a[3]})
 end
 
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
-if err then return err end
-local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'complete', ts)
-if err then return err end
-err = cancel_check(k_task, k_ev, n, worker, digest, 'complete')
+local ts
+err, ts = fence_check(K, A, A.worker, A.result_digest, 'complete', true)
 if err then return err end
 
-local t = redis.call('HMGET', k_task, 'queue', 'id')
-local started = tonumber(aget(k_att, n, 'started_at'))
-aset(k_att, n, {'state', 'succeeded', 'ended_at', ts, 'elapsed_ms', ts - started, 'result', result,
-  'result_digest', digest})
-redis.call('HINCRBYFLOAT', k_att, n .. '.cost', cost)
-redis.call('HINCRBY', k_att, n .. '.tokens', tokens)
-redis.call('HSET', k_task, 'state', 'succeeded', 'active', '', 'updated_at', ts, 'result', result)
-redis.call('ZREM', k_leases, t[2] .. '/' .. n)
-move_count(k_counts, t[1], 'running', 'succeeded')
-emit(k_ev, 'attempt_succeeded', {'attempt', n, 'worker', worker, 'fence', fence, 'result_digest', digest})
-return {'OK', ts, attempt_snapshot(k_att, n)}
+local t = redis.call('HMGET', K.task, 'queue', 'id')
+local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
+aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts, 'elapsed_ms', ts - started, 'result', A.result,
+  'result_digest', A.result_digest})
+redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
+redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
+redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts, 'result', A.result)
+redis.call('ZREM', K.leases, t[2] .. '/' .. n)
+redis.call('DEL', K.lease)
+move_count(K.counts, t[1], 'running', 'succeeded')
+emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'result_digest', A.result_digest})
+return {'OK', ts, attempt_snapshot(K.attempts, n)}

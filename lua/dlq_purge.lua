@@ -1,31 +1,78 @@
 -- mc_queue: dlq_purge
 -- Delete a quarantined task and its whole history, for good (an operator's explicit act; the
--- namespace log keeps a line saying who purged what and why).
--- KEYS[1] nslog      namespace event stream
--- KEYS[2] counts     "<queue>|<state>" counters
--- KEYS[3] idem       producer idempotency keys
--- KEYS[4] dlq        quarantined tasks
--- KEYS[5] attention  attention items
--- KEYS[6] task       task hash
--- KEYS[7] attempts   attempts hash
--- KEYS[8] events     task event stream
--- KEYS[9] effects    the task's effects
+-- namespace log keeps a line saying who purged what and why). A tombstone stays for the retention
+-- window the operator chose: the task id (a key with that TTL) and the producer's idempotency key
+-- (its entry marked purged until then) are refused by enqueue, so the same work never runs again.
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] counts     "<queue>|<state>" counters
+-- KEYS[5] idem       producer idempotency keys
+-- KEYS[6] dlq        quarantined tasks
+-- KEYS[7] attention  attention items
+-- KEYS[8] task       task hash
+-- KEYS[9] attempts   attempts hash
+-- KEYS[10] events    task event stream
+-- KEYS[11] effects   the task's effects
+-- KEYS[12] fence     the task's fence counter
+-- KEYS[13] tomb      the task's tombstone (JSON, PX the retention window)
+-- KEYS[14] stats     counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] actor
--- ARGV[2] reason
--- Returns: {'OK', attempts} | {'E_STATE', task_state} | {'E_NOTASK', why}
--- Events (nslog): task_purged
--- Idempotent: yes (a purged task is gone: E_NOTASK)
+-- ARGV[2] reason       why its history may go (>= 10 characters)
+-- ARGV[3] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
+-- ARGV[4] request_id   a resend with the same id reports the same purge
+-- ARGV[5] epoch
+-- Returns: {'OK', attempts} | {'DUP', attempts} | {'E_STATE', task_state} | {'E_NOTASK', why}
+--          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: task_purged (nslog) | purge_refused
+-- Idempotent: by request id
 --@include common
 
-local k_nslog, k_counts, k_idem, k_dlq, k_attention = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_task, k_att, k_ev, k_effects = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local t = redis.call('HMGET', k_task, 'id', 'queue', 'state', 'attempts', 'idem_key')
-if not t[1] then return {'E_NOTASK', 'no such task'} end
-if t[3] ~= 'quarantined' then return {'E_STATE', t[3]} end
-redis.call('DEL', k_task, k_att, k_ev, k_effects)
-redis.call('ZREM', k_dlq, t[1])
-redis.call('HDEL', k_attention, t[1])
-if t[5] and t[5] ~= '' then redis.call('HDEL', k_idem, t[5]) end
-move_count(k_counts, t[2], 'quarantined', '')
-emit(k_nslog, 'task_purged', {'task', t[1], 'actor', ARGV[1], 'reason', ARGV[2], 'attempts', t[4]})
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'idem', 'dlq', 'attention', 'task', 'attempts', 'events',
+  'effects', 'fence', 'tomb', 'stats'})
+local A, bad = args(ARGV, {
+  {'actor', 'id', 200},
+  {'reason', 'text', 2000},
+  {'tombstone_ms', 'int', 0, 3650 * DAY_MS},
+  {'request_id', 'reqid'},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local count, reason = chars(A.reason)
+if count < 10 then return {'E_BADARG', 'reason: a purge needs a reason of at least ten characters'} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
+if err then return err end
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler')
+if not t[1] then
+  local tomb = redis.call('GET', K.tomb)
+  if tomb and A.request_id ~= '' then
+    local ok, rec = pcall(cjson.decode, tomb)
+    if ok and type(rec) == 'table' and rec.request_id == A.request_id then return {'DUP', rec.attempts} end
+  end
+  return {'E_NOTASK', 'no such task'}
+end
+if t[3] ~= 'quarantined' then
+  return refuse(K.events, K.stats, 'purge_refused', {'E_STATE', t[3]},
+    {'actor', A.actor, 'reason', 'only a quarantined task is purged; this one is ' .. t[3]})
+end
+local ts = now_ms()
+local until_ms = ts + A.tombstone_ms
+redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
+redis.call('ZREM', K.dlq, t[1])
+redis.call('HDEL', K.attention, t[1])
+if t[5] and t[5] ~= '' then
+  if A.tombstone_ms > 0 then
+    redis.call('HSET', K.idem, t[5], t[1] .. ' ' .. t[6] .. '|' .. t[7] .. ' purged ' .. fmt(until_ms))
+  else
+    redis.call('HDEL', K.idem, t[5])
+  end
+end
+-- The tombstone lives at least a minute even with no retention window, so that a resent purge is
+-- recognised; enqueue refuses the task id only until until_ms.
+redis.call('SET', K.tomb, cjson.encode({task = t[1], idem_key = t[5] or '', reason = reason, actor = A.actor,
+  purged_at = ts, until_ms = until_ms, attempts = tonumber(t[4]), request_id = A.request_id}), 'PX',
+  math.max(A.tombstone_ms, 60000))
+move_count(K.counts, t[2], 'quarantined', '')
+emit(K.nslog, 'task_purged', {'task', t[1], 'actor', A.actor, 'reason', reason, 'attempts', t[4],
+  'idem_key', t[5] or '', 'tombstone_until', A.tombstone_ms > 0 and fmt(until_ms) or ''})
 return {'OK', tonumber(t[4])}

@@ -12,40 +12,53 @@
 -- KEYS[9] outbox     attempts waiting to be dispatched to the transport
 -- KEYS[10] dlq       quarantined tasks
 -- KEYS[11] attention attention items
+-- KEYS[12] stats     counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] reason      why it may run again (>= 10 characters)
 -- ARGV[2] hypothesis  what is different now
 -- ARGV[3] actor
--- ARGV[4] epoch
--- Returns: {'OK', n, attempt_fields} | {'E_STATE', task_state} | {'E_BADARG', why} | {'E_NOTASK', why}
---          {'E_NSLOST', why} | {'E_EPOCH', current}
--- Events: dlq_replayed | attempt_created
--- Idempotent: no; a second replay is refused because the task is no longer quarantined
+-- ARGV[4] request_id  a resend with the same id returns the Attempt it created
+-- ARGV[5] epoch
+-- Returns: {'OK', n, attempt_fields} | {'DUP', n, attempt_fields} | {'E_STATE', task_state}
+--          {'E_BADARG', why} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
+-- Events: dlq_replayed | attempt_created | replay_refused
+-- Idempotent: by request id
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_task, k_att, k_ev, k_pending = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local k_outbox, k_dlq, k_attention = KEYS[9], KEYS[10], KEYS[11]
-local reason, hypothesis, actor, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-
-if select(2, string.gsub(reason, '[^\128-\191]', '')) < 10 then
-  return {'E_BADARG', 'a replay needs a reason of at least ten characters'}
-end
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, '0', actor, false)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox', 'dlq',
+  'attention', 'stats'})
+local A, bad = args(ARGV, {
+  {'reason', 'text', 2000},
+  {'hypothesis', 'text', 2000},
+  {'actor', 'id', 200},
+  {'request_id', 'reqid'},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local count, reason = chars(A.reason)
+if count < 10 then return {'E_BADARG', 'reason: a replay needs a reason of at least ten characters'} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', k_task, 'id', 'queue', 'state', 'attempts', 'manifest')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'manifest')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
-if t[3] ~= 'quarantined' then return {'E_STATE', t[3]} end
+if A.request_id ~= '' and aget(K.attempts, t[4], 'create_req') == A.request_id then
+  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts, t[4])}
+end
+if t[3] ~= 'quarantined' then
+  return refuse(K.events, K.stats, 'replay_refused', {'E_STATE', t[3]},
+    {'actor', A.actor, 'reason', 'only a quarantined task is replayed; this one is ' .. t[3]})
+end
 local ts = now_ms()
 local m = tonumber(t[4]) + 1
-aset(k_att, m, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'prev', t[4], 'reason', reason,
-  'hypothesis', hypothesis, 'manifest', t[5], 'worktree', t[1] .. '/' .. m, 'retry_by', actor})
-redis.call('HSET', k_task, 'state', 'pending', 'attempts', m, 'active', m, 'updated_at', ts)
-redis.call('ZADD', k_pending, ts, t[1])
-redis.call('ZADD', k_outbox, ts, t[1] .. '/' .. m)
-redis.call('ZREM', k_dlq, t[1])
-redis.call('HDEL', k_attention, t[1])
-move_count(k_counts, t[2], 'quarantined', 'pending')
-emit(k_ev, 'dlq_replayed', {'attempt', m, 'actor', actor, 'reason', reason})
-emit(k_ev, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', actor, 'reason', reason,
-  'hypothesis', hypothesis, 'due_at', ts})
-return {'OK', m, attempt_snapshot(k_att, m)}
+aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'prev', t[4], 'reason', reason,
+  'hypothesis', A.hypothesis, 'manifest', t[5], 'worktree', t[1] .. '/' .. m, 'retry_by', A.actor,
+  'create_req', A.request_id})
+redis.call('HSET', K.task, 'state', 'pending', 'attempts', m, 'active', m, 'updated_at', ts)
+redis.call('ZADD', K.pending, ts, t[1])
+redis.call('ZADD', K.outbox, ts, t[1] .. '/' .. m)
+redis.call('ZREM', K.dlq, t[1])
+redis.call('HDEL', K.attention, t[1])
+move_count(K.counts, t[2], 'quarantined', 'pending')
+emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
+emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,
+  'hypothesis', A.hypothesis, 'due_at', ts})
+return {'OK', m, attempt_snapshot(K.attempts, m)}

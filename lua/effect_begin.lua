@@ -11,6 +11,8 @@
 -- KEYS[6] events     task event stream
 -- KEYS[7] effects    the task's effects (key -> record JSON)
 -- KEYS[8] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[9] fence      the task's fence counter
+-- KEYS[10] lease     the task's lease key
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the caller holds
 -- ARGV[3] worker     worker id
@@ -18,6 +20,7 @@
 -- ARGV[5] record     intent record JSON (operation, identity, provider)
 -- ARGV[6] epoch
 -- ARGV[7] min_seq
+-- ARGV[8] proof      claim sequence of the fence when the caller's client was issued it, or ''
 -- Returns: {'OK'} (intent recorded: call the provider) | {'DONE', record} (receipt on file: replay it)
 --          {'PENDING', record} (an intent without receipt: reconcile first)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
@@ -27,38 +30,37 @@
 -- Idempotent: yes (an intent of the same attempt and fence is reported as OK again)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_task = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_att, k_ev, k_effects = KEYS[5], KEYS[6], KEYS[7]
-local k_stats = KEYS[8]
-local n, fence, worker, key, record, epoch, min_seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-
-if key == '' then return {'E_BADARG', 'an effect needs a key'} end
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'effects', 'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, with({
+  {'n', 'int', 1, MAX_N},
+  {'fence', 'int', 0, MAX_INT},
+  {'worker', 'text', 200},
+  {'key', 'id', 512},
+  {'record', 'json', 65536, 'obj'},
+}, FENCED_ARGS))
+if bad then return bad end
+local n = fmt(A.n)
+local err, ts = fenced(K, A, A.worker, A.key, 'effect_begin', true)
 if err then return err end
-local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, key, 'effect_begin', ts)
-if err then return err end
-err = cancel_check(k_task, k_ev, n, worker, key, 'effect_begin')
-if err then return err end
-local existing = redis.call('HGET', k_effects, key)
+local existing = redis.call('HGET', K.effects, A.key)
 if existing then
   local rec = cjson.decode(existing)
   if rec.state == 'done' then
-    emit(k_ev, 'effect_replayed', {'attempt', n, 'worker', worker, 'key', key, 'receipt_attempt',
+    emit(K.events, 'effect_replayed', {'attempt', n, 'worker', A.worker, 'key', A.key, 'receipt_attempt',
       tostring(rec.receipt_attempt or rec.attempt)})
     return {'DONE', existing}
   end
-  if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == fence then return {'OK'} end
+  if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == fmt(A.fence) then return {'OK'} end
   if rec.state ~= 'absent' then return {'PENDING', existing} end
 end
-local rec = cjson.decode(record)
+local rec = cjson.decode(A.record)
 rec.state = 'intent'
-rec.attempt = tonumber(n)
-rec.fence = fence
-rec.worker = worker
+rec.attempt = A.n
+rec.fence = fmt(A.fence)
+rec.worker = A.worker
 rec.intent_at = ts
-rec.key = key
-redis.call('HSET', k_effects, key, cjson.encode(rec))
-emit(k_ev, 'effect_intent', {'attempt', n, 'worker', worker, 'fence', fence, 'key', key,
+rec.key = A.key
+redis.call('HSET', K.effects, A.key, cjson.encode(rec))
+emit(K.events, 'effect_intent', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'key', A.key,
   'operation', rec.operation or ''})
 return {'OK'}

@@ -1,77 +1,125 @@
 -- mc_queue: enqueue
 -- Create a Task and its first Attempt (pending, claimable now). The first dispatch exists only
--- because there is no prior Attempt. Idempotent on the producer's key and on the task id.
+-- because there is no prior Attempt. Idempotent on the producer's key and on the task id; a key or
+-- id whose task was purged is refused until its tombstone's retention window has passed.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
--- KEYS[4] idem       producer idempotency key -> task id
+-- KEYS[4] idem       producer idempotency key -> "<task id> <digest>|<handler>[ purged <until ms>]"
 -- KEYS[5] queues     set of queue names
 -- KEYS[6] counts     "<queue>|<state>" counters
 -- KEYS[7] task       task hash
 -- KEYS[8] attempts   attempts hash
 -- KEYS[9] events     task event stream
 -- KEYS[10] pending   the queue's pending index
--- KEYS[11] outbox   attempts waiting to be dispatched to the transport
+-- KEYS[11] outbox    attempts waiting to be dispatched to the transport
+-- KEYS[12] tomb      tombstone of this task id (exists while a purge of it is remembered)
 -- ARGV[1] task_id
 -- ARGV[2] queue
 -- ARGV[3] handler
--- ARGV[4] payload          canonical JSON
+-- ARGV[4] payload          canonical JSON object
 -- ARGV[5] payload_digest   sha256 of the canonical payload
 -- ARGV[6] idem_key         producer idempotency key, or ''
 -- ARGV[7] manifest         frozen manifest JSON
--- ARGV[8] retry_policy     policy reference, or ''
--- ARGV[9] budget           budget reference, or ''
--- ARGV[10] epoch           namespace epoch the client knows
--- ARGV[11] actor
+-- ARGV[8] retry_policy     frozen retry policy JSON
+-- ARGV[9] budget           frozen budget JSON
+-- ARGV[10] lease_ms        lease length every claim of this task gets (at most the namespace ceiling)
+-- ARGV[11] epoch           namespace epoch the client knows
+-- ARGV[12] actor
 -- Returns: {'OK', task_id} | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
---          {'E_NSLOST', why} | {'E_EPOCH', current}
--- Events: task_created, attempt_created
+--          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
+--          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: task_created, attempt_created | enqueue_refused (in the task's stream, or the namespace log
+--         when the refused key names another task)
 -- Idempotent: yes (task id and idempotency key)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_idem, k_queues, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local k_task, k_att, k_ev, k_pending, k_outbox = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local task_id, queue, handler, payload, digest = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local idem_key, manifest, policy, budget, epoch, actor = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, '0', actor, false)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'idem', 'queues', 'counts', 'task', 'attempts', 'events', 'pending',
+  'outbox', 'tomb'})
+local A, bad = args(ARGV, {
+  {'task_id', 'id', 100},
+  {'queue', 'id', 64},
+  {'handler', 'id', 128},
+  {'payload', 'json', 524288, 'obj'},
+  {'payload_digest', 'hex', 64},
+  {'idem_key', 'text', 512},
+  {'manifest', 'json', 65536, 'obj'},
+  {'retry_policy', 'json', 16384, 'obj'},
+  {'budget', 'json', 16384, 'obj'},
+  {'lease_ms', 'int', 1, MAX_INT},
+  {'epoch', 'epoch'},
+  {'actor', 'id', 200},
+})
+if bad then return bad end
+if not string.match(A.queue, '^[%w][%w_.%-]*$') then return {'E_BADARG', 'queue has characters outside [A-Za-z0-9_.-]'} end
+if not string.match(A.handler, '^[%w][%w_.:%-]*$') then return {'E_BADARG', 'handler has characters outside [A-Za-z0-9_.:-]'} end
+if string.sub(A.task_id, 1, #A.queue + 1) ~= A.queue .. ':' or
+   not string.match(string.sub(A.task_id, #A.queue + 2), '^[0-9A-HJKMNP-TV-Z]+$') or #A.task_id ~= #A.queue + 27 then
+  return {'E_BADARG', "task_id must be '<queue>:<26-character ULID>' of this queue"}
+end
+if string.find(A.idem_key, ' ', 1, true) then return {'E_BADARG', 'idem_key must not contain spaces'} end
+local m = meta_read(K.meta)
+if A.lease_ms > m.max_lease then
+  return {'E_BADARG', 'lease_ms ' .. A.lease_ms .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
+end
+local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 
--- The idempotency entry holds "<task id> <payload digest>|<handler>", so a replay is recognised
--- without reading a task key the caller could not name in KEYS.
-local sig = digest .. '|' .. handler
-if idem_key ~= '' then
-  local entry = redis.call('HGET', k_idem, idem_key)
+local ts = now_ms()
+local sig = A.payload_digest .. '|' .. A.handler
+local purged_key = false
+if A.idem_key ~= '' then
+  local entry = redis.call('HGET', K.idem, A.idem_key)
   if entry then
-    local sp = string.find(entry, ' ', 1, true)
-    local existing, esig = string.sub(entry, 1, sp - 1), string.sub(entry, sp + 1)
-    if esig == sig and string.sub(existing, 1, #queue + 1) == queue .. ':' then
+    local existing, esig, until_ms = string.match(entry, '^(%S+) (%S+) purged (%d+)$')
+    if not existing then existing, esig = string.match(entry, '^(%S+) (%S+)$') end
+    if until_ms and tonumber(until_ms) > ts then
+      return refuse(K.nslog, nil, 'enqueue_refused', {'E_PURGED', existing, until_ms},
+        {'idem_key', A.idem_key, 'task', existing, 'reason', 'the task of this key was purged', 'actor', A.actor})
+    elseif until_ms then
+      purged_key = true  -- its tombstone has expired: the key is free again
+    elseif esig == sig and string.sub(existing, 1, #A.queue + 1) == A.queue .. ':' then
       return {'DUP', existing}
+    else
+      return refuse(K.nslog, nil, 'enqueue_refused', {'E_CONFLICT', existing, esig or ''},
+        {'idem_key', A.idem_key, 'task', existing, 'actor', A.actor,
+         'reason', 'the key names a task with another payload, handler or queue'})
     end
-    return {'E_CONFLICT', existing, esig}
   end
 end
 
-if redis.call('EXISTS', k_task) == 1 then
-  local e = redis.call('HMGET', k_task, 'payload_digest', 'handler', 'queue')
-  if e[1] == digest and e[2] == handler and e[3] == queue then return {'DUP', task_id} end
-  return {'E_CONFLICT', task_id, e[1] or ''}
+if redis.call('EXISTS', K.task) == 1 then
+  local e = redis.call('HMGET', K.task, 'payload_digest', 'handler', 'queue')
+  if e[1] == A.payload_digest and e[2] == A.handler and e[3] == A.queue then return {'DUP', A.task_id} end
+  return refuse(K.events, nil, 'enqueue_refused', {'E_CONFLICT', A.task_id, e[1] or ''},
+    {'actor', A.actor, 'reason', 'the task id exists with another payload or handler', 'payload_digest', A.payload_digest})
+end
+local tomb = redis.call('GET', K.tomb)
+if tomb then
+  local ok, rec = pcall(cjson.decode, tomb)
+  local until_ms = (ok and type(rec) == 'table' and tonumber(rec.until_ms)) or 0
+  if until_ms > ts then
+    return refuse(K.nslog, nil, 'enqueue_refused', {'E_PURGED', A.task_id, fmt(until_ms)},
+      {'task', A.task_id, 'reason', 'this task id was purged', 'actor', A.actor})
+  end
 end
 
-local ts = now_ms()
-redis.call('HSET', k_task, 'id', task_id, 'queue', queue, 'handler', handler, 'payload', payload,
-  'payload_digest', digest, 'idem_key', idem_key, 'state', 'pending', 'created_at', ts, 'updated_at', ts,
-  'fence', 0, 'attempts', 1, 'active', 1, 'manifest', manifest, 'retry_policy', policy, 'budget', budget)
-aset(k_att, 1, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'manifest', manifest,
-  'worktree', task_id .. '/1', 'reason', 'first dispatch'})
-if idem_key ~= '' then
-  redis.call('HSET', k_idem, idem_key, task_id .. ' ' .. sig)
+if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
+redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
+  'payload_digest', A.payload_digest, 'idem_key', A.idem_key, 'state', 'pending', 'created_at', ts, 'updated_at', ts,
+  'attempts', 1, 'active', 1, 'manifest', A.manifest, 'retry_policy', A.retry_policy, 'budget', A.budget,
+  'lease_ms', A.lease_ms)
+aset(K.attempts, 1, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'manifest', A.manifest,
+  'worktree', A.task_id .. '/1', 'reason', 'first dispatch'})
+if A.idem_key ~= '' then
+  redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)
 end
-redis.call('SADD', k_queues, queue)
-redis.call('ZADD', k_pending, ts, task_id)
-redis.call('ZADD', k_outbox, ts, task_id .. '/1')
-move_count(k_counts, queue, '', 'pending')
-emit(k_ev, 'task_created', {'actor', actor, 'handler', handler, 'payload_digest', digest, 'idem_key', idem_key})
-emit(k_ev, 'attempt_created', {'attempt', 1, 'actor', actor, 'reason', 'first dispatch'})
-return {'OK', task_id}
+redis.call('SADD', K.queues, A.queue)
+redis.call('ZADD', K.pending, ts, A.task_id)
+redis.call('ZADD', K.outbox, ts, A.task_id .. '/1')
+move_count(K.counts, A.queue, '', 'pending')
+emit(K.events, 'task_created', {'actor', A.actor, 'handler', A.handler, 'payload_digest', A.payload_digest,
+  'idem_key', A.idem_key})
+emit(K.events, 'attempt_created', {'attempt', 1, 'actor', A.actor, 'reason', 'first dispatch'})
+return {'OK', A.task_id}

@@ -1,51 +1,77 @@
 -- mc_queue: expire
--- A running Attempt whose lease has passed (Redis clock) becomes suspect, not failed: the task's
--- fence is bumped so the old holder is refused from then on. Re-checks its own condition, so two
--- sweepers at once are safe. force=1 (recovery, or a cancel the executor did not acknowledge in
--- time) voids a live lease too.
+-- A running Attempt whose lease key is gone (its PX ran out on Redis's clock) becomes suspect, not
+-- failed: the task's fence is bumped so the old holder is refused from then on. Re-checks its own
+-- condition, so two sweepers at once are safe. force=1 (recovery, or a cancel the executor did not
+-- acknowledge in time) voids a live lease too. An index entry whose task or running Attempt is gone
+-- is removed and logged (orphan_index_entry), so no sweep and no recovery stops on it.
 -- KEYS[1] meta       namespace meta hash
--- KEYS[2] counts     "<queue>|<state>" counters
--- KEYS[3] leases     lease expiry index
--- KEYS[4] suspect    suspect index
--- KEYS[5] task       task hash
--- KEYS[6] attempts   attempts hash
--- KEYS[7] events     task event stream
--- KEYS[8] cancels    running attempts with a cancel request
--- KEYS[9] stats      counters for metrics (refusals, expiries, decisions)
--- ARGV[1] n          attempt number
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] leases     lease expiry index
+-- KEYS[5] suspect    suspect index
+-- KEYS[6] task       task hash
+-- KEYS[7] attempts   attempts hash
+-- KEYS[8] events     task event stream
+-- KEYS[9] cancels    running attempts with a cancel request
+-- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[11] fence     the task's fence counter
+-- KEYS[12] lease     the task's lease key
+-- ARGV[1] member     the lease index member: "<task id>/<attempt number>"
 -- ARGV[2] actor      who expires (sweeper id)
--- ARGV[3] force      '1' to expire a live lease (recovery), else '0'
+-- ARGV[3] force      '1' to void a live lease (recovery, unacknowledged cancel), else '0'
 -- ARGV[4] reason     why, recorded in the event
--- Returns: {'OK', new_fence, old_fence} | {'NOOP', why}
--- Events: lease_expired
+-- ARGV[5] epoch      namespace epoch the caller knows (recover passes the one it is recovering to)
+-- Returns: {'OK', new_fence, old_fence} | {'NOOP', why} (live lease, or an orphan entry dropped)
+--          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: lease_expired | orphan_index_entry (nslog)
 -- Idempotent: yes (re-checks; a second run is a NOOP)
 --@include common
 
-local k_meta, k_counts, k_leases, k_suspect = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_task, k_att, k_ev, k_cancels = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local k_stats = KEYS[9]
-local n, actor, force, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'leases', 'suspect', 'task', 'attempts', 'events',
+  'cancels', 'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, {
+  {'member', 'id', 200},
+  {'actor', 'text', 200},
+  {'force', 'enum', '0', '1'},
+  {'reason', 'text', 2000},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local n = string.match(A.member, '/(%d+)$')
+if not n or #n > 7 then return {'E_BADARG', "member must be '<task id>/<attempt number>'"} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false,
+  A.force == '1' and A.epoch or nil)
+if err then return err end
 
-local t = redis.call('HMGET', k_task, 'id', 'attempts', 'fence', 'queue')
-if not t[1] then return {'NOOP', 'no such task'} end
-local aid = t[1] .. '/' .. n
-local a = redis.call('HMGET', k_att, n .. '.state', n .. '.lease_exp', n .. '.worker', n .. '.fence')
+local t = redis.call('HMGET', K.task, 'id', 'attempts')
+if t[1] and t[1] .. '/' .. n ~= A.member then return {'E_BADARG', 'member names another task than the keys'} end
+if not t[1] then
+  drop_orphan(K.cancels, K.nslog, A.member, 'no such task', A.actor)
+  drop_orphan(K.leases, K.nslog, A.member, 'no such task', A.actor)
+  return {'NOOP', 'no such task: index entry dropped'}
+end
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.lease_exp', n .. '.worker', n .. '.fence')
 if a[1] ~= 'running' or t[2] ~= n then
-  -- A stale index entry (the attempt already settled): drop it.
-  redis.call('ZREM', k_leases, aid)
-  return {'NOOP', 'attempt is ' .. tostring(a[1])}
+  local why = 'attempt ' .. n .. ' is ' .. tostring(a[1]) .. ' (latest ' .. tostring(t[2]) .. ')'
+  drop_orphan(K.cancels, K.nslog, A.member, why, A.actor)
+  drop_orphan(K.leases, K.nslog, A.member, why, A.actor)
+  return {'NOOP', why .. ': index entry dropped'}
+end
+if A.force ~= '1' and redis.call('GET', K.lease) == lease_value(n, a[4]) then
+  return {'NOOP', 'lease is live for ' .. fmt(redis.call('PTTL', K.lease)) .. ' ms'}
 end
 local ts = now_ms()
-if force ~= '1' and ts < tonumber(a[2]) then
-  return {'NOOP', 'lease is live for ' .. fmt(tonumber(a[2]) - ts) .. ' ms'}
-end
-local fence = next_fence(k_meta, t[3])
-redis.call('HSET', k_task, 'fence', fmt(fence), 'updated_at', ts)
-aset(k_att, n, {'state', 'suspect', 'suspect_at', ts})
-redis.call('ZREM', k_leases, aid)
-redis.call('ZREM', k_cancels, aid)
-redis.call('ZADD', k_suspect, ts, aid)
-redis.call('HINCRBY', k_stats, force == '1' and 'lease_voided' or 'lease_expired', 1)
-emit(k_ev, 'lease_expired', {'attempt', n, 'actor', actor, 'worker', a[3], 'fence', a[4],
-  'new_fence', fmt(fence), 'lease_exp', a[2], 'overdue_ms', fmt(ts - tonumber(a[2])), 'reason', reason})
+local fence = next_fence(K.meta, K.fence)
+redis.call('HSET', K.task, 'updated_at', ts)
+aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts})
+redis.call('DEL', K.lease)
+redis.call('ZREM', K.leases, A.member)
+redis.call('ZREM', K.cancels, A.member)
+redis.call('ZADD', K.suspect, ts, A.member)
+redis.call('HINCRBY', K.stats, A.force == '1' and 'lease_voided' or 'lease_expired', 1)
+-- overdue_ms: how long after its expiry the lease was found; left_ms: what a voided live lease still had.
+local late = ts - (tonumber(a[2]) or ts)
+emit(K.events, 'lease_expired', {'attempt', n, 'actor', A.actor, 'worker', a[3], 'fence', a[4],
+  'new_fence', fmt(fence), 'lease_exp', a[2], 'overdue_ms', fmt(math.max(0, late)),
+  'left_ms', late < 0 and fmt(-late) or '', 'reason', A.reason})
 return {'OK', fmt(fence), a[4]}

@@ -16,7 +16,9 @@
 -- KEYS[10] attention attention items (task id -> JSON)
 -- KEYS[11] dlq       quarantined tasks (task id -> time)
 -- KEYS[12] outbox    attempts waiting to be dispatched to the transport
--- KEYS[13] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[14] fence     the task's fence counter
+-- KEYS[15] lease     the task's lease key
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -28,60 +30,66 @@
 -- ARGV[9] tokens          tokens to add
 -- ARGV[10] epoch
 -- ARGV[11] min_seq
--- ARGV[12] decision        '' | 'wait' | 'retry' | 'stop' | 'quarantine'
--- ARGV[13] why             the decision's reason, recorded
--- ARGV[14] next_reason     reason recorded on Attempt N+1 (retry)
--- ARGV[15] next_hypothesis hypothesis recorded on Attempt N+1 (retry)
--- ARGV[16] delay_ms        backoff before Attempt N+1 is due (retry)
--- ARGV[17] attention       attention item JSON (stop, quarantine)
--- ARGV[18] budget          which budget ran out, or ''
+-- ARGV[12] proof           claim sequence of the fence when the caller's client was issued it, or ''
+-- ARGV[13] decision        '' | 'wait' | 'retry' | 'stop' | 'quarantine'
+-- ARGV[14] why             the decision's reason, recorded
+-- ARGV[15] next_reason     reason recorded on Attempt N+1 (retry)
+-- ARGV[16] next_hypothesis hypothesis recorded on Attempt N+1 (retry)
+-- ARGV[17] delay_ms        backoff before Attempt N+1 is due (retry)
+-- ARGV[18] attention       attention item JSON (stop, quarantine)
+-- ARGV[19] budget          which budget ran out, or ''
 -- Returns: {'OK', ended_at, attempt_fields, task_state} | {'DUP', ended_at, attempt_fields}
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
--- Events: attempt_failed | attempt_created | attention_raised | task_quarantined | stale_write_refused
+-- Events: attempt_failed | attempt_created | attention_raised | task_quarantined | failure_conflict
+--         | stale_write_refused
 -- Idempotent: yes (fence + failure digest)
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts, k_leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local k_task, k_att, k_ev = KEYS[6], KEYS[7], KEYS[8]
-local k_pending, k_attention, k_dlq, k_outbox = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local k_stats = KEYS[13]
-local n, fence, worker, failure, digest, fclass, fingerprint = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local cost, tokens, epoch, min_seq = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local d = {action = ARGV[12], why = ARGV[13], reason = ARGV[14], hypothesis = ARGV[15], delay_ms = tonumber(ARGV[16]),
-  attention = ARGV[17], budget = ARGV[18], actor = 'policy', fclass = ARGV[6]}
-if not DECISIONS[d.action] then return {'E_BADARG', 'unknown decision ' .. d.action} end
-if not d.delay_ms or d.delay_ms < 0 then return {'E_BADARG', 'delay_ms must be >= 0'} end
-if d.action == 'retry' and select(2, string.gsub(d.reason, '[^\128-\191]', '')) < 10 then
-  return {'E_BADARG', 'a retry decision needs a reason of at least ten characters'}
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'pending',
+  'attention', 'dlq', 'outbox', 'stats', 'fence', 'lease'})
+local A, bad = args(ARGV, with(with({
+  {'n', 'int', 1, MAX_N},
+  {'fence', 'int', 0, MAX_INT},
+  {'worker', 'text', 200},
+  {'failure', 'json', 65536, 'obj'},
+  {'failure_digest', 'hex', 64},
+  {'fclass', 'enum', 'authorization', 'configuration', 'capacity', 'provider', 'executor', 'validation',
+   'repository', 'internal'},
+  {'fingerprint', 'hex', 16},
+  {'cost', 'dec', 1e9},
+  {'tokens', 'int', 0, 1e12},
+}, FENCED_ARGS), DECISION_ARGS))
+if bad then return bad end
+bad = decision_error(A)
+if bad then return bad end
+local n = fmt(A.n)
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
+if err then return err end
+
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
+-- A replay only when the worker itself recorded this failure with this fence (a reconciled one has no digest).
+if a[1] == 'failed' and a[2] == fmt(A.fence) and a[3] then
+  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, n)} end
+  return refuse(K.events, K.stats, 'failure_conflict', {'E_CONFLICT', a[3]},
+    {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'payload_digest', A.failure_digest, 'recorded_digest', a[3]})
 end
 
-local a = redis.call('HMGET', k_att, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
--- A replay only when the worker itself recorded this failure (a reconciled one has no digest).
-if a[1] == 'failed' and a[2] == fence and a[3] then
-  if a[3] == digest then return {'DUP', a[4], attempt_snapshot(k_att, n)} end
-  return {'E_CONFLICT', a[3] or ''}
-end
-
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, min_seq, worker, true)
-if err then return err end
-local ts = now_ms()
-err = fence_check(k_meta, k_nslog, k_stats, k_task, k_att, k_ev, n, fence, worker, digest, 'fail', ts)
-if err then return err end
-err = cancel_check(k_task, k_ev, n, worker, digest, 'fail')
+local ts
+err, ts = fence_check(K, A, A.worker, A.failure_digest, 'fail', true)
 if err then return err end
 
-local t = redis.call('HMGET', k_task, 'queue', 'id')
-local started = tonumber(aget(k_att, n, 'started_at'))
-aset(k_att, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', failure,
-  'failure_digest', digest, 'fclass', fclass, 'fingerprint', fingerprint})
-redis.call('HINCRBYFLOAT', k_att, n .. '.cost', cost)
-redis.call('HINCRBY', k_att, n .. '.tokens', tokens)
-redis.call('ZREM', k_leases, t[2] .. '/' .. n)
-emit(k_ev, 'attempt_failed', {'attempt', n, 'worker', worker, 'fence', fence, 'failure_class', fclass,
-  'fingerprint', fingerprint, 'decision', d.action, 'why', d.why})
-local state = apply_decision(k_task, k_att, k_ev, k_pending, k_outbox, k_counts, k_attention, k_dlq, k_stats,
-  t[2], t[1], n,  'running', d, ts)
-return {'OK', ts, attempt_snapshot(k_att, n), state}
+local t = redis.call('HMGET', K.task, 'queue', 'id')
+local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
+aset(K.attempts, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', A.failure,
+  'failure_digest', A.failure_digest, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
+redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
+redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
+redis.call('ZREM', K.leases, t[2] .. '/' .. n)
+redis.call('DEL', K.lease)
+emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'failure_class', A.fclass,
+  'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
+local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
+return {'OK', ts, attempt_snapshot(K.attempts, n), state}

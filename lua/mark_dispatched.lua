@@ -1,28 +1,52 @@
 -- mc_queue: mark_dispatched
 -- After an Attempt was handed to the transport (an RQ job), push its outbox entry to the time it
 -- should be checked again. A claim removes the entry; if none comes by then, the sweeper sends the
--- same job again (same job id: a duplicate message is refused by the claim, never run twice).
--- KEYS[1] outbox     attempts waiting to be dispatched
--- KEYS[2] attempts   attempts hash of the task
--- ARGV[1] attempt_id
--- ARGV[2] n          attempt number
--- ARGV[3] recheck_ms when to look again if nobody claimed it
--- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, or not pending any more)
+-- same job again (same job id: a duplicate message is refused by the claim, never run twice). An
+-- entry whose Attempt is no longer pending (or whose task is gone) is dropped.
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] outbox     attempts waiting to be dispatched
+-- KEYS[5] task       task hash
+-- KEYS[6] attempts   attempts hash of the task
+-- ARGV[1] member     the outbox member: "<task id>/<attempt number>"
+-- ARGV[2] recheck_ms when to look again if nobody claimed it
+-- ARGV[3] actor
+-- ARGV[4] epoch
+-- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, or an orphan dropped)
+--          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: orphan_index_entry (nslog)
 -- Idempotent: yes
 --@include common
 
-local k_outbox, k_att = KEYS[1], KEYS[2]
-local attempt_id, n, recheck = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if not redis.call('ZSCORE', k_outbox, attempt_id) then return {'NOOP', 'not in the outbox'} end
-local state = aget(k_att, n, 'state')
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'outbox', 'task', 'attempts'})
+local A, bad = args(ARGV, {
+  {'member', 'id', 200},
+  {'recheck_ms', 'int', 1, DAY_MS},
+  {'actor', 'text', 200},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local n = string.match(A.member, '/(%d+)$')
+if not n or #n > 7 then return {'E_BADARG', "member must be '<task id>/<attempt number>'"} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
+if err then return err end
+if not redis.call('ZSCORE', K.outbox, A.member) then return {'NOOP', 'not in the outbox'} end
+local id = redis.call('HGET', K.task, 'id')
+if id and id .. '/' .. n ~= A.member then return {'E_BADARG', 'member names another task than the keys'} end
+if not id then
+  drop_orphan(K.outbox, K.nslog, A.member, 'no such task', A.actor)
+  return {'NOOP', 'no such task: outbox entry dropped'}
+end
+local state = aget(K.attempts, n, 'state')
 if state ~= 'pending' then
-  redis.call('ZREM', k_outbox, attempt_id)
+  redis.call('ZREM', K.outbox, A.member)
   return {'NOOP', 'attempt is ' .. tostring(state)}
 end
 local ts = now_ms()
-local due = tonumber(aget(k_att, n, 'due_at') or '0') or 0
-local at = math.max(ts, due) + recheck
-redis.call('ZADD', k_outbox, at, attempt_id)
-redis.call('HINCRBY', k_att, n .. '.dispatches', 1)
-aset(k_att, n, {'dispatched_at', ts})
+local due = tonumber(aget(K.attempts, n, 'due_at') or '0') or 0
+local at = math.max(ts, due) + A.recheck_ms
+redis.call('ZADD', K.outbox, at, A.member)
+redis.call('HINCRBY', K.attempts, n .. '.dispatches', 1)
+aset(K.attempts, n, {'dispatched_at', ts})
 return {'OK', at}

@@ -1,23 +1,40 @@
 -- mc_queue: reconcile_begin
 -- A suspect Attempt enters reconciling: the platform now finds out what it did before deciding.
 -- Re-entrant: an Attempt already reconciling (a reconciler died mid-way) is taken up again.
--- KEYS[1] task       task hash
--- KEYS[2] attempts   attempts hash
--- KEYS[3] events     task event stream
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] task       task hash
+-- KEYS[5] attempts   attempts hash
+-- KEYS[6] events     task event stream
+-- KEYS[7] stats      counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] n          attempt number
 -- ARGV[2] actor      reconciler id
+-- ARGV[3] epoch      namespace epoch the caller knows
 -- Returns: {'OK', n} | {'DUP', n} (already reconciling) | {'E_STATE', attempt_state} | {'E_NOTASK', why}
--- Events: reconciling_started
+--          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: reconciling_started | reconcile_refused
 -- Idempotent: yes
 --@include common
 
-local k_task, k_att, k_ev = KEYS[1], KEYS[2], KEYS[3]
-local n, actor = ARGV[1], ARGV[2]
-if redis.call('EXISTS', k_task) == 0 then return {'E_NOTASK', 'no such task'} end
-local state = aget(k_att, n, 'state')
-if state == 'reconciling' then return {'DUP', tonumber(n)} end
-if state ~= 'suspect' then return {'E_STATE', tostring(state)} end
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'stats'})
+local A, bad = args(ARGV, {
+  {'n', 'int', 1, MAX_N},
+  {'actor', 'text', 200},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local n = fmt(A.n)
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
+if err then return err end
+if redis.call('EXISTS', K.task) == 0 then return {'E_NOTASK', 'no such task'} end
+local state = aget(K.attempts, n, 'state')
+if state == 'reconciling' then return {'DUP', A.n} end
+if state ~= 'suspect' then
+  return refuse(K.events, K.stats, 'reconcile_refused', {'E_STATE', tostring(state)},
+    {'attempt', n, 'actor', A.actor, 'reason', 'only a suspect attempt is reconciled', 'attempt_state', tostring(state)})
+end
 local ts = now_ms()
-aset(k_att, n, {'state', 'reconciling', 'reconcile_started_at', ts, 'reconciler', actor})
-emit(k_ev, 'reconciling_started', {'attempt', n, 'actor', actor})
-return {'OK', tonumber(n)}
+aset(K.attempts, n, {'state', 'reconciling', 'reconcile_started_at', ts, 'reconciler', A.actor})
+emit(K.events, 'reconciling_started', {'attempt', n, 'actor', A.actor})
+return {'OK', A.n}

@@ -3,19 +3,36 @@
 -- namespace accepts claims again.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] nslog      namespace event stream
+-- KEYS[3] leases     lease expiry index (must hold no lease from before the recovery)
 -- ARGV[1] epoch      the epoch recover_begin issued
 -- ARGV[2] actor
 -- ARGV[3] voided     how many leases were voided
--- Returns: {'OK', epoch} | {'E_STATE', state} (not recovering, or another recovery's epoch)
--- Events (nslog): recovery_finished
+-- Returns: {'OK', epoch} | {'E_STATE', state} (not recovering, another recovery's epoch, or leases left)
+--          {'E_BADARG', why}
+-- Events (nslog): recovery_finished | recovery_refused
 -- Idempotent: yes
 --@include common
 
-local k_meta, k_nslog = KEYS[1], KEYS[2]
-local m = redis.call('HMGET', k_meta, 'state', 'epoch')
-if m[1] == 'ok' and m[2] == ARGV[1] then return {'OK', ARGV[1]} end
-if m[1] ~= 'recovering' or m[2] ~= ARGV[1] then return {'E_STATE', tostring(m[1]) .. ' ' .. tostring(m[2])} end
-redis.call('HSET', k_meta, 'state', 'ok')
-redis.call('HDEL', k_meta, 'lost_reason', 'lost_at')
-emit(k_nslog, 'recovery_finished', {'actor', ARGV[2], 'epoch', ARGV[1], 'voided_leases', ARGV[3]})
-return {'OK', ARGV[1]}
+local K = keys(KEYS, {'meta', 'nslog', 'leases'})
+local A, bad = args(ARGV, {
+  {'epoch', 'epoch'},
+  {'actor', 'id', 200},
+  {'voided', 'int', 0, MAX_INT},
+})
+if bad then return bad end
+local m = redis.call('HMGET', K.meta, 'state', 'epoch', 'recovered_at')
+if m[1] == 'ok' and m[2] == A.epoch then return {'OK', A.epoch} end
+local why = nil
+if m[1] ~= 'recovering' or m[2] ~= A.epoch then
+  why = 'the namespace is ' .. tostring(m[1]) .. ' with epoch ' .. tostring(m[2]) .. ', not recovering to ' .. A.epoch
+else
+  local left = redis.call('ZRANGEBYSCORE', K.leases, '-inf', '+inf', 'LIMIT', 0, 1)
+  if #left > 0 then why = 'lease ' .. left[1] .. ' from before the recovery is still indexed' end
+end
+if why then
+  return refuse(K.nslog, nil, 'recovery_refused', {'E_STATE', why}, {'actor', A.actor, 'epoch', A.epoch, 'reason', why})
+end
+redis.call('HSET', K.meta, 'state', 'ok')
+redis.call('HDEL', K.meta, 'lost_reason', 'lost_at')
+emit(K.nslog, 'recovery_finished', {'actor', A.actor, 'epoch', A.epoch, 'voided_leases', A.voided})
+return {'OK', A.epoch}

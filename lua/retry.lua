@@ -12,6 +12,7 @@
 -- KEYS[8] pending    the queue's pending index
 -- KEYS[9] outbox     attempts waiting to be dispatched to the transport
 -- KEYS[10] attention attention items (resolved by this decision)
+-- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] reason      why another Attempt (>= 10 characters)
 -- ARGV[2] hypothesis  what is different this time, or ''
 -- ARGV[3] actor       who decides (operator, policy)
@@ -24,47 +25,52 @@
 -- Idempotent: by request id
 --@include common
 
-local k_meta, k_epochs, k_nslog, k_counts = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local k_task, k_att, k_ev, k_pending, k_outbox, k_attention = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local reason, hypothesis, actor, req, delay, epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
-
-if not delay or delay < 0 or delay ~= math.floor(delay) then return {'E_BADARG', 'delay_ms must be an integer >= 0'} end
-local err = ns_check(k_meta, k_epochs, k_nslog, epoch, '0', actor, false)
+local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox',
+  'attention', 'stats'})
+local A, bad = args(ARGV, {
+  {'reason', 'text', 2000},
+  {'hypothesis', 'text', 2000},
+  {'actor', 'id', 200},
+  {'request_id', 'reqid'},
+  {'delay_ms', 'int', 0, 365 * DAY_MS},
+  {'epoch', 'epoch'},
+})
+if bad then return bad end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', k_task, 'id', 'queue', 'state', 'attempts', 'active', 'manifest')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'active', 'manifest')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local task_id, queue, state, n = t[1], t[2], t[3], tonumber(t[4])
-local latest = redis.call('HMGET', k_att, n .. '.state', n .. '.create_req', n .. '.due_at')
-if req ~= '' and latest[2] == req then return {'DUP', n, latest[3], attempt_snapshot(k_att, n)} end
+local latest = redis.call('HMGET', K.attempts, n .. '.state', n .. '.create_req', n .. '.due_at')
+if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts, n)} end
 
 local why = nil
-local trimmed = string.gsub(reason, '^%s*(.-)%s*$', '%1')
+local count, reason = chars(A.reason)
 if state == 'succeeded' or state == 'canceled' or state == 'quarantined' then
   why = 'task is ' .. state .. ' and never runs again'
 elseif t[5] ~= '' then
   why = 'attempt ' .. t[5] .. ' is still ' .. tostring(latest[1])
 elseif latest[1] ~= 'failed' then
   why = 'the latest attempt (' .. n .. ') is ' .. tostring(latest[1]) .. ', not failed'
-elseif select(2, string.gsub(trimmed, '[^\128-\191]', '')) < 10 then  -- characters, not bytes
+elseif count < 10 then
   why = 'a retry needs a recorded reason of at least ten characters'
 end
 if why then
-  emit(k_ev, 'retry_refused', {'attempt', n, 'actor', actor, 'reason', why})
-  return {'E_RETRY', why}
+  return refuse(K.events, K.stats, 'retry_refused', {'E_RETRY', why}, {'attempt', n, 'actor', A.actor, 'reason', why})
 end
 
 local ts = now_ms()
 local m = n + 1
-local due = ts + delay
-local new_state = (delay > 0) and 'backoff' or 'pending'
-aset(k_att, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', trimmed,
-  'hypothesis', hypothesis, 'manifest', t[6], 'worktree', task_id .. '/' .. m, 'create_req', req,
-  'retry_by', actor})
-redis.call('HSET', k_task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
-redis.call('ZADD', k_pending, due, task_id)
-redis.call('ZADD', k_outbox, due, task_id .. '/' .. m)
-redis.call('HDEL', k_attention, task_id)
-move_count(k_counts, queue, state, new_state)
-emit(k_ev, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', actor, 'reason', trimmed,
-  'hypothesis', hypothesis, 'due_at', due})
-return {'OK', m, due, attempt_snapshot(k_att, m)}
+local due = ts + A.delay_ms
+local new_state = (A.delay_ms > 0) and 'backoff' or 'pending'
+aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', reason,
+  'hypothesis', A.hypothesis, 'manifest', t[6], 'worktree', task_id .. '/' .. m, 'create_req', A.request_id,
+  'retry_by', A.actor})
+redis.call('HSET', K.task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
+redis.call('ZADD', K.pending, due, task_id)
+redis.call('ZADD', K.outbox, due, task_id .. '/' .. m)
+redis.call('HDEL', K.attention, task_id)
+move_count(K.counts, queue, state, new_state)
+emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', A.actor, 'reason', reason,
+  'hypothesis', A.hypothesis, 'due_at', due})
+return {'OK', m, due, attempt_snapshot(K.attempts, m)}

@@ -6,11 +6,12 @@ generation is the only authority to write; every transition and every refusal is
 
 from __future__ import annotations
 
-import os
-
-from .app import App, Context, HandlerSpec, LeaseLost
+from .app import App, HandlerSpec
 from .client import DEFAULT_LEASE_MS, Client
-from .effects import EffectRecord, EffectUnknown, mint_key
+from .config import Backoff, Budget, Decision, RetryPolicy
+from .connection import connect
+from .context import Context, LeaseLost
+from .effects import EffectUnknown, mint_key
 from .errors import (
     AttemptNotRunning,
     CancelRequested,
@@ -22,11 +23,13 @@ from .errors import (
     LeaseExpired,
     McqError,
     NamespaceLost,
+    OutcomeUnknown,
     PhaseOutOfOrder,
     ResultConflict,
     RetryRefused,
     StaleFence,
     TaskNotFound,
+    TaskPurged,
     TransitionRefused,
     WriteRefused,
 )
@@ -34,6 +37,7 @@ from .failures import make_failure
 from .models import (
     Attempt,
     AttemptState,
+    EffectRecord,
     Event,
     ExpiredLease,
     Failure,
@@ -47,12 +51,9 @@ from .models import (
 )
 from .policy import (
     AuthorizationError,
-    Backoff,
-    Budget,
     BudgetExceeded,
     CapacityError,
     ConfigurationFailure,
-    Decision,
     ExecutorError,
     HandlerError,
     InternalError,
@@ -60,31 +61,14 @@ from .policy import (
     ProviderError,
     RepositoryError,
     Retry,
-    RetryPolicy,
     ValidationFailure,
     classify,
 )
+from .reconcile import Reconciler, reconcile_attempt
+from .recovery import RecoveryIncomplete, recover
 from .sweeper import Sweeper
 
 __version__ = "0.1.0"
-
-
-def connect(url: str | None = None, *, prefix: str | None = None, home: str | None = None, **kw: object) -> Client:
-    """Connect to a namespace. ``url`` (or ``MCQ_REDIS_URL``) may be ``redis://``, ``rediss://``
-    (TLS) or ``unix://``, with a password or ACL user. With neither, start or reuse the embedded
-    private redis-server under ``home`` (``MCQ_HOME``, default ``./.mcq``).
-    """
-    url = url or os.environ.get("MCQ_REDIS_URL") or None
-    prefix = prefix or os.environ.get("MCQ_PREFIX") or "mcq"
-    if url:
-        return Client(url, prefix=prefix, **kw)  # type: ignore[arg-type]
-    from .embedded import ensure_server
-
-    server = ensure_server(home)
-    client = Client(server.url, prefix=prefix, witness_path=server.witness, **kw)  # type: ignore[arg-type]
-    client.embedded = server
-    return client
-
 
 __all__ = [
     "App",
@@ -126,8 +110,11 @@ __all__ = [
     "NamespaceInfo",
     "NamespaceLost",
     "NonRetryable",
+    "OutcomeUnknown",
     "PhaseOutOfOrder",
     "ProviderError",
+    "Reconciler",
+    "RecoveryIncomplete",
     "RepositoryError",
     "ResultConflict",
     "Retry",
@@ -137,6 +124,7 @@ __all__ = [
     "Sweeper",
     "Task",
     "TaskNotFound",
+    "TaskPurged",
     "TaskState",
     "TransitionRefused",
     "ValidationFailure",
@@ -145,4 +133,6 @@ __all__ = [
     "connect",
     "make_failure",
     "mint_key",
+    "reconcile_attempt",
+    "recover",
 ]

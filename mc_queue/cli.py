@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from . import connect
 from .client import Client
+from .connection import connect
 from .errors import (
     ConfigurationError,
     IdempotencyConflict,
@@ -25,6 +25,7 @@ from .errors import (
     NamespaceLost,
     TaskNotFound,
 )
+from .models import NamespaceInfo
 from .render import print_status, print_task, task_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,6 +69,12 @@ def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+def _exit_if_lost(info: NamespaceInfo) -> None:
+    """Exit 3 when the namespace lost state (or is recovering): what was printed is not the truth."""
+    if not info.usable:
+        _fail(f"namespace {info.prefix!r} is {info.state}: {info.reason}. Run `mcq recover`.", 3)
+
+
 @click.group()
 @click.option("--redis-url", envvar="MCQ_REDIS_URL", default=None,
               help="redis://, rediss:// or unix:// URL (user:password@ for AUTH/ACL). Default: the embedded server.")
@@ -92,6 +99,8 @@ def enqueue(obj: Ctx, queue: str, handler: str, payload: str, idempotency_key: s
     """Create a task; prints its id."""
     try:
         data = json.loads(payload)
+    except RecursionError:
+        raise click.BadParameter("the JSON is nested too deeply; flatten it", param_hint="--payload") from None
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON ({exc}); e.g. --payload '{{\"repo\": \"x\"}}'",
                                  param_hint="--payload") from None
@@ -141,6 +150,7 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
         _emit_json({"namespace": obj.client.keys.prefix, "queues": data, "overview": overview})
     else:
         print_status(data, overview)
+    _exit_if_lost(obj.client.namespace())
 
 
 @main.command()
@@ -183,7 +193,9 @@ def expire(obj: Ctx, as_json: bool) -> None:
 @handle_errors
 def reconcile(obj: Ctx, attempt_id: str, as_json: bool) -> None:
     """Settle a suspect Attempt from the evidence recorded."""
-    attempt = obj.client.reconcile_attempt(attempt_id, actor="operator")
+    from .reconcile import reconcile_attempt
+
+    attempt = reconcile_attempt(obj.client, attempt_id, actor="operator")
     if as_json:
         _emit_json(attempt.model_dump(mode="json"))
     else:
@@ -197,7 +209,9 @@ def reconcile(obj: Ctx, attempt_id: str, as_json: bool) -> None:
 @handle_errors
 def recover(obj: Ctx, reason: str, as_json: bool) -> None:
     """After Redis lost state: new epoch, fence floor raised, every live lease voided."""
-    report = obj.client.recover(reason=reason, actor="operator")
+    from .recovery import recover as run_recovery
+
+    report = run_recovery(obj.client, reason=reason, actor="operator")
     if as_json:
         _emit_json(report)
     else:
@@ -210,13 +224,16 @@ def recover(obj: Ctx, reason: str, as_json: bool) -> None:
 @click.pass_obj
 @handle_errors
 def namespace(obj: Ctx, as_json: bool) -> None:
-    """The namespace's state (ok | lost | recovering), epoch, claim sequence and fence floor."""
+    """The namespace's state (ok | lost | recovering | missing), epoch, claim sequence and fence floor.
+    Read only: it never creates a namespace. Exit 3 when the namespace lost state."""
     info = obj.client.namespace()
-    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events()}
+    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events(count=1000)}
     if as_json:
         _emit_json(data)
     else:
-        click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch}, claims {info.seq}, fence floor {info.floor})")
+        click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch or '-'}, claims {info.seq}, "
+                   f"fence floor {info.floor})" + (f": {info.reason}" if info.reason else ""))
+    _exit_if_lost(info)
 
 
 def load_app(spec: str) -> Any:
@@ -259,7 +276,8 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     import logging
     import time
 
-    from .worker import WORKER_CLASSES, McqJob, configure, make_worker, rq_connection, rq_queue_name
+    from .transport import rq_connection, rq_queue_name
+    from .worker import WORKER_CLASSES, McqJob, configure, make_worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = load_app(app_spec)
@@ -385,15 +403,17 @@ def dlq_replay(obj: Ctx, task_id: str, reason: str, hypothesis: str | None) -> N
 
 @dlq.command("purge")
 @click.argument("task_id")
-@click.option("--reason", required=True, help="Why its history may go.")
+@click.option("--reason", required=True, help="Why its history may go (at least ten characters).")
+@click.option("--keep-key-for", "keep_days", type=click.FloatRange(0, 3650), default=30.0, show_default=True,
+              help="Days during which the task id and its producer key stay refused (0: free them at once).")
 @click.option("--yes", is_flag=True, help="Confirm: the task and its whole history are deleted.")
 @click.pass_obj
 @handle_errors
-def dlq_purge(obj: Ctx, task_id: str, reason: str, yes: bool) -> None:
+def dlq_purge(obj: Ctx, task_id: str, reason: str, keep_days: float, yes: bool) -> None:
     if not yes:
         raise click.BadParameter("purging deletes the task and its history for good: add --yes", param_hint="--yes")
-    n = obj.client.dlq_purge(task_id, reason=reason, actor="operator")
-    click.echo(f"{task_id} purged ({n} attempt(s))")
+    n = obj.client.dlq_purge(task_id, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
+    click.echo(f"{task_id} purged ({n} attempt(s)); its id and producer key are refused for {keep_days:g} day(s)")
 
 
 @main.command()

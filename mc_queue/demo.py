@@ -22,8 +22,9 @@ from typing import Any
 
 from rich.console import Console
 
-from . import connect
+from .connection import connect
 from .errors import McqError
+from .reconcile import reconcile_attempt
 from .render import print_task
 
 LEASE_MS = 1500
@@ -60,7 +61,7 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
                       f"(AOF, appendfsync always; data in {server.home / 'redis'})")
     else:
         console.print(f"[bold]redis[/bold]: {redis_url}")
-    info = q.namespace()
+    info = q.open_namespace()
     if info.state != "ok":
         console.print(f"[red]namespace 'demo' is {info.state}: run `mcq --prefix demo recover` first[/red]")
         return 3
@@ -88,7 +89,7 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
     expired = q.expire_leases(actor="sweeper")
     for e in expired:
         console.print(f"4. sweeper: {e.attempt_id} suspect, fence {e.old_fence} -> {e.new_fence}")
-    settled = q.reconcile_attempt(claimed["attempt"], actor="reconciler")
+    settled = reconcile_attempt(q, claimed["attempt"], actor="reconciler")
     console.print(f"5. reconciliation: no side effect recorded -> attempt {settled.number} {settled.state.value} "
                   f"({settled.failure.failure_class.value if settled.failure else ''})")
     attempt2 = q.retry_task(task.id, "worker A stopped heartbeating and lost its lease",

@@ -18,19 +18,16 @@ the sweeper can ask the provider after the worker that started the effect has va
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from .errors import InvalidArgument
 from .models import FailureClass
 from .policy import NonRetryable
 
-_OPERATION_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_IDENTITY_RE = re.compile(r"^[^\s]{1,200}$")
+_OPERATION_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_IDENTITY_RE = re.compile(r"[!-~\u00a0-\ud7ff\ue000-\U0010ffff]{1,200}")
 
 Perform = Callable[[str], Any]
 Reconcile = Callable[[str], Any]
@@ -45,36 +42,9 @@ class EffectUnknown(NonRetryable):
 
 def mint_key(task_id: str, operation: str, identity: str, attempt: int | None = None) -> str:
     """The operation key. ``identity`` is content identity (a head SHA, a PR title digest), never a time."""
-    if not _OPERATION_RE.match(operation):
+    if not isinstance(operation, str) or not _OPERATION_RE.fullmatch(operation):
         raise InvalidArgument(f"invalid operation name {operation!r}: lowercase letters, digits, '_', '.', '-'")
-    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
+    if not isinstance(identity, str) or not _IDENTITY_RE.fullmatch(identity):
         raise InvalidArgument(f"invalid content identity {identity!r}: 1-200 characters without spaces")
     owner = task_id.rsplit(":", 1)[1] + (f"/{attempt}" if attempt is not None else "")
     return f"{operation}:{owner}:{identity}"
-
-
-class EffectRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-    key: str
-    operation: str
-    identity: str
-    state: str  # intent | done | absent | unknown
-    attempt: int
-    fence: str = ""
-    worker: str = ""
-    intent_at: int | None = None
-    receipt: Any = None
-    receipt_at: int | None = None
-    receipt_attempt: int | None = None
-    settled_by: str | None = None
-    source: str | None = None
-    note: str | None = None
-
-    @classmethod
-    def from_json(cls, text: str) -> EffectRecord:
-        data = json.loads(text)
-        raw = data.pop("receipt_json", None)
-        if raw:
-            data["receipt"] = json.loads(raw)
-        return cls.model_validate(data)

@@ -1,12 +1,44 @@
-"""One error tree, and the one mapping from script reply codes to exceptions.
+"""One error tree, the reply codes of the Lua scripts as one enum, and the one mapping between them.
 
 Every exception carries the task, the attempt, the script and the reply code it came from, so a log
-line says which contract refused what and why.
+line says which contract refused what and why. The scripts' headers declare their codes (``Returns:``);
+a test checks that every code a header names is a member of :class:`Code` and mapped here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
+
+
+class Code(StrEnum):
+    """Every first element a script's reply can have."""
+
+    OK = "OK"                # done
+    DUP = "DUP"              # done before: the same request again (idempotent replay)
+    NOOP = "NOOP"            # nothing to do (re-checked condition no longer holds)
+    DONE = "DONE"            # effect_begin: the receipt is on file, replay it
+    PENDING = "PENDING"      # effect_begin: an intent without receipt, reconcile first
+    E_BADARG = "E_BADARG"    # an argument is malformed or out of bounds: nothing was read or written
+    E_NOTASK = "E_NOTASK"    # no such task
+    E_NSLOST = "E_NSLOST"    # the namespace lost state (or is recovering): run `mcq recover`
+    E_EPOCH = "E_EPOCH"      # the caller's epoch was retired by a recovery: reload and resend
+    E_SCHEMA = "E_SCHEMA"    # the namespace was made by another mc_queue version
+    E_STALE = "E_STALE"      # a fenced write with a fence that is not the current one
+    E_STATE = "E_STATE"      # the attempt or task is not in a state this transition starts from
+    E_EXPIRED = "E_EXPIRED"  # the fence is current but the lease ran out
+    E_CLAIM = "E_CLAIM"      # the attempt is not claimable
+    E_CONFLICT = "E_CONFLICT"  # the same identity with another content
+    E_RETRY = "E_RETRY"      # Mission Control's retry rules refused a new attempt
+    E_CANCELED = "E_CANCELED"  # a cancel was requested: acknowledge instead
+    E_CANCEL = "E_CANCEL"    # cancel_ack without a cancel request
+    E_PHASE = "E_PHASE"      # a checkpoint out of order
+    E_NOEFFECT = "E_NOEFFECT"  # a receipt for an effect with no intent on file
+    E_PURGED = "E_PURGED"    # the task (of this id or producer key) was purged
+
+
+SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
 
 
 class McqError(Exception):
@@ -59,6 +91,10 @@ class RetryRefused(TransitionRefused):
     """Mission Control's retry rules refused a new Attempt (see the message for which one)."""
 
 
+class TaskPurged(TransitionRefused):
+    """The task this id or producer key names was purged: it does not run again until its tombstone expires."""
+
+
 class WriteRefused(McqError):
     """A fenced write (renew, complete, fail) was refused and kept as a stale_write_refused event.
 
@@ -107,6 +143,21 @@ class ConfigurationError(McqError):
     """mc_queue cannot start as configured (no redis-server binary, bad URL, ...)."""
 
 
+class OutcomeUnknown(McqError):
+    """The connection failed after a script that is not safe to resend was sent: it may or may not
+    have run. Read the state back before doing anything else."""
+
+
+_FENCED_SCRIPTS = frozenset({"renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack"})
+_STATE_MESSAGES: dict[str, Callable[[str, str], str]] = {
+    "cancel": lambda where, first: f"cancel of {where} refused: the task is {first} already",
+    "dlq_replay": lambda where, first: f"replay of {where} refused: the task is {first}, not quarantined",
+    "dlq_purge": lambda where, first: f"purge of {where} refused: the task is {first}, not quarantined",
+    "recover_finish": lambda where, first: f"recovery cannot finish: {first}",
+    "index_drop": lambda where, first: f"the index entry {where} is right (attempt {first}): not dropped",
+}
+
+
 def raise_for_reply(
     reply: list[Any],
     *,
@@ -115,52 +166,74 @@ def raise_for_reply(
     attempt_id: str | None = None,
     presented_fence: int | None = None,
 ) -> None:
-    """Raise the exception for an error reply from a script; return for OK/DUP/NOOP replies."""
-    code = str(reply[0])
-    if not code.startswith("E_"):
+    """Raise the exception for an error reply from a script; return for a success code."""
+    try:
+        code = Code(str(reply[0]))
+    except ValueError:
+        if isinstance(reply[0], int) and script == "due":
+            return
+        raise McqError(f"{script} replied with an unknown code {reply[0]!r}", script=script) from None
+    if code in SUCCESS_CODES:
         return
     detail = [str(x) for x in reply[1:] if not isinstance(x, list)]
-    ctx: dict[str, Any] = dict(task_id=task_id, attempt_id=attempt_id, script=script, code=code, detail=detail)
+    ctx: dict[str, Any] = dict(task_id=task_id, attempt_id=attempt_id, script=script, code=code.value, detail=detail)
     where = attempt_id or task_id or "namespace"
     first = detail[0] if detail else ""
-    if code == "E_CLAIM":
-        holder = f" (held by {detail[1]})" if len(detail) > 1 and detail[1] else ""
-        raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
-    if code in ("E_STALE", "E_STATE", "E_EXPIRED") and script in (
-            "renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack"
-    ) and presented_fence is not None:
+    second = detail[1] if len(detail) > 1 else ""
+    if code in (Code.E_STALE, Code.E_STATE, Code.E_EXPIRED) and script in _FENCED_SCRIPTS \
+            and presented_fence is not None:
         current = int(first) if first.isdigit() else None
         fenced = dict(presented_fence=presented_fence, current_fence=current, **ctx)
-        if code == "E_STALE":
+        if code is Code.E_STALE:
             raise StaleFence(
                 f"{script} of {where} refused: fence {presented_fence} is stale (current fence {current}); "
                 "the refusal is recorded as a stale_write_refused event", **fenced)
-        if code == "E_EXPIRED":
+        if code is Code.E_EXPIRED:
             raise LeaseExpired(
                 f"{script} of {where} refused: the lease of fence {presented_fence} expired (Redis clock); "
                 "the refusal is recorded as a stale_write_refused event", **fenced)
-        raise AttemptNotRunning(
-            f"{script} of {where} refused: the attempt is {detail[1] if len(detail) > 1 else '?'}, not running",
-            **fenced)
-    if code == "E_CANCELED":
+        raise AttemptNotRunning(f"{script} of {where} refused: the attempt is {second or '?'}, not running", **fenced)
+    if code is Code.E_CLAIM:
+        holder = f" (held by {second})" if second else ""
+        raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
+    if code is Code.E_CANCELED:
         raise CancelRequested(f"{script} of {where} refused: cancellation was requested ({first}); "
                               "acknowledge it instead", **ctx)
-    if code == "E_STATE":
-        raise TransitionRefused(f"{script} of {where} refused: attempt is {first}", **ctx)
-    if code == "E_CONFLICT":
+    if code is Code.E_CANCEL:
+        raise TransitionRefused(f"{script} of {where} refused: no cancellation was requested", **ctx)
+    if code is Code.E_PHASE:
+        raise PhaseOutOfOrder(f"checkpoint of {where} refused: phases are monotonic and the attempt is already "
+                              f"at {first!r}", **ctx)
+    if code is Code.E_STATE:
+        message = _STATE_MESSAGES.get(script)
+        text = message(where, first) if message else f"{script} of {where} refused: attempt is {first}"
+        raise TransitionRefused(text, **ctx)
+    if code is Code.E_CONFLICT:
         if script == "enqueue":
             raise IdempotencyConflict(
                 f"idempotency key already names task {first} with a different payload or handler; "
                 "send the same payload to get that task back, or use a new key for new work", **ctx)
+        if script == "effect_done":
+            raise ResultConflict(f"effect_done of {where} refused: another receipt is on file for this key", **ctx)
         raise ResultConflict(
             f"{script} of {where} refused: already settled with this fence and a different "
-            f"result (recorded digest {detail[1] if len(detail) > 1 else first})", **ctx)
-    if code == "E_NOTASK":
+            f"result (recorded digest {first})", **ctx)
+    if code is Code.E_PURGED:
+        raise TaskPurged(
+            f"task {first} was purged; its id and producer key are refused until {second or 'its tombstone expires'} "
+            "(ms, Redis clock): the work does not run again. Use a new key for new work", **ctx)
+    if code is Code.E_NOTASK:
         raise TaskNotFound(f"no task {task_id or where!s} in this namespace", **ctx)
-    if code == "E_RETRY":
+    if code is Code.E_NOEFFECT:
+        raise InvalidArgument(f"no intent on file for this effect ({first})", **ctx)
+    if code is Code.E_RETRY:
         raise RetryRefused(f"retry of {where} refused: {first}", **ctx)
-    if code == "E_NSLOST":
+    if code is Code.E_NSLOST:
         raise NamespaceLost(f"{first}. Claims are refused until `mcq recover` has run.", **ctx)
-    if code == "E_BADARG":
+    if code is Code.E_SCHEMA:
+        raise ConfigurationError(
+            f"the namespace was created by another version of mc_queue (schema {first}); drain it with that "
+            "version or use a new --prefix", **ctx)
+    if code is Code.E_BADARG:
         raise InvalidArgument(f"{script}: {first}", **ctx)
-    raise McqError(f"{script} of {where} failed with {code}: {' '.join(detail)}", **ctx)
+    raise McqError(f"{script} of {where} failed with {code.value}: {' '.join(detail)}", **ctx)  # E_EPOCH: internal

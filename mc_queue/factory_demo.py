@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import connect
 from .client import Client
+from .connection import connect
 from .models import Task, TaskState
 from .providers.git import TRAILER, git
 from .testing import ForgeServer, bare_git_remote
@@ -146,7 +146,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
                "MCQ_HOME": str(tmp / "home")}
         os.environ.update({"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5"})
         from .examples.agents import app
-        from .worker import AppClient
+        from .producer import AppClient
 
         ac = AppClient(app, q)
         lease_s = app.spec("fix-issue").lease_ms / 1000

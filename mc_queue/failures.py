@@ -36,5 +36,3 @@ def make_failure(failure_class: FailureClass | str, type_name: str, message: str
                    fingerprint=fingerprint(fc, type_name, message), retryable=retryable)
 
 
-def failure_from_exception(exc: BaseException, failure_class: FailureClass | str = FailureClass.INTERNAL) -> Failure:
-    return make_failure(failure_class, type(exc).__qualname__, str(exc))

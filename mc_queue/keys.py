@@ -24,6 +24,9 @@ Key schema (``P`` = ``{prefix}``)::
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
     P:t:<task id>:ev       stream its append-only event history
     P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
+    P:t:<task id>:fence    string its fence counter (INCR at every claim, expiry and cancel acknowledgement)
+    P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PX at claim, PEXPIRE at renew)
+    P:tomb:<task id>       string a purged task's tombstone (JSON), PX the retention the operator chose
 
 Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given
 the queue's keys from the id alone); an attempt id is ``<task id>/<n>``.
@@ -36,14 +39,16 @@ import re
 import time
 from dataclasses import dataclass
 
-QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+# Matched with fullmatch: "$" would also match before a trailing newline.
+QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_TASK_ID_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([0-9A-HJKMNP-TV-Z]{26})$")
+_TASK_ID_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([0-9A-HJKMNP-TV-Z]{26})")
+_NUMBER_RE = re.compile(r"[0-9]{1,7}")  # str.isdigit() also accepts '²' and other digits int() refuses
 
 
 def check_queue(queue: str) -> str:
-    if not isinstance(queue, str) or not QUEUE_RE.match(queue):
+    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
         raise ValueError(
             f"invalid queue name {queue!r}: use 1-64 characters of letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
@@ -67,20 +72,21 @@ def new_task_id(queue: str) -> str:
 
 def parse_task_id(task_id: str) -> str:
     """Return the queue of a task id, or raise ValueError saying what a task id looks like."""
-    m = _TASK_ID_RE.match(task_id) if isinstance(task_id, str) else None
+    m = _TASK_ID_RE.fullmatch(task_id) if isinstance(task_id, str) else None
     if not m:
         raise ValueError(f"invalid task id {task_id!r}: expected '<queue>:<26-character ULID>'")
     return m.group(1)
 
 
 def attempt_id(task_id: str, number: int) -> str:
+    """The id of Attempt ``number`` of a task: ``<task id>/<n>``."""
     return f"{task_id}/{number}"
 
 
 def parse_attempt_id(value: str) -> tuple[str, int]:
     """Split ``<task id>/<n>`` into (task id, n); raise ValueError on anything else."""
     task_id, sep, num = value.rpartition("/") if isinstance(value, str) else ("", "", "")
-    if not sep or not num.isdigit() or int(num) < 1:
+    if not sep or not _NUMBER_RE.fullmatch(num) or int(num) < 1:
         raise ValueError(f"invalid attempt id {value!r}: expected '<task id>/<attempt number>'")
     parse_task_id(task_id)
     return task_id, int(num)
@@ -93,13 +99,16 @@ class TaskKeys:
     events: str
     pending: str
     effects: str
+    fence: str
+    lease: str
+    tomb: str
 
 
 class Keys:
     """Key builder for one namespace."""
 
     def __init__(self, prefix: str = "mcq") -> None:
-        if not PREFIX_RE.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):
             raise ValueError(f"invalid key prefix {prefix!r}: use letters, digits, '_', '.', ':', '-'")
         self.prefix = prefix
         tag = "{" + prefix + "}"
@@ -125,4 +134,11 @@ class Keys:
         queue = parse_task_id(task_id)
         base = f"{self.tag}:t:{task_id}"
         return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue),
-                        effects=f"{base}:fx")
+                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
+                        tomb=f"{self.tag}:tomb:{task_id}")
+
+    def nowhere(self) -> TaskKeys:
+        """Per-task keys that name no task (``{prefix}:t:-``): for an index member that is unreadable."""
+        base = f"{self.tag}:t:-"
+        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=f"{base}:pending",
+                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb")

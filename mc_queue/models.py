@@ -1,21 +1,7 @@
 """Task, Attempt, Event, Lease: the records mc_queue keeps, and their states.
 
-State table (who moves things out of each state):
-
-Task
-    pending      claim (worker)                                  -> running
-    backoff      claim once due (worker)                         -> running
-    running      complete -> succeeded; fail -> failed; reconcile_settle -> succeeded | failed | blocked
-    failed       retry (operator or policy)                      -> pending | backoff
-    blocked      retry (operator, with a reason)                 -> pending | backoff
-    succeeded, canceled, quarantined: final, never run again
-
-Attempt
-    pending      claim                                           -> running
-    running      complete -> succeeded; fail -> failed; expire (lease passed) -> suspect
-    suspect      reconcile_begin                                 -> reconciling
-    reconciling  reconcile_settle                                -> succeeded | failed
-    succeeded, failed, canceled: terminal, never change again
+Which script moves a Task or an Attempt from which state to which, and who causes it, is the table
+in :mod:`mc_queue.states` (rendered into the README).
 """
 
 from __future__ import annotations
@@ -51,7 +37,6 @@ class AttemptState(StrEnum):
 
 
 TERMINAL_ATTEMPT_STATES = frozenset({AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELED})
-FINAL_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.CANCELED, TaskState.QUARANTINED})
 
 
 class FailureClass(StrEnum):
@@ -206,7 +191,9 @@ class Task(_Record):
     state: TaskState
     created_at: datetime
     updated_at: datetime | None = None
-    fence: int = 0
+    fence: int = 0  # the task's fence counter (the last fence issued; 0 before the first claim)
+    lease_ms: int | None = None  # the lease length every claim gets (frozen at enqueue)
+    lease_pttl_ms: int | None = None  # what is left of the live lease (PTTL of its key), None without one
     attempt_count: int = 0
     active_attempt: int | None = None
     retry_policy: str | None = None
@@ -222,7 +209,8 @@ class Task(_Record):
         return self.attempts[-1] if self.attempts else None
 
     @classmethod
-    def from_redis(cls, f: dict[str, str], att: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Task:
+    def from_redis(cls, f: dict[str, str], att: dict[str, str], events: list[tuple[str, dict[str, str]]], *,
+                   fence: str | None = None, lease_pttl_ms: int | None = None) -> Task:
         by_n: dict[int, dict[str, str]] = {}
         for key, value in att.items():
             num, _, name = key.partition(".")
@@ -238,7 +226,9 @@ class Task(_Record):
             state=TaskState(f["state"]),
             created_at=ms_to_dt(int(f["created_at"])),  # type: ignore[arg-type]
             updated_at=ms_to_dt(int(f["updated_at"])) if f.get("updated_at") else None,
-            fence=int(f.get("fence") or 0),
+            fence=int(fence or 0),
+            lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
+            lease_pttl_ms=lease_pttl_ms if lease_pttl_ms is not None and lease_pttl_ms >= 0 else None,
             attempt_count=int(f.get("attempts") or 0),
             active_attempt=int(f["active"]) if f.get("active") else None,
             retry_policy=f.get("retry_policy") or None,
@@ -261,6 +251,8 @@ class Lease:
     worker_id: str
     task_id: str
     number: int
+    seq: int = 0  # the namespace's claim sequence when this lease was issued
+    lease_ms: int = 0  # the lease length granted (each renewal extends it by as much)
 
     @property
     def expires_at(self) -> datetime:
@@ -287,8 +279,46 @@ class ExpiredLease:
 
 @dataclass(frozen=True, slots=True)
 class NamespaceInfo:
+    """A namespace as Redis holds it. ``state``: ok | lost | recovering, or ``missing`` when Redis has
+    no meta for it (``lost`` too when it left traces or the embedded witness remembers it)."""
+
     prefix: str
     state: str
     epoch: str
     seq: int
     floor: int
+    reason: str = ""
+    max_lease_ms: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.state in ("ok", "missing")
+
+
+class EffectRecord(BaseModel):
+    """One side effect of a task: its intent (before the provider is called) and its receipt."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    key: str
+    operation: str
+    identity: str
+    state: str  # intent | done | absent | unknown
+    attempt: int
+    fence: str = ""
+    worker: str = ""
+    intent_at: int | None = None
+    receipt: Any = None
+    receipt_at: int | None = None
+    receipt_attempt: int | None = None
+    settled_by: str | None = None
+    source: str | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> EffectRecord:
+        data = json.loads(text)
+        raw = data.pop("receipt_json", None)
+        if raw:
+            data["receipt"] = json.loads(raw)
+        return cls.model_validate(data)

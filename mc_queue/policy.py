@@ -15,15 +15,12 @@ Attempt, so the history it was computed from cannot change underneath it.
 
 from __future__ import annotations
 
-import math
 import subprocess
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-import tenacity
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from .config import Budget, Decision, RetryPolicy, parse_config
 from .failures import fingerprint
 from .models import Attempt, Failure, FailureClass, Task
 
@@ -140,7 +137,26 @@ def classify(exc: BaseException) -> Classified:
     return Classified(failure, hypothesis, retry_after, isinstance(exc, NonRetryable))
 
 
+# Exception types outside mc_queue mapped to a failure class: providers register their own errors
+# (mc_queue.providers.git registers GitError as a repository failure) instead of this module importing them.
+Classifier = Callable[[BaseException], "tuple[FailureClass, float | None] | None"]
+_REGISTERED: list[tuple[type[BaseException], FailureClass | Classifier]] = []
+
+
+def register_failure_class(exc_type: type[BaseException], failure_class: FailureClass | Classifier) -> None:
+    """Classify ``exc_type`` (and its subclasses) as ``failure_class``, or by a function returning
+    (class, retry_after) or None to fall through. Later registrations take precedence."""
+    _REGISTERED.insert(0, (exc_type, failure_class))
+
+
 def _classify_common(exc: BaseException) -> tuple[FailureClass, float | None]:
+    for exc_type, how in _REGISTERED:
+        if isinstance(exc, exc_type):
+            if isinstance(how, FailureClass):
+                return how, None
+            found = how(exc)
+            if found is not None:
+                return found
     import httpx
 
     if isinstance(exc, httpx.HTTPStatusError):
@@ -158,106 +174,13 @@ def _classify_common(exc: BaseException) -> tuple[FailureClass, float | None]:
         return FailureClass.PROVIDER, None
     if isinstance(exc, (TimeoutError, ConnectionError, subprocess.TimeoutExpired)):
         return FailureClass.PROVIDER, None
-    from .providers.git import GitError
-
-    if isinstance(exc, GitError):  # a refused or failed push: the repository's state disagrees
-        return FailureClass.REPOSITORY, None
     if type(exc).__name__ == "JobTimeoutException":  # RQ killed a hung handler
         return FailureClass.EXECUTOR, None
     if isinstance(exc, MemoryError):
         return FailureClass.EXECUTOR, None
     if isinstance(exc, PermissionError):
         return FailureClass.AUTHORIZATION, None
-    if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError, NameError, ImportError)):
-        return FailureClass.INTERNAL, None
     return FailureClass.INTERNAL, None
-
-
-# --------------------------------------------------------------------------- policy and budget
-
-Action = Literal["retry", "retry_if_new_hypothesis", "stop", "quarantine"]
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Backoff(_Config):
-    """Exponential backoff with full jitter: delay ~ U(0, min(max_s, base_s * 2^(n-1)))."""
-
-    base_s: float = Field(default=1.0, gt=0)
-    max_s: float = Field(default=300.0, gt=0)
-
-    def delay(self, failures_so_far: int, retry_after: float | None = None) -> float:
-        """Seconds to wait before the next Attempt; a provider's Retry-After is a floor."""
-        wait = tenacity.wait_random_exponential(multiplier=self.base_s, max=self.max_s)
-        state = tenacity.RetryCallState(retry_object=tenacity.Retrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = max(1, failures_so_far)
-        jittered = float(wait(state))
-        if retry_after is not None:
-            return min(max(jittered, retry_after), max(self.max_s, retry_after))
-        return jittered
-
-    def upper_bound(self, failures_so_far: int) -> float:
-        return min(self.max_s, self.base_s * math.pow(2, max(1, failures_so_far) - 1))
-
-
-DEFAULT_ACTIONS: dict[FailureClass, Action] = {
-    FailureClass.AUTHORIZATION: "stop",
-    FailureClass.CONFIGURATION: "stop",
-    FailureClass.CAPACITY: "retry",
-    FailureClass.PROVIDER: "retry",
-    FailureClass.EXECUTOR: "retry",  # only after reconciliation (the sweeper's path settles first)
-    FailureClass.VALIDATION: "retry_if_new_hypothesis",
-    FailureClass.REPOSITORY: "retry_if_new_hypothesis",
-    FailureClass.INTERNAL: "quarantine",
-}
-
-
-class RetryPolicy(_Config):
-    """What each failure class may do, and how retries are paced. Validated when built."""
-
-    version: str = "default-v1"
-    actions: dict[FailureClass, Action] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))
-    backoff: Backoff = Field(default_factory=Backoff)
-
-    @model_validator(mode="after")
-    def _complete(self) -> RetryPolicy:
-        missing = set(FailureClass) - set(self.actions)
-        if missing:
-            merged = dict(DEFAULT_ACTIONS)
-            merged.update(self.actions)
-            object.__setattr__(self, "actions", merged)
-        return self
-
-
-class Budget(_Config):
-    """Per-task limits; exhausting any one stops the task with an attention item."""
-
-    max_attempts: int = Field(default=5, ge=1)
-    max_wall_s: float | None = Field(default=None, gt=0)
-    max_cost: float | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_same_fingerprint: int = Field(default=3, ge=1)
-    max_interruptions: int = Field(default=3, ge=0)
-
-
-# --------------------------------------------------------------------------- decisions
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Literal["retry", "stop", "quarantine"]
-    why: str
-    delay_s: float = 0.0
-    next_reason: str = ""
-    next_hypothesis: str = ""
-    attention: dict[str, Any] = field(default_factory=dict)
-    budget_exhausted: str = ""
-
-    @property
-    def task_state(self) -> str:
-        return {"retry": "backoff", "stop": "blocked", "quarantine": "quarantined"}[self.action]
 
 
 def _history(task: Task, current: Attempt, failure: Failure) -> list[dict[str, Any]]:
@@ -359,9 +282,11 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
                     next_hypothesis=classified.hypothesis or "")
 
 
-def parse_config(value: str | Mapping[str, Any] | None, model: type[_Config]) -> Any:
-    if not value:
-        return model()
-    if isinstance(value, str):
-        return model.model_validate_json(value)
-    return model.model_validate(dict(value))
+def decision_for(task: Task, attempt: Attempt, classified: Classified, *, cost: float = 0.0,
+                 tokens: int = 0) -> Decision:
+    """What the task's frozen retry policy and budget say about this failure of ``attempt``."""
+    policy = parse_config(task.retry_policy, RetryPolicy)
+    budget = parse_config(task.budget, Budget)
+    stamps = [t for t in (attempt.heartbeat_at, attempt.suspect_at, attempt.started_at) if t]
+    elapsed = (max(stamps) - task.created_at).total_seconds() if stamps else None
+    return decide(task, attempt, classified, policy, budget, cost=cost, tokens=tokens, elapsed_s=elapsed)

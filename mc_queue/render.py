@@ -9,8 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .effects import EffectRecord
-from .models import Attempt, Event, Task
+from .models import Attempt, EffectRecord, Event, Task
 
 _EVENT_STYLE = {
     "stale_write_refused": "bold red",
@@ -40,7 +39,7 @@ def task_json(task: Task, effects: dict[str, EffectRecord] | None = None) -> dic
 
 def budget_left(task: Task) -> dict[str, Any]:
     """What the task's frozen budget still allows, from its Attempts' records."""
-    from .policy import Budget, parse_config
+    from .config import Budget, parse_config
 
     b = parse_config(task.budget, Budget)
     cost = sum(a.cost for a in task.attempts)
@@ -75,7 +74,9 @@ def describe_event(e: Event) -> str:
                 f"{f.get('presented_fence')}, current {f.get('current_fence')}, "
                 f"payload {f.get('payload_digest', '')[:12]}")
     if typ == "lease_expired":
-        return (f"lease of {f.get('worker')} expired ({f.get('overdue_ms')} ms overdue): attempt suspect, "
+        how = (f"voided with {f['left_ms']} ms left ({f.get('reason')})" if f.get("left_ms")
+               else f"expired ({f.get('overdue_ms')} ms overdue)")
+        return (f"lease of {f.get('worker')} {how}: attempt suspect, "
                 f"fence {f.get('fence')} -> {f.get('new_fence')}")
     if typ == "reconciling_started":
         return f"reconciliation started by {f.get('actor')}"

@@ -3,6 +3,7 @@
 Each pass:
 
 1. expires every lease past its expiry (Redis clock): the Attempt turns suspect, the fence moves;
+   voids the leases of executors that did not acknowledge a cancel in time;
 2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
    (with no side effect recorded, a vanished worker's Attempt settles as an executor failure);
 3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over.
@@ -10,7 +11,9 @@ Each pass:
 Every step re-checks its condition inside its script, so two sweepers at once are safe, and a
 sweeper killed mid-pass leaves nothing half-decided (a reconciling Attempt is taken up again).
 Its cost grows with what is due (expired leases, suspects, due dispatches), not with the number of
-tasks in Redis.
+tasks in Redis. One bad index entry never stops a batch: an entry whose task is gone or that cannot
+be read is dropped and logged (``orphan_index_entry``), any other error is reported and the pass
+goes on. On a namespace that lost state the sweeper decides nothing and says so at every pass.
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from typing import Any
 import redis
 
 from .client import Client
-from .errors import McqError, TransitionRefused
+from .errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
 from .keys import parse_attempt_id
 from .models import AttemptState
+from .producer import DEFAULT_RECHECK_MS, dispatch
+from .reconcile import Reconciler
+from .transport import rq_connection
 
 log = logging.getLogger("mc_queue.sweeper")
 
@@ -35,70 +41,115 @@ class SweepReport:
     expired: list[str] = field(default_factory=list)
     reconciled: dict[str, str] = field(default_factory=dict)  # attempt id -> task state after
     dispatched: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # index entries that named nothing (orphans)
     errors: list[str] = field(default_factory=list)
+    namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
-                "errors": self.errors}
+                "dropped": self.dropped, "errors": self.errors, "namespace": self.namespace}
 
 
 class Sweeper:
     def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
-                 recheck_ms: int = 60_000) -> None:
+                 recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
         self.client = client
-        self.operations = dict(app.operations) if app is not None else {}
-        self.batch = batch
         self.actor = actor or f"sweeper@{client.actor}"
+        self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
+        self.batch = batch
         self.recheck_ms = recheck_ms
         self._rq: redis.Redis | None = None
 
     def run_once(self) -> SweepReport:
         report = SweepReport()
-        for e in self.client.expire_leases(limit=self.batch, actor=self.actor):
-            report.expired.append(e.attempt_id)
-        overdue = self.client.due_cancels(limit=self.batch)
-        if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
-            for e in self.client.void_leases(overdue, actor=self.actor,
-                                             reason="cancel not acknowledged in time"):
-                report.expired.append(e.attempt_id)
-        self._reconcile(report)
-        self._dispatch(report)
+        info = self.client.namespace()
+        if not info.usable:
+            report.namespace = info.state
+            log.error("namespace %r is %s (%s): the sweeper decides nothing until `mcq recover` has run",
+                      self.client.keys.prefix, info.state, info.reason)
+            return report
+        try:
+            self._expire(report)
+            self._reconcile(report)
+            self._dispatch(report)
+        except NamespaceLost as exc:
+            report.namespace = "lost"
+            log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
+                      "`mcq recover` has run", self.client.keys.prefix, exc)
         return report
 
+    def _expire(self, report: SweepReport) -> None:
+        expired = self.client.expire_due(limit=self.batch, actor=self.actor)
+        overdue = self.client.due_cancels(limit=self.batch)
+        if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
+            expired.merge(self.client.expire(overdue, actor=self.actor, force=True,
+                                             reason="cancel not acknowledged in time"))
+        report.expired.extend(e.attempt_id for e in expired.expired)
+        report.dropped.extend(expired.dropped)
+        report.errors.extend(f"{m}: {why}" for m, why in expired.errors)
+
+    def _drop(self, index: str, member: str, why: str, report: SweepReport) -> None:
+        try:
+            if self.client.drop_index_entry(index, member, reason=why, actor=self.actor):
+                report.dropped.append(member)
+        except TransitionRefused as exc:  # the entry is right after all (state moved on meanwhile)
+            log.info("%s entry %s kept: %s", index, member, exc)
+        except McqError as exc:
+            report.errors.append(f"{member}: {exc}")
+
     def _reconcile(self, report: SweepReport) -> None:
-        suspects = [str(a) for a in self.client.redis.zrange(self.client.keys.suspect, 0, self.batch - 1)]
-        for aid in suspects:
+        for aid in self.client.task_ids_of("suspect", limit=self.batch):
             try:
-                attempt = self.client.reconcile_attempt(aid, actor=self.actor, apply_policy=True,
-                                                        operations=self.operations)
-                task = self.client.get_task(attempt.task_id)
-                report.reconciled[aid] = task.state.value
-            except TransitionRefused as exc:  # settled meanwhile by another sweeper
+                parse_attempt_id(aid)
+            except ValueError as exc:
+                self._drop("suspect", aid, str(exc), report)
+                continue
+            try:
+                attempt = self.reconciler.reconcile(aid, apply_policy=True)
+                report.reconciled[aid] = self.client.get_task(attempt.task_id).state.value
+            except TaskNotFound:
+                self._drop("suspect", aid, "no such task", report)
+            except TransitionRefused as exc:  # settled meanwhile by another sweeper, or a stale entry
                 log.info("reconcile of %s skipped: %s", aid, exc)
-            except McqError as exc:
-                report.errors.append(f"{aid}: {exc}")
+                self._drop("suspect", aid, str(exc), report)
+            except NamespaceLost:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as exc:  # one bad entry never stops the batch
+                log.exception("reconcile of %s failed", aid)
+                report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
 
     def _dispatch(self, report: SweepReport) -> None:
-        from .worker import dispatch, rq_connection
-
         due = self.client.due_dispatches(limit=self.batch)
         if not due:
             return
         if self._rq is None:
             self._rq = rq_connection(self.client)
         for aid in due:
-            task_id, n = parse_attempt_id(aid)
+            try:
+                task_id, n = parse_attempt_id(aid)
+            except ValueError as exc:
+                self._drop("outbox", aid, str(exc), report)
+                continue
             try:
                 task = self.client.get_task(task_id)
-            except McqError as exc:
-                report.errors.append(f"{aid}: {exc}")
-                continue
-            attempt = task.attempts[n - 1] if n <= len(task.attempts) else None
-            if attempt is None or attempt.state is not AttemptState.PENDING:
-                self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
-                continue
-            dispatch(self.client, self._rq, task, attempt, recheck_ms=self.recheck_ms)
-            report.dispatched.append(aid)
+                attempt = task.attempts[n - 1] if n <= len(task.attempts) else None
+                if attempt is None or attempt.state is not AttemptState.PENDING:
+                    self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
+                    continue
+                dispatch(self.client, self._rq, task, attempt, recheck_ms=self.recheck_ms)
+                report.dispatched.append(aid)
+            except TaskNotFound:
+                self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
+                report.dropped.append(aid)
+            except NamespaceLost:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as exc:
+                log.exception("dispatch of %s failed", aid)
+                report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
 
     def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
         """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
@@ -107,7 +158,7 @@ class Sweeper:
             t0 = time.monotonic()
             try:
                 r = self.run_once()
-                if r.expired or r.reconciled or r.dispatched or r.errors:
+                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

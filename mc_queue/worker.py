@@ -1,16 +1,15 @@
-"""The single bridge to RQ: RQ carries Attempts to worker processes; mc_queue stays the authority.
+"""The consumer side's bridge to RQ: RQ carries Attempts to worker processes; mc_queue stays the authority.
 
-An RQ job carries only ids, serialized as JSON: ``run_attempt(prefix, attempt_id, lease_ms)``.
-Its job id is derived from the attempt id, so dispatching an Attempt twice makes one RQ job; a
-message delivered twice is refused by the claim (the second claim finds the Attempt taken) and ends
-quietly; a message lost is sent again from the outbox by the sweeper.
+An RQ job carries only ids, serialized as JSON: ``run_attempt(prefix, attempt_id, lease_ms)``
+(:mod:`mc_queue.transport`). A message delivered twice is refused by the claim (the second claim
+finds the Attempt taken) and ends quietly; a message lost is sent again from the outbox by the
+sweeper. The lease length comes from the task (frozen at enqueue), never from the message.
 
 RQ imports whatever function a job names, so anyone able to write Redis could make every worker
 run ``os.system``. mc_queue's workers use :class:`McqJob`, which resolves only mc_queue's own entry
-function and no callbacks; any other job is refused, recorded, and never imported.
-
-Inside the process that runs the handler, a heartbeat thread renews the lease every third of a
-lease length, whether or not the handler ever yields.
+function and no callbacks; any other job (a foreign function, a payload RQ cannot decode, an
+entry-function job for another namespace or with a malformed id) is refused, recorded in the
+namespace log as ``transport_job_refused``, and never imported.
 """
 
 from __future__ import annotations
@@ -18,12 +17,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import re
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -36,79 +33,18 @@ from rq import Queue, SimpleWorker, Worker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from .app import App, Context, LeaseLost
-from .client import DEFAULT_LEASE_MS, Client, quiet_connection_kwargs
+from .app import App
+from .client import Client
+from .context import Context, LeaseLost
 from .errors import CancelRequested, McqError, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
-from .models import Attempt, AttemptState, FailureClass, Task
-from .policy import Classified, classify
+from .models import Attempt, FailureClass, Task
+from .policy import Classified, classify, decision_for
+from .transport import ENTRY, rq_connection, rq_queue_name
 from .workspace import CleanupReport, WorkspaceRoot
 
-ENTRY = "mc_queue.worker.run_attempt"
-DEFAULT_RECHECK_MS = 60_000
 log = logging.getLogger("mc_queue.worker")
-
-
-def rq_queue_name(prefix: str, queue: str) -> str:
-    return f"mcq:{prefix}:{queue}"
-
-
-def job_id(prefix: str, attempt_id: str) -> str:
-    """One RQ job id per Attempt (RQ allows only [A-Za-z0-9_-] in ids)."""
-    task_id, n = parse_attempt_id(attempt_id)
-    ulid = task_id.rsplit(":", 1)[1]
-    ns = hashlib.sha1(f"{prefix}\0{task_id.rsplit(':', 1)[0]}".encode()).hexdigest()[:8]
-    return f"mcq-{ns}-{ulid}-{n}"
-
-
-def rq_connection(client: Client) -> redis.Redis:
-    """RQ needs bytes responses; same server and credentials as the client."""
-    return redis.Redis.from_url(client.url, socket_timeout=30, socket_connect_timeout=10,
-                                **quiet_connection_kwargs())
-
-
-# --------------------------------------------------------------------------- producer side
-
-
-class AppClient:
-    """A Client bound to an App: refuses unknown handlers and dispatches Attempts to RQ."""
-
-    def __init__(self, app: App, client: Client) -> None:
-        self.app = app
-        self.client = client
-        self._rq = rq_connection(client)
-
-    def enqueue(self, handler: str, payload: Any, *, idempotency_key: str | None = None, queue: str | None = None,
-                **manifest: Any) -> Task:
-        spec = self.app.spec(handler)
-        task = self.client.enqueue(queue or spec.queue, handler, payload, idempotency_key,
-                                   retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
-                                   timeout_s=spec.timeout_s, **manifest)
-        latest = task.latest
-        if latest is not None and latest.state is AttemptState.PENDING:
-            self.dispatch(task, latest)
-        return task
-
-    def dispatch(self, task: Task, attempt: Attempt, *, recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
-        dispatch(self.client, self._rq, task, attempt, recheck_ms=recheck_ms)
-
-    def close(self) -> None:
-        self.client.close()
-        self._rq.close()
-
-
-def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
-             recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
-    """Send one Attempt to its RQ queue (record first, then send: the outbox already holds it)."""
-    manifest = attempt.manifest or task.manifest
-    lease_ms = manifest.lease_ms if manifest else None
-    timeout = manifest.timeout_s if manifest else None
-    queue = Queue(rq_queue_name(client.keys.prefix, task.queue), connection=rq, serializer=JSONSerializer)
-    queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, lease_ms or DEFAULT_LEASE_MS),
-                       job_id=job_id(client.keys.prefix, attempt.id), result_ttl=0, failure_ttl=7 * 86400,
-                       timeout=int(timeout) if timeout else None)
-    client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -140,81 +76,21 @@ def runtime() -> Runtime:
     return _RUNTIME
 
 
-class HeartbeatService:
-    """One daemon thread per process renews the lease of every registered Attempt every third of its
-    lease, whether or not the handler ever yields. Recreated after a fork (threads do not survive one)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._due: dict[int, tuple[float, float, Context]] = {}  # id(ctx) -> (next due, interval, ctx)
-        self._pid = 0
-        self._thread: threading.Thread | None = None
-
-    def register(self, ctx: Context, interval_s: float) -> None:
-        ctx._beating = True
-        with self._lock:
-            self._due[id(ctx)] = (time.monotonic() + interval_s, interval_s, ctx)
-            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="mcq-heartbeat", daemon=True)
-                self._thread.start()
-        self._wake.set()
-
-    def unregister(self, ctx: Context) -> None:
-        """After this returns no heartbeat of ``ctx`` is in flight or will start (so none can land
-        after the completion and be refused as stale)."""
-        with self._lock:
-            self._due.pop(id(ctx), None)
-        with ctx._beat_lock:
-            ctx._beating = False
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                now = time.monotonic()
-                ready = [(k, iv, c) for k, (due, iv, c) in self._due.items() if due <= now]
-                for k, iv, c in ready:
-                    self._due[k] = (now + iv, iv, c)
-                nxt = min((due for due, _, _ in self._due.values()), default=now + 1.0)
-            for _k, _, ctx in ready:
-                with ctx._beat_lock:
-                    alive = ctx._beating and self._beat(ctx)
-                if not alive:
-                    with self._lock:
-                        self._due.pop(id(ctx), None)
-            self._wake.wait(max(0.0, nxt - time.monotonic()))
-            self._wake.clear()
-
-    @staticmethod
-    def _beat(ctx: Context) -> bool:
-        """Renew once; False when this Attempt's lease is gone for good."""
-        try:
-            ctx._beat()
-        except LeaseLost:
-            return False
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-            log.warning("heartbeat of %s failed (%s); retrying", ctx.attempt_id, exc)
-        except McqError as exc:  # namespace lost or similar: stop claiming authority
-            ctx._mark_lost(f"{type(exc).__name__}: {exc}")
-            return False
-        return True
-
-
-HEARTBEATS = HeartbeatService()
-
-
-def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
+def run_attempt(prefix: str, attempt_id: str, lease_ms: int | None = None) -> dict[str, Any]:
     """The RQ job function: claim the Attempt, run its handler, record the outcome. Never raises for
-    an outcome mc_queue recorded; a rejected claim (a duplicate message) ends quietly."""
+    an outcome mc_queue recorded; a rejected claim (a duplicate message) ends quietly. ``lease_ms``
+    from the message is ignored: the claim takes the task's own lease length."""
     rt = runtime()
     client = rt.client
     if prefix != client.keys.prefix:
-        return {"refused": f"job for namespace {prefix!r}, this worker serves {client.keys.prefix!r}"}
-    task_id, n = parse_attempt_id(attempt_id)
-    lease_ms = max(1000, min(int(lease_ms), 3_600_000))
+        return _refuse_message(rt, attempt_id, f"job for namespace {prefix!r}, this worker serves "
+                               f"{client.keys.prefix!r}")
     try:
-        lease = client.claim_attempt(task_id, rt.worker_id, lease_ms=lease_ms, expect_attempt=n,
+        task_id, n = parse_attempt_id(attempt_id)
+    except ValueError as exc:
+        return _refuse_message(rt, attempt_id, str(exc))
+    try:
+        lease = client.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
                                      request_id=uuid.uuid4().hex)
     except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
         return {"skipped": exc.message}
@@ -228,20 +104,20 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
                   functools.partial(rt.workspaces.create, attempt_id), rt.app.operations)
-    HEARTBEATS.register(ctx, spec.lease_ms / 3000)
+    ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
     outcome: dict[str, Any]
     try:
         try:
             result = spec.fn(ctx, task.payload)
         finally:
-            HEARTBEATS.unregister(ctx)
-        ctx._check()
+            ctx.stop_heartbeats()
+        ctx.check()
         if ctx.effects_used and "result_pending" in spec.phases:
             # Seed 003: the result is on file before the completion, so a worker dying in between
             # leaves a result the reconciler can prove, not a rerun of every effect.
             ctx.checkpoint("result_pending", {"result": result})
         try:
-            client._complete(attempt_id, lease.fence, result, worker_id=rt.worker_id)
+            client.complete_quietly(attempt_id, lease.fence, result, worker_id=rt.worker_id)
             outcome = {"succeeded": attempt_id}
         except CancelRequested:
             outcome = _acknowledge(client, rt, attempt_id, lease.fence)
@@ -265,6 +141,15 @@ def run_attempt(prefix: str, attempt_id: str, lease_ms: int) -> dict[str, Any]:
     return outcome
 
 
+def _refuse_message(rt: Runtime, attempt_id: Any, why: str) -> dict[str, Any]:
+    """A message with mc_queue's entry function that this worker must not act on: recorded, not run."""
+    with contextlib.suppress(Exception):
+        rt.client.audit("transport_job_refused", {"attempt": str(attempt_id)[:300], "worker": rt.worker_id,
+                                                  "reason": why})
+    log.warning("refused a transport message for %r: %s", attempt_id, why)
+    return {"refused": why}
+
+
 def _acknowledge(client: Client, rt: Runtime, attempt_id: str, fence: int) -> dict[str, Any]:
     """Cancellation step three: the executor stopped; it gives up its lease for reconciliation."""
     try:
@@ -279,7 +164,7 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
     try:
         fresh = client.get_task(task.id)
         current = fresh.attempts[attempt.number - 1]
-        decision = client.policy_decision(fresh, current, classified, cost=current.cost, tokens=current.tokens)
+        decision = decision_for(fresh, current, classified, cost=current.cost, tokens=current.tokens)
         if decision.action != "retry":
             # No next Attempt will reconcile effects this one started without a receipt: say so.
             pending = [k for k, r in client.effects(task.id).items() if r.state == "intent"]
@@ -299,15 +184,13 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
 # --------------------------------------------------------------------------- RQ integration
 
 
-def _refuse_foreign(func_name: str, job: Job, *_args: Any, **_kwargs: Any) -> None:
+def _refuse_foreign(func_name: str, job_id: str, why: str, *_args: Any, **_kwargs: Any) -> None:
     rt = _RUNTIME
     if rt is not None:
         with contextlib.suppress(Exception):
-            rt.client.redis.xadd(rt.client.keys.nslog, {
-                "type": "transport_job_refused", "job_id": job.id, "func_name": str(func_name)[:300],
-                "worker": rt.worker_id,
-                "reason": "mc_queue workers run only their own entry function; the job was not imported"})
-    raise ForeignJobRefused(f"refused RQ job {job.id}: it names {func_name!r}; mc_queue workers run only {ENTRY}")
+            rt.client.audit("transport_job_refused", {"job_id": job_id, "func_name": func_name[:300],
+                                                      "worker": rt.worker_id, "reason": why})
+    raise ForeignJobRefused(f"refused RQ job {job_id}: {why}")
 
 
 class ForeignJobRefused(McqError):
@@ -319,9 +202,29 @@ class McqJob(Job):
 
     @property
     def func(self) -> Callable[..., Any]:
-        if self.func_name == ENTRY and not self.kwargs:
+        try:
+            name, args, kwargs = self.func_name, self.args, self.kwargs
+        except Exception as exc:  # a payload RQ cannot decode (a pickle, garbage): never run
+            return functools.partial(_refuse_foreign, "?", str(self.id),
+                                     f"its payload cannot be decoded as JSON ({type(exc).__name__})")
+        if name == ENTRY and not kwargs:
+            if len(args) not in (2, 3) or not all(isinstance(a, (str, int)) for a in args):
+                return functools.partial(_refuse_foreign, str(name), str(self.id),
+                                         "its arguments are not (prefix, attempt id, lease ms)")
             return run_attempt
-        return functools.partial(_refuse_foreign, str(self.func_name), self)
+        return functools.partial(_refuse_foreign, str(name), str(self.id),
+                                 f"it names {str(name)[:200]!r}; mc_queue workers run only {ENTRY}, nothing "
+                                 "is imported")
+
+    def _execute(self) -> Any:
+        """RQ's _execute, except that a payload it cannot decode reaches the refusal instead of raising
+        before anything is recorded."""
+        fn = self.func
+        try:
+            args, kwargs = self.args, self.kwargs
+        except Exception:
+            args, kwargs = (), {}
+        return fn(*args, **kwargs)
 
     @property
     def success_callback(self) -> None:
@@ -365,7 +268,7 @@ def _install_runtime(name: str) -> Runtime:
     if report.removed or report.refused:
         log.warning("workspace cleanup in %s: removed %s; refused %s", workspaces.root, report.removed,
                     report.refused)
-    client.namespace()  # load the epoch once here: forked work horses inherit it
+    client.open_namespace()  # load the epoch once here: forked work horses inherit it
     rt = Runtime(app=app, client=client, worker_id=_SAFE.sub("_", name), workspaces=workspaces,
                  cleanup=report)
     set_runtime(rt)

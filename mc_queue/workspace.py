@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .keys import parse_attempt_id
 
-_NAME_RE = re.compile(r"^task-[0-9A-Z]{26}-\d+$")
+_NAME_RE = re.compile(r"task-[0-9A-Z]{26}-[0-9]+")
 
 
 def _gone_is_fine(func: Callable[..., object], path: str,
@@ -89,7 +89,7 @@ class WorkspaceRoot:
                 if not entry.is_dir(follow_symlinks=False):
                     report.refused.append((entry.name, "not a directory"))
                     continue
-                if not _NAME_RE.match(entry.name):
+                if not _NAME_RE.fullmatch(entry.name):
                     report.refused.append((entry.name, "not a workspace name mc_queue makes"))
                     continue
                 path = Path(entry.path)

@@ -17,6 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..models import FailureClass
+from ..policy import register_failure_class
+
 TRAILER = "Mcq-Operation-Key"
 
 
@@ -109,3 +112,9 @@ class GitRemote:
             if f"{TRAILER}: {key}" in body:
                 return {"sha": sha, "branch": branch, "key": key}
         return None
+
+
+# A refused or failed push means the repository's state disagrees: a repository failure (the policy
+# retries it only with a changed hypothesis). A timeout is the provider's (retried after a backoff).
+register_failure_class(GitError, FailureClass.REPOSITORY)
+register_failure_class(GitTimeout, FailureClass.PROVIDER)

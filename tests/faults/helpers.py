@@ -102,9 +102,9 @@ class SendRecorder:
 
     def __init__(self, client: Any) -> None:
         self.calls: list[tuple[str, str]] = []
-        self._scripts = client._scripts
-        self._orig: Callable[..., Any] = self._scripts.call
-        self._scripts.call = self._call
+        self.runner = client.runner
+        self._orig: Callable[..., Any] = self.runner.call
+        self.runner.call = self._call
 
     def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         try:
@@ -120,4 +120,4 @@ class SendRecorder:
         return [outcome for n, outcome in self.calls if n == name]
 
     def restore(self) -> None:
-        self._scripts.call = self._orig
+        self.runner.call = self._orig

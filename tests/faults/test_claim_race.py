@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import mc_queue
+from mc_queue import reconcile_attempt
 from mc_queue.keys import Keys, new_task_id
 from mc_queue.testing import RedisServer
 
@@ -36,7 +37,7 @@ def _racer(idx: int, url: str, prefix: str, task_ids: list[str], plan: list[tupl
     results: list[tuple[Any, ...]] = []
     client = mc_queue.connect(url, prefix=prefix)
     try:
-        client.namespace()  # epoch known before the race starts: every racer sends exactly one claim
+        client.open_namespace()  # epoch known before the race starts: every racer sends exactly one claim
         for r, tid in enumerate(task_ids):
             then, lease_ms = plan[r]
             barrier.wait(BARRIER_TIMEOUT)
@@ -125,7 +126,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        q.namespace()
+        q.open_namespace()
         seq0 = int(meta(r, prefix)["seq"])
         task_ids = [new_task_id("race") for _ in range(ROUNDS)]
         plan = [("hold", 60_000)] * ROUNDS
@@ -145,7 +146,8 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
         pipe = r.pipeline(transaction=False)
         for tid in task_ids:
             tk = Keys(prefix).task(tid)
-            pipe.hmget(tk.task, "state", "fence")
+            pipe.hget(tk.task, "state")
+            pipe.get(tk.fence)
             pipe.hmget(tk.attempts, "1.state", "1.worker", "1.fence", "1.seq")
             pipe.xrange(tk.events)
         replies = pipe.execute()
@@ -165,7 +167,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
             for _, _, _, why, holder in losers:
                 assert why == "task is running" and holder == winner, (why, holder, winner)
 
-            (state, task_fence), (a_state, a_worker, a_fence, a_seq), events = replies[3 * i: 3 * i + 3]
+            state, task_fence, (a_state, a_worker, a_fence, a_seq), events = replies[4 * i: 4 * i + 4]
             assert (state, task_fence) == ("running", "1")
             assert (a_state, a_worker, a_fence) == ("running", winner, "1")
             types = Counter(f["type"] for _, f in events)
@@ -215,7 +217,7 @@ def test_reclaims_after_expiry_or_failure_get_strictly_higher_fences(redis_serve
                         [(aid, expected_fence, expected_fence + 1)]
                     expected_fence += 1
                     expired.append((got[0].old_fence, got[0].new_fence))
-                    q.reconcile_attempt(aid)
+                    reconcile_attempt(q, aid)
                 q.retry_task(tid, f"round {i}: try again after {plan[i][0]}", hypothesis="another racer")
             by_round = race.results()
 

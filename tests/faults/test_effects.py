@@ -32,10 +32,11 @@ from mc_queue import Sweeper, Task, TaskState
 from mc_queue.effects import mint_key
 from mc_queue.errors import TaskNotFound
 from mc_queue.models import AttemptState, Event, FailureClass
+from mc_queue.producer import AppClient
 from mc_queue.providers.git import TRAILER, GitError, git
 from mc_queue.render import print_task
 from mc_queue.testing import ForgeServer, RedisServer
-from mc_queue.worker import AppClient, rq_connection, rq_queue_name
+from mc_queue.transport import rq_connection, rq_queue_name
 from tests.apps import effects_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -417,16 +418,16 @@ def test_poison_handler_is_quarantined_after_three_deaths_then_replayed_and_purg
     assert f"{a.id}/4" in report.dispatched, report
 
     # Purge: gone for good, with a line in the namespace log.
-    h.run_cli("dlq", "purge", b.id, "--reason", "x", "--yes")
+    h.run_cli("dlq", "purge", b.id, "--reason", "the operator read it all", "--yes")
     with pytest.raises(TaskNotFound):
         h.task(b.id)
     assert h.client.effects(b.id) == {}
     purged = [e for e in h.client.namespace_events() if e.get("type") == "task_purged"]
-    assert [e["task"] for e in purged] == [b.id] and purged[0]["reason"] == "x"
+    assert [e["task"] for e in purged] == [b.id] and purged[0]["reason"] == "the operator read it all"
     listed = json.loads(h.run_cli("dlq", "list", "--json").stdout)
     assert listed == [], listed
     # Purge refuses a task that is not quarantined (the replayed one is pending).
-    refused = h.run_cli("dlq", "purge", a.id, "--reason", "x", "--yes", check=False)
+    refused = h.run_cli("dlq", "purge", a.id, "--reason", "the operator read it all", "--yes", check=False)
     assert refused.returncode == 1 and h.task(a.id).state is TaskState.PENDING
 
 

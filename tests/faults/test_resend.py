@@ -16,9 +16,9 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.client import _RESENDS
 from mc_queue.keys import Keys
-from mc_queue.scripts import Scripts
+from mc_queue.scripts import RESENDS as _RESENDS
+from mc_queue.scripts import ScriptRunner
 from mc_queue.testing import RedisServer
 
 from .helpers import SendRecorder, attempt_fields, evalsha_calls, events_of, meta
@@ -78,7 +78,7 @@ def test_dropped_claim_reply_runs_once_and_resend_returns_same_lease(rig: Rig) -
     assert (lease.fence, lease.number) == (1, 1)
     assert a1["state"] == "running" and a1["worker"] == "w1" and a1["fence"] == "1"
     assert int(a1["lease_exp"]) == lease.expires_at_ms
-    assert rig.direct.hget(Keys(rig.prefix).task(tid).task, "fence") == "1"
+    assert rig.direct.get(Keys(rig.prefix).task(tid).fence) == "1"
     assert len(events_of(rig.direct, rig.prefix, tid, "attempt_claimed")) == 1
     assert events_of(rig.direct, rig.prefix, tid, "claim_refused") == []
     assert int(meta(rig.direct, rig.prefix)["seq"]) == seq_before + 1  # one claim sequence number used
@@ -148,7 +148,7 @@ def _claim_call_for(rig: Rig, tid: str) -> tuple[dict[str, Any], dict[str, Any]]
     """The KEYS and ARGV mc_queue itself sends to claim.lua, for task ``tid`` (taken from a real
     claim of a throwaway task, so the test follows the script's contract as it changes)."""
     seen: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    scripts = rig.q._scripts
+    scripts = rig.q.runner
     orig = scripts.call
 
     def spy(name: str, keys: Any, argv: Any, *a: Any, **kw: Any) -> Any:
@@ -178,7 +178,7 @@ def test_raw_redis_py_default_retry_resends_silently(rig: Rig) -> None:
     raw = redis.Redis(host="127.0.0.1", port=rig.proxy.port, decode_responses=True)
     try:
         assert raw.get_retry() is not None and raw.get_retry()._retries > 0
-        scripts = Scripts(raw)
+        scripts = ScriptRunner(raw)
         claim_keys, argv = _claim_call_for(rig, tid)
         argv.update(worker="raw", request_id="")  # a caller without request ids
         raw.ping()
@@ -198,7 +198,7 @@ def test_raw_redis_py_default_retry_resends_silently(rig: Rig) -> None:
 
     # mc_queue's transition connection never retries inside redis-py: its one explicit resend is
     # the only extra send, and it is counted.
-    assert rig.q._w.get_retry()._retries == 0
+    assert rig.q.writer.get_retry()._retries == 0
     tid2 = rig.new_task(2)
     before = evalsha_calls(rig.direct)
     rec = SendRecorder(rig.q)

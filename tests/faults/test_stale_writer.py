@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import mc_queue
+from mc_queue import reconcile_attempt
 from mc_queue.codec import canonical_json, digest
 from mc_queue.testing import RedisServer
 
@@ -79,7 +80,7 @@ def test_stale_writer_refused_and_audited_new_holder_stands(
         expired = q.expire_leases()
         assert [(e.attempt_id, e.old_fence, e.new_fence) for e in expired] == [(aid1, 1, 2)]
         assert q.get_task(tid).attempts[0].state == mc_queue.AttemptState.SUSPECT
-        settled = q.reconcile_attempt(aid1)
+        settled = reconcile_attempt(q, aid1)
         assert settled.state == mc_queue.AttemptState.FAILED and settled.settled_by == "reconcile"
         a2 = q.retry_task(tid, "worker-1 froze past its lease", hypothesis="a live worker finishes it")
         assert a2.number == 2 and a2.previous == aid1
@@ -191,7 +192,7 @@ def test_stale_write_after_reconcile_without_retry_is_refused_and_audited(
         _wait_stopped(w1)
         _wait_redis_past(r, w1.claim["expires_at_ms"])
         assert [(e.old_fence, e.new_fence) for e in q.expire_leases()] == [(1, 2)]
-        q.reconcile_attempt(aid)
+        reconcile_attempt(q, aid)
         settled = attempt_fields(r, prefix, tid, 1)
         assert settled["state"] == "failed" and settled["settled_by"] == "reconcile"
         w1.cont()

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 import mc_queue
+from mc_queue import reconcile_attempt, recover
 from mc_queue.embedded import stop_server
 from mc_queue.keys import Keys
 from mc_queue.testing import RedisServer
@@ -97,7 +98,7 @@ def test_empty_restart_refuses_until_recover_and_never_reuses_a_fence(
     assert r.exists(Keys(prefix).queues) == 0
 
     # Recover, then claims work again; every new fence is above every fence issued before.
-    out = fresh.recover(reason="test: redis came back empty")
+    out = recover(fresh, reason="test: redis came back empty")
     assert out["fence_floor"] > f and out["voided_leases"] == []
     assert fresh.namespace().state == "ok"
     t3 = fresh.enqueue("sl", "noop", {"i": 3}).id
@@ -124,7 +125,7 @@ def test_empty_restart_clients_from_before_the_loss_work_after_recovery(
     with pytest.raises(mc_queue.NamespaceLost):
         worker.claim_attempt(t1, "w1")
     ops = _connect(own_redis, prefix, clients)
-    ops.recover(reason="test: redis came back empty")
+    recover(ops, reason="test: redis came back empty")
     assert ops.namespace().state == "ok"
 
     # The producer never saw the loss; it enqueues again (its old epoch is retired, it refreshes).
@@ -182,7 +183,7 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     expired = s.ops.expire_leases()
     # The first fence after a restart lies above the restart time (Redis TIME in microseconds).
     assert [e.old_fence for e in expired] == [1] and expired[0].new_fence > 10**15
-    s.ops.reconcile_attempt(s.lease_a1.attempt_id)
+    reconcile_attempt(s.ops, s.lease_a1.attempt_id)
     s.ops.retry_task(s.ta, "worker w1 lost its lease; run it again")
     s.lease_a2 = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
     s.lease_b = s.w2.claim_attempt(s.tb, "w2", lease_ms=LONG)
@@ -196,7 +197,7 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     restore_data(server, copy)
     server.start()
     r = server.client()
-    assert r.hget(Keys(prefix).task(s.ta).task, "fence") == "1"  # Redis went back in time
+    assert r.get(Keys(prefix).task(s.ta).fence) == "1"  # Redis went back in time
     assert r.exists(Keys(prefix).task(s.td).task) == 0
     assert meta(r, prefix)["state"] == "ok"  # nothing noticed yet
     r.close()
@@ -209,11 +210,11 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
         s.ops.enqueue("snap", "noop", {"t": "e"})
     assert s.lease_a1 and s.lease_a2 and s.lease_b
-    out = s.ops.recover(reason="test: restored from an older copy")
+    out = recover(s.ops, reason="test: restored from an older copy")
     assert out["voided_leases"] == [s.lease_a1.attempt_id]  # A/1 was running in the older copy
     assert out["fence_floor"] > s.max_issued()
     r = s.server.client()
-    voided_to = int(r.hget(Keys(s.prefix).task(s.ta).task, "fence") or 0)
+    voided_to = int(r.get(Keys(s.prefix).task(s.ta).fence) or 0)
     assert voided_to > s.max_issued()
 
     # Writes with any fence issued before the recovery are refused (recorded, not applied).
@@ -224,7 +225,7 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
     assert s.ops.namespace().state == "ok"
 
     # New fences: all above every fence issued before, none twice.
-    s.ops.reconcile_attempt(s.lease_a1.attempt_id)
+    reconcile_attempt(s.ops, s.lease_a1.attempt_id)
     s.ops.retry_task(s.ta, "recovered: run A again after the restore")
     new_a = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
     new_b = s.w1.claim_attempt(s.tb, "w1", lease_ms=LONG)
@@ -241,22 +242,47 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
 def test_older_snapshot_newer_fence_is_detected(
     own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client], tmp_path: Path
 ) -> None:
-    """A worker (a fresh process: it remembers only its fence) presents its newer fence; Redis holds 1."""
+    """The holder's own client presents the fence it was issued (it holds the claim record): Redis
+    holds 1, so Redis forgot a fence it handed out. (Its claim sequence is caught first when its
+    client has seen a later claim: test_older_snapshot_claim_sequence_going_back_is_detected.)"""
     s = _older_snapshot(own_redis, prefix, clients, tmp_path)
     assert s.lease_a2 is not None
-    restarted_worker = _connect(own_redis, prefix, clients)
-    with pytest.raises(mc_queue.NamespaceLost, match=f"presented fence {s.lease_a2.fence} but Redis holds 1"):
-        restarted_worker.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+    s.w2.ns.seq_seen = 0  # as if w2 had seen no claim after A/2's: only the fence can tell
+    with pytest.raises(mc_queue.NamespaceLost, match=f"presented fence {s.lease_a2.fence} .*but Redis holds 1"):
+        s.w2.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
     r = own_redis.client()
     assert meta(r, prefix)["state"] == "lost"
     ev = events_of(r, prefix, s.ta, "state_loss_detected")
-    assert [(e["op"], e["presented_fence"], e["current_fence"], e["worker"]) for e in ev] == [
-        ("complete", str(s.lease_a2.fence), "1", "w2")]
+    assert [(e["op"], e["presented_fence"], e["current_fence"], e["worker"], e["claim_seq"]) for e in ev] == [
+        ("complete", str(s.lease_a2.fence), "1", "w2", str(s.lease_a2.seq))]
     assert events_of(r, prefix, s.ta, "attempt_succeeded") == []
     with pytest.raises(mc_queue.NamespaceLost):
-        restarted_worker.renew_lease(s.lease_a2.attempt_id, s.lease_a2.fence, worker_id="w2", lease_ms=LONG)
+        s.w2.renew_lease(s.lease_a2.attempt_id, s.lease_a2.fence, worker_id="w2", lease_ms=LONG)
     r.close()
     _recover_and_check_no_reuse(s)
+
+
+def test_older_snapshot_fence_from_a_process_without_its_claim_record_is_refused_not_a_loss(
+    own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client], tmp_path: Path
+) -> None:
+    """A fresh process that only knows a fence number has no evidence Redis issued it: its write is
+    refused as stale (fence_ahead) and audited; the namespace is not stopped by it. The restored
+    data cannot reissue that fence anyway: the first fence after the restart lies above the boot floor."""
+    s = _older_snapshot(own_redis, prefix, clients, tmp_path)
+    assert s.lease_a2 is not None
+    restarted_worker = _connect(own_redis, prefix, clients)
+    with pytest.raises(mc_queue.StaleFence):
+        restarted_worker.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+    r = own_redis.client()
+    assert meta(r, prefix)["state"] == "ok"
+    refused = events_of(r, prefix, s.ta, "stale_write_refused")
+    assert [(e["refusal"], e["presented_fence"], e["current_fence"]) for e in refused] == [
+        ("fence_ahead", str(s.lease_a2.fence), "1")]
+    assert events_of(r, prefix, s.ta, "attempt_succeeded") == []
+    r.close()
+    # A sweep and a new claim on the restored data never hand out a fence issued before the restore.
+    expired = s.ops.expire_leases()
+    assert all(e.new_fence > s.max_issued() for e in expired)
 
 
 def test_older_snapshot_claim_sequence_going_back_is_detected(
@@ -291,7 +317,7 @@ def test_older_snapshot_sweeper_first_never_reissues_a_fence(
         # The restart raised the floor: the bump lies above every fence issued before the restore.
         assert expired[0].new_fence > s.max_issued()
         assert s.lease_a1 is not None
-        sweeper.reconcile_attempt(s.lease_a1.attempt_id)
+        reconcile_attempt(sweeper, s.lease_a1.attempt_id)
         sweeper.retry_task(s.ta, "worker w1 lost its lease; run it again")
         lease = fresh_worker.claim_attempt(s.ta, "w3", lease_ms=LONG)
         if lease.fence in s.issued[s.ta]:
@@ -370,12 +396,13 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_claim(
     pipe = r.pipeline(transaction=False)
     for tid, _, _ in acked:
         tk = Keys(prefix).task(tid)
-        pipe.hmget(tk.task, "state", "fence")
+        pipe.hget(tk.task, "state")
+        pipe.get(tk.fence)
         pipe.hmget(tk.attempts, "1.state", "1.fence", "1.lease_exp", "1.worker")
     replies = pipe.execute()
     for i, (_, fence, exp) in enumerate(acked):
-        assert replies[2 * i] == ["running", str(fence)]
-        assert replies[2 * i + 1] == ["running", str(fence), str(exp), "w1"]
+        assert replies[3 * i: 3 * i + 2] == ["running", str(fence)]
+        assert replies[3 * i + 2] == ["running", str(fence), str(exp), "w1"]
     assert int(meta(r, prefix)["seq"]) >= len(acked)
     assert q.namespace().state == "ok"
     r.close()
@@ -415,7 +442,7 @@ def test_embedded_witness_remembers_the_epoch(tmp_path: Path, prefix: str) -> No
         with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
             q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
 
-        out = q3.recover(reason="test: embedded data folder deleted")
+        out = recover(q3, reason="test: embedded data folder deleted")
         assert q3.namespace().state == "ok"
         assert q3.namespace().epoch == out["epoch"] != epoch
         assert out["epoch"] in q3.embedded.witness.read_text()

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.client import _RESENDS
+from mc_queue.scripts import RESENDS as _RESENDS
 from mc_queue.testing import RedisServer, free_port
 
 
@@ -111,7 +111,7 @@ def test_acl_user_in_url_works(acl_server: AclServer, prefix: str) -> None:
     with mc_queue.connect(acl_server.url_for("alice", "secret"), prefix=prefix) as q:
         _cycle(q)
         assert q.redis.acl_whoami() == "alice"
-        assert q._w.acl_whoami() == "alice"  # the transition connection logs in as the same user
+        assert q.writer.acl_whoami() == "alice"  # the transition connection logs in as the same user
 
 
 def test_acl_user_limited_to_its_namespace_keys(acl_server: AclServer) -> None:
@@ -234,7 +234,7 @@ def test_tls_claim_and_complete(tls_server: TlsServer, certs: dict[str, Path], p
     url = tls_server.tls_url(ssl_ca_certs=certs["ca.crt"], ssl_cert_reqs="required")
     with mc_queue.connect(url, prefix=prefix) as q:
         _cycle(q)
-        for conn_pool in (q.redis.connection_pool, q._w.connection_pool):
+        for conn_pool in (q.redis.connection_pool, q.writer.connection_pool):
             assert conn_pool.connection_class is redis.SSLConnection
     admin = tls_server.client()
     assert admin.config_get("port")["port"] == "0"  # no plaintext listener at all

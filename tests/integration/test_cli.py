@@ -52,7 +52,7 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     assert counts(redis_server, prefix) == {"fixes": {"counts": {"succeeded": 1}, "queue_age_ms": 0}}
     overview = json.loads(mcq(redis_server, prefix, "status", "--json").stdout)["overview"]
     assert overview == {"leases_live": 0, "suspect": 0, "attention": 0, "quarantined": 0, "outbox_due": 0,
-                        "namespace_state": "ok"}
+                        "namespace_state": "ok", "namespace_reason": ""}
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -11,6 +11,7 @@ import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
 import mc_queue
+from mc_queue import reconcile_attempt
 from mc_queue.metrics import NamespaceCollector
 from mc_queue.testing import RedisServer, free_port
 
@@ -40,7 +41,7 @@ def test_metrics_count_states_refusals_expiries_and_decisions(q: mc_queue.Client
         q.complete_attempt(lease.attempt_id, lease.fence, {"late": True}, worker_id="w1")
     except mc_queue.StaleFence:
         pass
-    q.reconcile_attempt(lease.attempt_id, apply_policy=True)
+    reconcile_attempt(q, lease.attempt_id, apply_policy=True)
     m = scrape(q)
     assert m['mcq_tasks{queue="jobs",state="pending"}'] == 1
     assert m['mcq_queue_depth{queue="jobs"}'] == 2  # one pending, one in backoff after the retry decision

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 import mc_queue
+from mc_queue import reconcile_attempt
 from mc_queue.errors import (
     AttemptNotRunning,
     ClaimRejected,
@@ -213,6 +214,7 @@ class QueueMachine(RuleBasedStateMachine):
                 existing = e.id
             else:
                 expected = IdempotencyConflict
+                e.events["enqueue_refused"] += 1  # recorded in that task's history
         task, exc = self._call(self.q.enqueue, queue, handler, _payload(payload), idem, task_id=task_id)
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
@@ -357,6 +359,8 @@ class QueueMachine(RuleBasedStateMachine):
             return
         if isinstance(exc, WriteRefused):
             t.events["stale_write_refused"] += 1
+        if isinstance(exc, ResultConflict):
+            t.events["failure_conflict"] += 1
         if exc is not None:
             return
         assert att.state == "failed" and att.failure == FAILURES[variant]
@@ -391,8 +395,10 @@ class QueueMachine(RuleBasedStateMachine):
             expected = TaskNotFound
         elif n > len(t.attempts) or t.attempts[n - 1].state != "suspect":
             expected = TransitionRefused
-        att, exc = self._call(self.q.reconcile_attempt, f"{task}/{n}")
+        att, exc = self._call(reconcile_attempt, self.q, f"{task}/{n}")
         self._expect(f"reconcile_attempt({task}/{n})", expected, exc)
+        if t is not None and exc is not None:
+            t.events["reconcile_refused"] += 1  # reconcile_begin records its refusal
         if exc is not None or t is None:
             return
         assert att.state == "failed" and att.settled_by == "reconcile"
@@ -405,7 +411,9 @@ class QueueMachine(RuleBasedStateMachine):
         t = self.model.get(task)
         expected: type[McqError] | None = None
         dup = False
-        if t is None:
+        if any(ord(c) < 32 for c in reason):  # bad input: refused before anything is read or written
+            expected = InvalidArgument
+        elif t is None:
             expected = TaskNotFound
         elif req is not None and t.latest.create_req == req:
             dup = True  # a resend returns the attempt it created
@@ -417,8 +425,9 @@ class QueueMachine(RuleBasedStateMachine):
         self._expect(f"retry_task({task}, {reason!r}, delay_ms={delay_ms}, request_id={req})", expected, exc)
         if t is None:
             return
-        if exc is not None:
+        if isinstance(exc, RetryRefused):
             t.events["retry_refused"] += 1
+        if exc is not None:
             return
         if dup:
             assert att.number == t.latest.n, "a resent retry must return the attempt it created"

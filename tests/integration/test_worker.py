@@ -28,12 +28,13 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import Context, LeaseLost, Sweeper, Task, TaskState
+from mc_queue.config import RetryPolicy
 from mc_queue.keys import new_ulid
 from mc_queue.models import AttemptState, FailureClass
-from mc_queue.policy import RetryPolicy
+from mc_queue.producer import AppClient
 from mc_queue.sweeper import SweepReport
 from mc_queue.testing import RedisServer
-from mc_queue.worker import ENTRY, AppClient, job_id, rq_connection, rq_queue_name
+from mc_queue.transport import ENTRY, job_id, rq_connection, rq_queue_name
 from mc_queue.workspace import WorkspaceError, WorkspaceRoot
 from tests.apps import basic, faulty
 

@@ -37,8 +37,10 @@ from mc_queue import (
     TaskState,
     TransitionRefused,
     make_failure,
+    reconcile_attempt,
+    recover,
 )
-from mc_queue.codec import MAX_PAYLOAD_BYTES, canonical_json, digest
+from mc_queue.codec import MAX_PAYLOAD_BYTES, canonical_json, digest, model_json
 from mc_queue.testing import RedisServer
 
 QUEUE = "jobs"
@@ -104,6 +106,11 @@ def task_hash(q: mc_queue.Client, task_id: str) -> dict[str, str]:
     return q.redis.hgetall(q.keys.task(task_id).task)
 
 
+def fence_of(q: mc_queue.Client, task_id: str) -> str:
+    """The task's fence counter (INCR at each claim, expiry and cancel acknowledgement)."""
+    return str(q.redis.get(q.keys.task(task_id).fence) or "0")
+
+
 def attempts_hash(q: mc_queue.Client, task_id: str) -> dict[str, str]:
     return q.redis.hgetall(q.keys.task(task_id).attempts)
 
@@ -150,7 +157,7 @@ def op_digest(op: str) -> str:
         return "renew:"  # renew records "renew:<lease length>": checked as a prefix
     if op == "complete":
         return digest(canonical_json(RESULT))
-    return digest(FAILURE.model_dump_json())
+    return digest(model_json(FAILURE))
 
 
 def check_stale_event(ev: dict[str, str] | None, exc: Any, *, op: str, n: int, presented: int, current: int,
@@ -273,7 +280,7 @@ class _Opaque:
     pytest.param({"x": "a" * MAX_PAYLOAD_BYTES}, id="too-large"),
 ])
 def test_enqueue_invalid_payload_is_refused_and_writes_nothing(q: mc_queue.Client, payload: Any) -> None:
-    q.namespace()
+    q.open_namespace()
     before = snapshot(q)
     with pytest.raises(InvalidPayload):
         q.enqueue(QUEUE, HANDLER, payload)
@@ -295,7 +302,7 @@ def test_enqueue_payload_size_limit_both_sides(q: mc_queue.Client) -> None:
 
 @pytest.mark.parametrize("queue", ["", "-dash-first", "has space", "with:colon", "with/slash", "{tag}", "a" * 65, None])
 def test_enqueue_invalid_queue_name_is_refused(q: mc_queue.Client, queue: Any) -> None:
-    q.namespace()
+    q.open_namespace()
     before = snapshot(q)
     with pytest.raises(InvalidArgument):
         q.enqueue(queue, HANDLER, {"x": 1})
@@ -304,7 +311,7 @@ def test_enqueue_invalid_queue_name_is_refused(q: mc_queue.Client, queue: Any) -
 
 @pytest.mark.parametrize("handler", ["", "has space", "bad/slash", "{tag}", "h" * 129, None, 5])
 def test_enqueue_invalid_handler_is_refused(q: mc_queue.Client, handler: Any) -> None:
-    q.namespace()
+    q.open_namespace()
     before = snapshot(q)
     with pytest.raises(InvalidArgument):
         q.enqueue(QUEUE, handler, {"x": 1})
@@ -344,7 +351,7 @@ def test_fences_strictly_increase_across_claims_of_a_task(q: mc_queue.Client) ->
     fences.append(lease.fence)
     wait_past(q, lease.expires_at_ms)
     q.expire_leases()  # bumps the fence once more
-    q.reconcile_attempt(lease.attempt_id)
+    reconcile_attempt(q, lease.attempt_id)
     q.retry_task(task.id, REASON)
     fences.append(q.claim_attempt(task.id, WORKER, LONG_LEASE_MS).fence)
     assert fences == [1, 2, 4]
@@ -412,7 +419,7 @@ def test_claim_with_one_ms_lease_is_accepted(q: mc_queue.Client) -> None:
 
 def test_claim_of_a_missing_task_is_refused(q: mc_queue.Client) -> None:
     missing = mc_queue.keys.new_task_id(QUEUE)
-    q.namespace()
+    q.open_namespace()
     before = snapshot(q)
     with pytest.raises(TaskNotFound):
         q.claim_attempt(missing, WORKER)
@@ -448,7 +455,7 @@ def test_renew_with_current_fence_and_live_lease_extends_from_redis_time(q: mc_q
     f = attempt_fields(q, task.id, 1)
     assert int(f["lease_exp"]) == exp and f["state"] == "running" and t0 <= int(f["hb_at"]) <= t1
     assert q.redis.zscore(q.keys.leases, lease.attempt_id) == exp
-    assert task_hash(q, task.id)["fence"] == "1"
+    assert fence_of(q, task.id) == "1"
     assert len(events(q, task.id)) == n_events
     # without lease_ms: the length granted at claim
     t0 = redis_now_ms(q)
@@ -582,7 +589,7 @@ def test_expire_leases_expires_only_leases_past_their_expiry(q: mc_queue.Client)
     assert f["state"] == "suspect" and int(f["suspect_at"]) >= dead_lease.expires_at_ms
     assert f["fence"] == "1"  # the attempt keeps the fence it ran with
     t = task_hash(q, dead.id)
-    assert t["fence"] == "2" and t["state"] == "running" and t["active"] == "1"
+    assert fence_of(q, dead.id) == "2" and t["state"] == "running" and t["active"] == "1"
     assert q.redis.zscore(q.keys.leases, dead_lease.attempt_id) is None
     assert q.redis.zscore(q.keys.suspect, dead_lease.attempt_id) is not None
     ev = events(q, dead.id)[-1]
@@ -608,7 +615,7 @@ def test_old_holder_is_refused_after_its_lease_expired(q: mc_queue.Client, op: s
 def test_old_holder_is_refused_as_stale_after_reconciliation(q: mc_queue.Client, op: str) -> None:
     """A zombie worker coming back after its Attempt was reconciled gets StaleFence, like any stale holder."""
     task, lease = suspect_task(q)
-    q.reconcile_attempt(lease.attempt_id)
+    reconcile_attempt(q, lease.attempt_id)
     exc, ev = refused(q, task.id, StaleFence, lambda: fenced(q, op, lease.attempt_id, lease.fence),
                       "stale_write_refused")
     check_stale_event(ev, exc, op=op, n=1, presented=1, current=2, refusal="stale_fence")
@@ -617,7 +624,7 @@ def test_old_holder_is_refused_as_stale_after_reconciliation(q: mc_queue.Client,
 @pytest.mark.parametrize("op", OPS)
 def test_zombie_holder_is_refused_on_the_next_attempt(q: mc_queue.Client, op: str) -> None:
     task, lease = suspect_task(q)
-    q.reconcile_attempt(lease.attempt_id)
+    reconcile_attempt(q, lease.attempt_id)
     q.retry_task(task.id, REASON)
     new = q.claim_attempt(task.id, "worker-2", LONG_LEASE_MS)
     assert new.fence == 3
@@ -637,12 +644,13 @@ def test_reconcile_is_refused_unless_the_attempt_is_suspect(q: mc_queue.Client, 
         lease = q.claim_attempt(task.id, WORKER, LONG_LEASE_MS)
         if state in ("succeeded", "failed"):
             fenced(q, "complete" if state == "succeeded" else "fail", lease.attempt_id, lease.fence)
-    refused(q, task.id, TransitionRefused, lambda: q.reconcile_attempt(aid), None)
+    _, ev = refused(q, task.id, TransitionRefused, lambda: reconcile_attempt(q, aid), "reconcile_refused")
+    assert ev is not None and ev["attempt_state"] == state and ev["attempt"] == "1"
 
 
 def test_reconcile_settles_a_suspect_attempt_as_failed_executor_with_evidence(q: mc_queue.Client) -> None:
     task, lease = suspect_task(q)
-    attempt = q.reconcile_attempt(lease.attempt_id, actor="reconciler-1")
+    attempt = reconcile_attempt(q, lease.attempt_id, actor="reconciler-1")
     assert attempt.state == AttemptState.FAILED
     assert attempt.failure is not None and attempt.failure.failure_class == FailureClass.EXECUTOR
     assert attempt.settled_by == "reconcile"
@@ -657,7 +665,7 @@ def test_reconcile_settles_a_suspect_attempt_as_failed_executor_with_evidence(q:
     assert evs[-1]["failure_class"] == "executor" and evs[-1]["actor"] == "reconciler-1"
     assert evs[-1]["evidence"] == canonical_json(attempt.evidence)
 
-    refused(q, task.id, McqError, lambda: q.reconcile_attempt(lease.attempt_id), None)
+    refused(q, task.id, McqError, lambda: reconcile_attempt(q, lease.attempt_id), "reconcile_refused")
 
 
 # --------------------------------------------------------------------------- retry
@@ -685,7 +693,7 @@ def test_retry_is_refused_when_the_latest_attempt_succeeded_whatever_the_task_sa
     assert ev is not None and "succeeded" in ev["reason"]
 
 
-@pytest.mark.parametrize("reason", ["too short", "   too short    ", "\t123456789\n", "", " " * 30])
+@pytest.mark.parametrize("reason", ["too short", "   too short    ", "", " " * 30])
 def test_retry_is_refused_with_a_reason_under_ten_characters(q: mc_queue.Client, reason: str) -> None:
     task, _ = failed_task(q)
     _, ev = refused(q, task.id, RetryRefused, lambda: q.retry_task(task.id, reason), "retry_refused")
@@ -737,6 +745,12 @@ def test_retry_negative_delay_is_refused(q: mc_queue.Client) -> None:
     refused(q, task.id, InvalidArgument, lambda: q.retry_task(task.id, REASON, delay_ms=-1), None)
 
 
+@pytest.mark.parametrize("reason", ["\t123456789\n", "a reason that\nforges a second line", "nul\x00 in a reason"])
+def test_retry_reason_with_a_control_character_is_bad_input(q: mc_queue.Client, reason: str) -> None:
+    task, _ = failed_task(q)
+    refused(q, task.id, InvalidArgument, lambda: q.retry_task(task.id, reason), None)
+
+
 # --------------------------------------------------------------------------- immutability
 
 
@@ -747,7 +761,7 @@ def _try_everything(q: mc_queue.Client, task_id: str, attempt_id: str, max_fence
                 with contextlib.suppress(McqError):
                     fenced(q, op, attempt_id, fence, result=result, failure=failure)
     for fn in (lambda: q.claim_attempt(task_id, WORKER, SHORT_LEASE_MS), q.expire_leases,
-               lambda: q.reconcile_attempt(attempt_id)):
+               lambda: reconcile_attempt(q, attempt_id)):
         with contextlib.suppress(McqError):
             fn()
 
@@ -756,13 +770,13 @@ def _try_everything(q: mc_queue.Client, task_id: str, attempt_id: str, max_fence
 def test_a_terminal_attempt_never_changes(q: mc_queue.Client, how: str) -> None:
     if how == "reconciled":
         task, lease = suspect_task(q)
-        q.reconcile_attempt(lease.attempt_id)
+        reconcile_attempt(q, lease.attempt_id)
     else:
         task, lease = claimed(q)
         fenced(q, "complete" if how == "completed" else "fail", lease.attempt_id, lease.fence)
     frozen = attempt_fields(q, task.id, 1)
 
-    _try_everything(q, task.id, lease.attempt_id, int(task_hash(q, task.id)["fence"]))
+    _try_everything(q, task.id, lease.attempt_id, int(fence_of(q, task.id)))
     assert attempt_fields(q, task.id, 1) == frozen
 
     if how != "completed":
@@ -773,10 +787,11 @@ def test_a_terminal_attempt_never_changes(q: mc_queue.Client, how: str) -> None:
         _try_everything(q, task.id, lease.attempt_id, new.fence)
         assert attempt_fields(q, task.id, 1) == frozen
 
-    current = int(task_hash(q, task.id)["fence"])
-    with pytest.raises(NamespaceLost):  # a fence from the future: Redis went back in time
+    current = int(fence_of(q, task.id))
+    with pytest.raises(StaleFence):  # a fence from the future that this client was never issued
         q.renew_lease(lease.attempt_id, current + 1, worker_id=WORKER)
     assert attempt_fields(q, task.id, 1) == frozen
+    assert q.namespace().state == "ok"
 
 
 # --------------------------------------------------------------------------- status
@@ -796,7 +811,7 @@ def test_status_counts_match_the_tasks_after_a_mixed_sequence(q: mc_queue.Client
     short = q.claim_attempt(a[3], WORKER, SHORT_LEASE_MS)
     wait_past(q, short.expires_at_ms)
     q.expire_leases()
-    q.reconcile_attempt(short.attempt_id)
+    reconcile_attempt(q, short.attempt_id)
     q.retry_task(a[3], REASON)  # pending again, attempt 2
     lb = [q.claim_attempt(t, WORKER, LONG_LEASE_MS) for t in b]
     q.complete_attempt(lb[1].attempt_id, lb[1].fence, RESULT, worker_id=WORKER)
@@ -851,7 +866,7 @@ def test_lost_namespace_meta_refuses_transitions_until_recover(q: mc_queue.Clien
         q.complete_attempt(running.attempt_id, running.fence, RESULT, worker_id=WORKER)
     assert any(e["type"] == "state_loss_detected" for e in q.namespace_events())
 
-    report = q.recover()
+    report = recover(q)
 
     assert set(report["voided_leases"]) == {running.attempt_id, second.attempt_id}
     assert q.namespace().state == "ok"
@@ -859,7 +874,7 @@ def test_lost_namespace_meta_refuses_transitions_until_recover(q: mc_queue.Clien
     assert lease.fence > max(issued)
     assert lease.fence > report["fence_floor"]
     assert attempt_fields(q, t_run.id, 1)["state"] == "suspect"
-    assert int(task_hash(q, t_run.id)["fence"]) > report["fence_floor"]
+    assert int(fence_of(q, t_run.id)) > report["fence_floor"]
     refused(q, t_run.id, StaleFence,
             lambda: q.complete_attempt(running.attempt_id, running.fence, RESULT, worker_id=WORKER),
             "stale_write_refused")
@@ -874,7 +889,7 @@ def test_every_worker_can_claim_again_after_recovering_from_lost_meta(
         q.redis.delete(q.keys.meta)
         with pytest.raises(NamespaceLost):
             q.claim_attempt(t2.id, WORKER)
-        q.recover()
+        recover(q)
         lease = worker.claim_attempt(t2.id, "worker-2", LONG_LEASE_MS)
         assert lease.fence > old.fence
         assert q.namespace().state == "ok"
@@ -894,20 +909,37 @@ def test_claim_sequence_going_backwards_marks_the_namespace_lost(
         with pytest.raises(NamespaceLost):
             worker.claim_attempt(t4.id, "worker-2", LONG_LEASE_MS)
         assert q.namespace().state == "lost"
-        q.recover()
+        recover(q)
         # the epoch the worker knew was retired: it refreshes transparently and claims
         assert worker.claim_attempt(t4.id, "worker-2", LONG_LEASE_MS).fence > 1
 
 
-def test_a_fence_above_the_current_one_marks_the_namespace_lost(q: mc_queue.Client) -> None:
+def test_a_fence_above_the_current_one_without_a_claim_record_is_refused_not_a_loss(q: mc_queue.Client) -> None:
+    """A caller's mistake (a fence this client was never issued) is refused and audited; it does not
+    stop every producer of the namespace."""
     task, lease = claimed(q)
     q.renew_lease(lease.attempt_id, lease.fence, worker_id=WORKER)  # the current fence: fine
+    _, ev = refused(q, task.id, StaleFence, lambda: q.renew_lease(lease.attempt_id, lease.fence + 1,
+                                                                  worker_id=WORKER), "stale_write_refused")
+    assert ev is not None and ev["refusal"] == "fence_ahead" and ev["presented_fence"] == "2"
+    assert q.namespace().state == "ok"
+    other = mc_queue.Client(q.url, prefix=q.keys.prefix)  # another process holds no claim record either
+    with pytest.raises(StaleFence):
+        other.complete_attempt(lease.attempt_id, lease.fence + 5, RESULT, worker_id=WORKER)
+    other.close()
+    assert q.namespace().state == "ok"
+
+
+def test_a_fence_this_client_was_issued_and_redis_forgot_marks_the_namespace_lost(q: mc_queue.Client) -> None:
+    task, lease = claimed(q)
+    q.redis.set(q.keys.task(task.id).fence, lease.fence - 1)  # Redis went back to before the claim
     frozen = (task_hash(q, task.id), attempts_hash(q, task.id))
     with pytest.raises(NamespaceLost):
-        q.renew_lease(lease.attempt_id, lease.fence + 1, worker_id=WORKER)
+        q.renew_lease(lease.attempt_id, lease.fence, worker_id=WORKER)
     assert (task_hash(q, task.id), attempts_hash(q, task.id)) == frozen
     ev = events(q, task.id)[-1]
-    assert ev["type"] == "state_loss_detected" and ev["presented_fence"] == "2" and ev["current_fence"] == "1"
+    assert ev["type"] == "state_loss_detected" and ev["presented_fence"] == "1" and ev["current_fence"] == "0"
+    assert ev["claim_seq"] == str(lease.seq)
     assert q.namespace().state == "lost"
 
 
@@ -932,6 +964,6 @@ def test_redis_restart_without_its_data_is_detected(own_redis: RedisServer, tmp_
                 fresh.enqueue(QUEUE, HANDLER, {"x": 2})
         with pytest.raises(NamespaceLost):
             c.enqueue(QUEUE, HANDLER, {"x": 2})
-        c.recover()
+        recover(c)
         again = c.enqueue(QUEUE, HANDLER, {"x": 3})
         assert c.claim_attempt(again.id, WORKER, LONG_LEASE_MS).fence > lease.fence

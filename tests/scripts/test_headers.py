@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import mc_queue
-from mc_queue import FailureClass, make_failure
-from mc_queue.scripts import Scripts, load_specs, lua_dir, parse_header
+from mc_queue import FailureClass, make_failure, reconcile_attempt, recover
+from mc_queue.errors import Code, McqError, raise_for_reply
+from mc_queue.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 
 LUA = lua_dir()
 SPECS = load_specs()
@@ -25,8 +26,8 @@ COMMON = (LUA / "includes" / "common.lua").read_text()
 
 # Redis commands the scripts may use, by where their keys are: one key first, or every argument a key.
 SINGLE_KEY_COMMANDS = frozenset({
-    "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "TYPE",
-    "HGET", "HSET", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HINCRBYFLOAT", "HLEN", "HKEYS",
+    "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PTTL", "TYPE",
+    "HGET", "HSET", "HSETNX", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HINCRBYFLOAT", "HLEN", "HKEYS",
     "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
     "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",
     "XADD", "XRANGE", "XLEN", "XTRIM",
@@ -239,29 +240,80 @@ def test_every_lua_file_is_loaded_as_a_script() -> None:
 
 # --------------------------------------------------------------------------- headers vs bodies
 
-
-@pytest.mark.parametrize("name", NAMES)
-def test_header_numbering_is_contiguous_and_unique(name: str) -> None:
-    header, _ = script(name)
-    for kind, declared in (("KEYS", SPECS[name].keys), ("ARGV", SPECS[name].argv)):
-        idx = header_indices(header, kind)
-        assert idx == list(range(1, len(idx) + 1)), f"{name}.lua: {kind} header lines are numbered {idx}"
-        assert len(declared) == len(idx)
-    names = SPECS[name].keys + SPECS[name].argv
-    assert len(set(SPECS[name].keys)) == len(SPECS[name].keys), f"{name}.lua: a KEYS name is declared twice"
-    assert len(set(SPECS[name].argv)) == len(SPECS[name].argv), f"{name}.lua: an ARGV name is declared twice"
-    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", n) for n in names)
+SPEC_NAME_RE = re.compile(r"\{\s*'([a-z_][a-z0-9_]*)'\s*,\s*'")
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_every_declared_key_and_argument_is_used_and_every_used_one_is_declared(name: str) -> None:
+def named_lists() -> dict[str, list[str]]:
+    """common.lua's argument lists (FENCED_ARGS, DECISION_ARGS): name -> argument names in order."""
+    src = strip_comments(COMMON)
+    out = {}
+    for m in re.finditer(r"^local ([A-Z_]+_ARGS) = \{", src, re.M):
+        body = split_args("(" + src[m.end():], 0)
+        out[m.group(1)] = [n for item in body for n in SPEC_NAME_RE.findall(item)[:1]]
+    return out
+
+
+NAMED_LISTS = named_lists()
+
+
+def declared_in_body(name: str) -> tuple[list[str], list[str]]:
+    """The key names given to keys(KEYS, {...}) and the argument names given to args(ARGV, ...), in order."""
     _, body = script(name)
-    for kind, declared in (("KEYS", SPECS[name].keys), ("ARGV", SPECS[name].argv)):
-        used = {int(i) for i in re.findall(rf"\b{kind}\[(\d+)\]", body)}
-        assert used == set(range(1, len(declared) + 1)), (
-            f"{name}.lua: the body uses {kind} {sorted(used)} but the header declares 1..{len(declared)}")
-        assert not re.search(rf"\b{kind}\[(?!\d+\])", body), f"{name}.lua indexes {kind} with a variable"
-        assert not re.search(rf"(#|unpack\(\s*){kind}\b", body), f"{name}.lua uses {kind} as a whole"
+    km = re.search(r"keys\(\s*KEYS\s*,\s*\{", body)
+    am = re.search(r"args\(\s*ARGV\s*,", body)
+    assert km and am, f"{name}.lua does not start with keys(KEYS, ...) and args(ARGV, ...)"
+    key_names = [a.strip().strip("'") for a in split_args("(" + body[km.end():], 0)]
+    spec = split_args(body, am.start() + len("args"))[1]
+    arg_names: list[str] = []
+
+    def walk(expr: str) -> None:
+        expr = expr.strip()
+        if expr.startswith("with("):
+            for part in split_args(expr, 4):
+                walk(part)
+        elif expr in NAMED_LISTS:
+            arg_names.extend(NAMED_LISTS[expr])
+        else:
+            assert expr.startswith("{"), f"{name}.lua: args() takes a literal list, with(...) or a named list"
+            for item in split_args("(" + expr[1:], 0):
+                found = SPEC_NAME_RE.findall(item)
+                if found:
+                    arg_names.append(found[0])
+
+    walk(spec)
+    return key_names, arg_names
+
+
+def test_the_lua_reader_reads_keys_and_args_declarations() -> None:
+    assert NAMED_LISTS["FENCED_ARGS"] == ["epoch", "min_seq", "proof"]
+    assert NAMED_LISTS["DECISION_ARGS"][0] == "decision"
+    keys, argv = declared_in_body("fail")
+    assert keys[:3] == ["meta", "epochs", "nslog"] and argv[-7:] == NAMED_LISTS["DECISION_ARGS"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_body_declares_exactly_the_header_keys_and_arguments_in_order(name: str) -> None:
+    keys, argv = declared_in_body(name)
+    assert tuple(keys) == SPECS[name].keys, f"{name}.lua: keys() names {keys}, the header {SPECS[name].keys}"
+    assert tuple(argv) == SPECS[name].argv, f"{name}.lua: args() names {argv}, the header {SPECS[name].argv}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_keys_and_arguments_are_used_only_by_name(name: str) -> None:
+    _, body = script(name)
+    for kind in ("KEYS", "ARGV"):
+        assert not re.search(rf"\b{kind}\[", body), f"{name}.lua indexes {kind} instead of using its names"
+        assert len(re.findall(rf"\b{kind}\b", body)) == 1, f"{name}.lua uses {kind} outside keys()/args()"
+    keys, argv = declared_in_body(name)
+    used_keys = set(re.findall(r"\bK\.(\w+)", body))
+    assert used_keys <= set(keys), f"{name}.lua uses undeclared keys {sorted(used_keys - set(keys))}"
+    used_args = set(re.findall(r"\bA\.(\w+)", body))
+    assert used_args <= set(argv), f"{name}.lua uses undeclared arguments {sorted(used_args - set(argv))}"
+    # every declared key is used by the body or by a helper it hands K to
+    reach = set(used_keys)
+    for h in helpers_called(body):
+        reach |= set(re.findall(r"\bK\.(\w+)", HELPERS[h][1]))
+    assert set(keys) <= reach, f"{name}.lua declares keys it never uses: {sorted(set(keys) - reach)}"
 
 
 def test_the_shared_helpers_declare_no_keys_or_arguments_of_their_own() -> None:
@@ -271,20 +323,15 @@ def test_the_shared_helpers_declare_no_keys_or_arguments_of_their_own() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_locals_are_bound_to_the_header_entry_of_the_same_name(name: str) -> None:
-    """``local k_att = KEYS[7]`` must be KEYS[7] ``attempts``, not the task or the event stream."""
+def test_every_helper_key_a_script_relies_on_is_declared_by_it(name: str) -> None:
+    """fence_check(K, ...) reads K.fence and K.lease: every script that calls it declares them."""
     _, body = script(name)
-    for local, expr in local_bindings(body):
-        refs = re.findall(r"\b(KEYS|ARGV)\[(\d+)\]", expr)
-        if len(refs) != 1:
-            continue
-        kind, i = refs[0]
-        names = SPECS[name].keys if kind == "KEYS" else SPECS[name].argv
-        assert 1 <= int(i) <= len(names), f"{name}.lua binds {local!r} to {kind}[{i}], which the header lacks"
-        declared = names[int(i) - 1]
-        short = local.removeprefix("k_")
-        assert short in declared or declared in short, (
-            f"{name}.lua binds {kind}[{i}] (declared {declared!r}) to a local named {local!r}")
+    keys, _ = declared_in_body(name)
+    for h in helpers_called(body):
+        needed = set(re.findall(r"\bK\.(\w+)", HELPERS[h][1]))
+        if re.search(rf"(?<![\w.]){h}\s*\(\s*K\s*[,)]", body) or any(
+                re.search(rf"(?<![\w.]){h}\s*\(\s*K\s*[,)]", HELPERS[o][1]) for o in helpers_called(body)):
+            assert needed <= set(keys), f"{name}.lua hands K to {h}, which needs {sorted(needed - set(keys))}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -304,6 +351,8 @@ def test_the_parser_reads_the_header_the_way_these_tests_do(name: str) -> None:
     assert not re.search(r"^--@include", SPECS[name].source, re.M), f"{name}: an include was not expanded"
     if "--@include common" in text:
         assert strip_comments(COMMON).strip() in strip_comments(SPECS[name].source)
+    word = header_section(script(name)[0], "Idempotent:").split()[0].lower()
+    assert SPECS[name].idempotent == (word != "no"), f"{name}: the runner reads 'Idempotent: {word}' wrong"
 
 
 @pytest.mark.parametrize("name", [*NAMES, "includes/common"])
@@ -329,32 +378,35 @@ def _check_key_args(where: str, args: list[str], allowed: set[str]) -> None:
     for key in key_args:
         assert ".." not in key and "'" not in key and '"' not in key, (
             f"{where}: {cmd} builds its key from strings: {key}")
-        assert key in allowed or re.fullmatch(r"KEYS\[\d+\]", key), (
-            f"{where}: {cmd} key {key!r} does not come from KEYS")
+        assert key in allowed, f"{where}: {cmd} key {key!r} is not one of the script's declared keys"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_key_a_script_touches_comes_from_keys(name: str) -> None:
     _, body = script(name)
-    bound = keys_bound(body)
+    keys, _ = declared_in_body(name)
+    allowed = {f"K.{k}" for k in keys}
     for args in redis_calls(body):
         assert not args[0].startswith("unpack"), f"{name}.lua: redis.call(unpack(...)) outside the helpers"
-        _check_key_args(f"{name}.lua", args, bound)
+        _check_key_args(f"{name}.lua", args, allowed)
     # Keys handed to a helper go where the helper expects a key, and come from KEYS.
     for helper, (params, _) in HELPERS.items():
         for m in re.finditer(rf"(?<![\w.]){helper}\s*\(", body):
             args = split_args(body, m.end() - 1)
             for param, arg in zip(params, args, strict=False):
                 if KEY_PARAM_RE.match(param):
-                    assert arg in bound or re.fullmatch(r"KEYS\[\d+\]", arg), (
-                        f"{name}.lua passes {arg!r} as {helper}'s key {param!r}")
+                    assert arg in allowed or arg == "nil", f"{name}.lua passes {arg!r} as {helper}'s key {param!r}"
+                elif param == "K":
+                    assert arg == "K", f"{name}.lua passes {arg!r} as {helper}'s key table"
                 else:
-                    assert arg not in bound, f"{name}.lua passes the key {arg!r} as {helper}'s {param!r}"
+                    assert arg not in allowed, f"{name}.lua passes the key {arg!r} as {helper}'s {param!r}"
 
 
 def test_the_helpers_touch_only_keys_they_are_given() -> None:
     for helper, (params, body) in HELPERS.items():
         allowed = {p for p in params if KEY_PARAM_RE.match(p)}
+        if "K" in params:
+            allowed |= {f"K.{k}" for k in re.findall(r"\bK\.(\w+)", body)}
         for args in redis_calls(body):
             if args[0].startswith("unpack"):
                 table = re.match(r"unpack\((\w+)\)", args[0])
@@ -367,8 +419,9 @@ def test_the_helpers_touch_only_keys_they_are_given() -> None:
         for other, (oparams, _) in HELPERS.items():
             for m in re.finditer(rf"(?<![\w.]){other}\s*\(", body):
                 for param, arg in zip(oparams, split_args(body, m.end() - 1), strict=False):
-                    if KEY_PARAM_RE.match(param):
-                        assert arg in allowed, f"{helper} passes {arg!r} as {other}'s key {param!r}"
+                    if KEY_PARAM_RE.match(param) or param == "K":
+                        assert arg in allowed or arg in ("K", "nil"), (
+                            f"{helper} passes {arg!r} as {other}'s key {param!r}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -386,36 +439,53 @@ def test_no_key_name_is_built_inside_a_redis_call(name: str) -> None:
 # --------------------------------------------------------------------------- declared replies and events
 
 
-EVENT_RE = re.compile(r"(?<![\w.])emit\(\s*\w+\s*,\s*'(\w+)'")
-CODE_RE = re.compile(r"return\s*\{\s*'([A-Z_]+)'")
+EVENT_RE = re.compile(r"(?<![\w.])(?:emit\(\s*[\w.]+\s*,|refuse\(\s*[\w.]+\s*,\s*[\w.]+\s*,)\s*'(\w+)'")
+CODE_RE = re.compile(r"'(OK|DUP|NOOP|DONE|PENDING|E_[A-Z_]+)'")
 ALL_EVENTS = set(EVENT_RE.findall(strip_comments(COMMON))) | {
     e for n in NAMES for e in EVENT_RE.findall(script(n)[1])
 }
 
 
+def _calls(body: str, helper: str) -> list[list[str]]:
+    return [split_args(body, m.end() - 1) for m in re.finditer(rf"(?<![\w.]){helper}\s*\(", body)]
+
+
+RESULT_RE = re.compile(r"(?:\breturn|=)\s*(\w+)\s*\(")
+
+
+def _result_helpers(body: str) -> set[str]:
+    """Helpers whose result a body returns or keeps (a bare call's reply is not the script's)."""
+    found: set[str] = set()
+    todo = [body]
+    while todo:
+        for name in RESULT_RE.findall(todo.pop()):
+            if name in HELPERS and name not in found:
+                found.add(name)
+                todo.append(HELPERS[name][1])
+    return found
+
+
 def _reply_codes(name: str) -> set[str]:
-    """Codes the script can return: its own, and those of the helpers whose error replies it returns."""
+    """Codes the script can return: its own literals, and those of the helpers it calls (ns_check's
+    E_EPOCH only where a call refuses a retired epoch, fence_check's E_CANCELED only where a call checks
+    for a cancel request)."""
     _, body = script(name)
     codes = set(CODE_RE.findall(body))
-    if re.search(r"err\s*=\s*fence_check\(", body):
-        # fence_check also returns a code chosen from a table of refusals: every code literal it names
-        codes |= set(re.findall(r"'(E_[A-Z_]+)'", HELPERS["fence_check"][1]))
-        codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
-    for helper in re.findall(r"err\s*=\s*(\w+)\(", body):
-        if helper not in ("fence_check", "ns_check") and helper in HELPERS:
-            codes |= set(CODE_RE.findall(HELPERS[helper][1]))
-    for m in re.finditer(r"err\s*=\s*ns_check\(", body):
-        codes |= set(CODE_RE.findall(HELPERS["mark_lost"][1]))
-        codes |= {c for c in CODE_RE.findall(HELPERS["ns_check"][1]) if c != "E_EPOCH"}
-        if split_args(body, m.end() - 1)[-1] == "false":  # allow_retired=false: a retired epoch is refused
-            codes.add("E_EPOCH")
+    for h in _result_helpers(body):
+        codes |= set(CODE_RE.findall(HELPERS[h][1])) - {"E_EPOCH", "E_CANCELED"}
+    if any(len(a) > 7 and a[7] != "true" for a in _calls(body, "ns_check")):
+        codes.add("E_EPOCH")
+    fenced_calls = _calls(body, "fence_check") + _calls(body, "fenced")
+    if any(len(a) > 5 and a[5] == "true" for a in fenced_calls):
+        codes.add("E_CANCELED")
     return codes
 
 
 def test_reply_code_reader_finds_the_helper_codes() -> None:
-    assert set(CODE_RE.findall(HELPERS["fence_check"][1])) >= {"E_NOTASK", "E_BADARG"}
-    assert _reply_codes("renew") >= {"E_STALE", "E_STATE", "E_EXPIRED", "E_NOTASK", "E_NSLOST"}
-    assert set(CODE_RE.findall(HELPERS["ns_check"][1])) == {"E_NSLOST", "E_EPOCH"}
+    assert set(CODE_RE.findall(HELPERS["fence_check"][1])) >= {"E_NOTASK", "E_STALE", "E_CANCELED"}
+    assert _reply_codes("renew") >= {"E_STALE", "E_STATE", "E_EXPIRED", "E_NOTASK", "E_NSLOST", "E_BADARG"}
+    assert "E_CANCELED" not in _reply_codes("renew") and "E_CANCELED" in _reply_codes("complete")
+    assert set(CODE_RE.findall(HELPERS["ns_check"][1])) == {"E_NSLOST", "E_EPOCH", "E_BADARG"}
     assert _reply_codes("claim") >= {"OK", "DUP", "E_CLAIM", "E_NSLOST", "E_EPOCH"}
 
 
@@ -426,6 +496,21 @@ def test_every_reply_code_is_declared_in_returns_and_every_declared_one_exists(n
     actual = _reply_codes(name)
     assert actual <= declared, f"{name}.lua can return {sorted(actual - declared)} but 'Returns:' omits them"
     assert declared <= actual, f"{name}.lua declares {sorted(declared - actual)} but never returns them"
+    unknown = {c for c in declared if c not in Code.__members__}
+    assert not unknown, f"{name}.lua declares codes {sorted(unknown)} that mc_queue.errors.Code lacks"
+
+
+def test_every_code_of_the_enum_is_returned_by_some_script() -> None:
+    used = set().union(*(_reply_codes(n) for n in NAMES))
+    assert set(Code.__members__) == used, f"codes no script returns: {sorted(set(Code.__members__) - used)}"
+
+
+@pytest.mark.parametrize("code", [c for c in Code if c.value.startswith("E_") and c is not Code.E_EPOCH])
+def test_every_error_code_maps_to_an_mc_queue_error(code: Code) -> None:
+    with pytest.raises(McqError) as info:
+        raise_for_reply([code.value, "1", "running", ""], script="renew", presented_fence=1)
+    assert info.value.code == code.value
+    assert type(info.value) is not McqError, f"{code} maps to the bare McqError"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -448,11 +533,12 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
              if isinstance(value, str) and value.startswith(q.keys.tag + ":")}
     if key_name in fixed:
         return value == fixed[key_name]
-    if key_name == "index":  # due.lua reads any time index: the lease index or the outbox
-        return value in (q.keys.leases, q.keys.outbox, q.keys.cancels)
-    patterns = {"task": r":t:[^:]+:[0-9A-Z]{26}", "attempts": r":t:[^:]+:[0-9A-Z]{26}:a",
+    if key_name == "index":  # due.lua and index_drop.lua take any time index
+        return value in (q.keys.leases, q.keys.outbox, q.keys.cancels, q.keys.suspect)
+    patterns = {"task": r":t:([^:]+:[0-9A-Z]{26}|-)", "attempts": r":t:([^:]+:[0-9A-Z]{26}|-):a",
                 "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending",
-                "effects": r":t:[^:]+:[0-9A-Z]{26}:fx"}
+                "effects": r":t:[^:]+:[0-9A-Z]{26}:fx", "fence": r":t:[^:]+:[0-9A-Z]{26}:fence",
+                "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
     return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
 
@@ -460,19 +546,19 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
     calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
-    original = Scripts.call
+    original = ScriptRunner.call
 
-    def spy(self: Scripts, name: str, keys: Any, argv: Any, client: Any = None) -> Any:
+    def spy(self: ScriptRunner, name: str, keys: Any, argv: Any, client: Any = None) -> Any:
         calls.append((name, dict(keys), dict(argv)))
         return original(self, name, keys, argv, client)
 
-    monkeypatch.setattr(Scripts, "call", spy)
+    monkeypatch.setattr(ScriptRunner, "call", spy)
     return calls
 
 
 def _full_lifecycle(q: mc_queue.Client) -> None:
     failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
-    q.namespace()
+    q.open_namespace()
     a = q.enqueue("jobs", "h", {"n": 1}, "key-1")
     q.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
     q.due_dispatches()
@@ -489,7 +575,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     while not q.expire_leases():
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    q.reconcile_attempt(lb2.attempt_id)
+    reconcile_attempt(q, lb2.attempt_id)
     e = q.enqueue("jobs", "h", {"n": 4})
     le = q.claim_attempt(e.id, "w", 60_000)
     key = mc_queue.mint_key(e.id, "open-pr", "sha1")
@@ -497,7 +583,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.effect_done(le.attempt_id, le.fence, key, "done", {"pr": 1}, actor="w")
     q.cancel_task(e.id, "the operator no longer needs this")
     q.acknowledge_cancel(le.attempt_id, le.fence, worker_id="w")
-    q.reconcile_attempt(le.attempt_id)
+    reconcile_attempt(q, le.attempt_id)
     f = q.enqueue("jobs", "h", {"n": 5})
     lf = q.claim_attempt(f.id, "w", 60_000)
     poison = mc_queue.Decision("quarantine", "header test quarantines", attention={"task_id": f.id})
@@ -508,9 +594,11 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.fail_attempt(lf2.attempt_id, lf2.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
                    decision=poison)
     q.dlq_purge(f.id, reason="header test purges")
+    q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
+    q.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
     c = q.enqueue("jobs", "h", {"n": 3})
     q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
-    q.recover(reason="header test")
+    recover(q, reason="header test")
     q.get_task(b.id)
     q.status()
 
@@ -543,7 +631,7 @@ class _Untouchable:
 
 @pytest.mark.parametrize("change", ["missing", "extra", "renamed"])
 def test_a_wrong_name_is_refused_before_reaching_redis(q: mc_queue.Client, change: str) -> None:
-    scripts = Scripts(q.redis)
+    scripts = ScriptRunner(q.redis)
     keys = {"index": q.keys.leases}
     argv: dict[str, Any] = {"limit": 10}
     assert scripts.call("due", keys, argv)[1:] == []  # the right names work

@@ -7,16 +7,14 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from mc_queue.config import Backoff, Budget, RetryPolicy
 from mc_queue.failures import make_failure
 from mc_queue.models import Attempt, AttemptState, Event, FailureClass, Task, TaskState
 from mc_queue.policy import (
     AuthorizationError,
-    Backoff,
-    Budget,
     CapacityError,
     NonRetryable,
     Retry,
-    RetryPolicy,
     ValidationFailure,
     classify,
     decide,

@@ -15,6 +15,7 @@ EXPECTED = {
     "LeaseLost", "NonRetryable", "PhaseOutOfOrder", "ProviderError", "RepositoryError", "Retry", "RetryPolicy",
     "Sweeper", "ValidationFailure", "classify",
     "CancelRequested", "EffectRecord", "EffectUnknown", "mint_key",
+    "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
 }
 
 
