@@ -63,7 +63,7 @@ local A, bad = args(ARGV, with(with({
   {'tokens', 'int', 0, 1e12},
 }, FENCED_ARGS), DECISION_ARGS))
 if bad then return bad end
-bad = decision_error(A)
+bad = decision_error(A) or failure_error(A.failure, A.fclass, A.fingerprint)
 if bad then return bad end
 local n = fmt(A.n)
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)

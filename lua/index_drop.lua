@@ -23,7 +23,7 @@
 local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'index', 'task', 'attempts'})
 local A, bad = args(ARGV, {
   {'kind', 'enum', 'leases', 'suspect', 'outbox', 'cancels'},
-  {'member', 'text', 1000},
+  {'member', 'raw', 1000},
   {'actor', 'text', 200},
   {'reason', 'text', 2000},
   {'epoch', 'epoch'},

@@ -59,6 +59,8 @@ if A.outcome == 'failed' then
   if A.failure == '' or A.fclass == '' or A.fingerprint == '' then
     return {'E_BADARG', 'failure: a failed outcome needs its failure, class and fingerprint'}
   end
+  bad = failure_error(A.failure, A.fclass, A.fingerprint)
+  if bad then return bad end
 elseif A.decision ~= '' then
   return {'E_BADARG', 'decision: only a failure takes a decision'}
 end

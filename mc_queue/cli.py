@@ -1,7 +1,7 @@
 """``mcq``: the operator's command line. Every read has ``--json``.
 
 Exit codes: 0 done; 1 refused by a contract (the refusal is recorded); 2 bad input, nothing
-written; 3 the namespace lost state and needs ``mcq recover``.
+written; 3 the namespace lost state and needs ``mcq recover``; 4 Redis cannot be reached.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import redis
 
 from .client import Client
 from .connection import connect
 from .errors import (
     ConfigurationError,
-    IdempotencyConflict,
     InvalidArgument,
     McqError,
     NamespaceLost,
@@ -48,19 +48,22 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_LOST, EXIT_UNREACHABLE = 1, 2, 3, 4
+
+
 def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (InvalidArgument, IdempotencyConflict, TaskNotFound) as exc:
-            _fail(str(exc), 2)
+        except (InvalidArgument, TaskNotFound, ConfigurationError) as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
         except NamespaceLost as exc:
-            _fail(str(exc), 3)
-        except ConfigurationError as exc:
-            _fail(str(exc), 2)
-        except McqError as exc:
-            _fail(str(exc), 1)
+            _fail(str(exc), EXIT_LOST)
+        except McqError as exc:  # a contract refused (IdempotencyConflict, TaskPurged, a stale fence ...)
+            _fail(str(exc), EXIT_REFUSED)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            _fail(f"cannot reach Redis: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE)
 
     return wrapper  # type: ignore[return-value]
 

@@ -102,7 +102,10 @@ class Client:
         self.actor = check_text(actor or _default_actor(), what="actor", max_bytes=200, spaces=False)
         self.max_lease_ms = check_int(max_lease_ms, what="max_lease_ms", low=1000, high=7 * 86_400_000)
         self.ns = NamespaceState(prefix, witness_path)
-        common: dict[str, Any] = dict(decode_responses=True, socket_timeout=socket_timeout,
+        # surrogateescape: bytes that are not UTF-8 (written by someone else) read back losslessly
+        # instead of failing the read, and go back to Redis unchanged (an index member to drop).
+        common: dict[str, Any] = dict(decode_responses=True, encoding_errors="surrogateescape",
+                                      socket_timeout=socket_timeout,
                                       socket_connect_timeout=socket_timeout, health_check_interval=30,
                                       **quiet_connection_kwargs())
         self.redis: redis.Redis = redis_class.from_url(url, **common)
@@ -451,9 +454,9 @@ class Client:
                            recovering_epoch=recovering_epoch).expired
 
     def expire(self, members: list[str], *, actor: str, force: bool, reason: str,
-               recovering_epoch: str | None = None) -> ExpireReport:
-        """expire.lua for each lease index member (one pipeline). One bad entry never stops the others:
-        an unreadable member is dropped (index_drop), an error is reported in ``errors``."""
+               recovering_epoch: str | None = None, index: str = "leases") -> ExpireReport:
+        """expire.lua for each member of the lease (or cancel) index (one pipeline). One bad entry never
+        stops the others: an unreadable member is dropped (index_drop), an error is reported in ``errors``."""
         check_text(reason, what="reason", max_bytes=2000)
         epoch = recovering_epoch or self._epoch()
         report = ExpireReport()
@@ -464,7 +467,7 @@ class Client:
                 _, _, tk = self._attempt(member)
             except InvalidArgument as exc:
                 try:
-                    report.removed += self.drop_index_entry("leases", member, reason=str(exc), actor=actor,
+                    report.removed += self.drop_index_entry(index, member, reason=str(exc), actor=actor,
                                                             recovering_epoch=recovering_epoch)
                 except McqError as err:
                     report.errors.append((member, str(err)))
@@ -507,7 +510,8 @@ class Client:
             tk = self.keys.nowhere()
         reply = self._run("index_drop", {**self._ns_keys(), "index": getattr(self.keys, index), "task": tk.task,
                                          "attempts": tk.attempts},
-                          {"kind": index, "member": _printable(member, 1000), "actor": actor or self.actor,
+                          {"kind": index, "member": member.encode("utf-8", "surrogateescape"),
+                           "actor": actor or self.actor,
                            "reason": _printable(reason, 2000), "epoch": recovering_epoch or self._epoch()})
         raise_for_reply(reply, script="index_drop", attempt_id=member)
         return 1 if reply[0] == Code.OK else 0

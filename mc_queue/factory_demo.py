@@ -175,7 +175,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
                 time.sleep(0.25)
         time.sleep(1.0)  # the thawed worker's refused writes land
         fleet.stop_all()
-        faults.provider_timeouts = 1 - len(forge._stall)  # the stalls the provider actually served
+        faults.provider_timeouts = 1 - forge.stalls_left  # the stalls the provider actually served
         return _report(console, q, ids, forge, remote, faults)
     finally:
         if fleet is not None:

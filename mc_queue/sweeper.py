@@ -83,7 +83,7 @@ class Sweeper:
         overdue = self.client.due_cancels(limit=self.batch)
         if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
             expired.merge(self.client.expire(overdue, actor=self.actor, force=True,
-                                             reason="cancel not acknowledged in time"))
+                                             reason="cancel not acknowledged in time", index="cancels"))
         report.expired.extend(e.attempt_id for e in expired.expired)
         report.dropped.extend(expired.dropped)
         report.errors.extend(f"{m}: {why}" for m, why in expired.errors)

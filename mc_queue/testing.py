@@ -117,6 +117,50 @@ def unique_prefix(stem: str = "t") -> str:
     return f"{stem}-{uuid.uuid4().hex[:10]}"
 
 
+class TransitionRecorder:
+    """Watches every script a Client runs (``client.runner.observers``) and records each change of a
+    Task's or an Attempt's state it makes, as (entity, from, to, script); ``violations`` lists the
+    changes :mod:`mc_queue.states` does not allow. Reads through its own connection, around each call.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.redis = redis.Redis.from_url(client.url, decode_responses=True)
+        self.seen: list[tuple[str, str, str, str]] = []
+        self.violations: list[tuple[str, str, str, str]] = []
+        client.runner.observers.append(self)
+
+    def _read(self, task: str, attempts: str) -> tuple[str, dict[str, str]]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(task, "state")
+        pipe.hgetall(attempts)
+        state, att = pipe.execute()
+        return state or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
+
+    def before(self, name: str, keys: Any, argv: Any) -> Any:
+        task, attempts = keys.get("task"), keys.get("attempts")
+        if not task or not attempts:
+            return None
+        return name, task, attempts, self._read(task, attempts)
+
+    def after(self, token: Any, reply: Any) -> None:
+        if token is None:
+            return
+        from .states import allowed
+
+        name, task, attempts, (t0, a0) = token
+        t1, a1 = self._read(task, attempts)
+        changes = [("task", t0, t1, name)] if t0 != t1 else []
+        changes += [("attempt", a0.get(n, ""), a1.get(n, ""), name) for n in sorted(set(a0) | set(a1))
+                    if a0.get(n) != a1.get(n)]
+        for entity, src, dst, script in changes:
+            self.seen.append((entity, src, dst, script))
+            if not allowed("task" if entity == "task" else "attempt", src, dst, script):
+                self.violations.append((entity, src, dst, script))
+
+    def close(self) -> None:
+        self.redis.close()
+
+
 class ForgeServer:
     """A real local HTTP pull-request API (the protocol of ``mc_queue.providers.http``), for tests
     and the demo: it counts what it did per operation key, and injects the faults that matter.
@@ -164,6 +208,12 @@ class ForgeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def stalls_left(self) -> int:
+        """Stalls asked for with stall_next that no creation has served yet."""
+        with self.lock:
+            return len(self._stall)
 
     def stall_next(self, n: int = 1, seconds: float = 3.0) -> None:
         with self.lock:

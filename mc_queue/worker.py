@@ -197,16 +197,32 @@ class ForeignJobRefused(McqError):
     """An RQ job on an mc_queue queue named a function other than mc_queue's entry."""
 
 
+_UNDECODABLE = "<a payload that cannot be decoded as JSON>"
+
+
+def _func_name(job: Job) -> Any:
+    """RQ's func_name, except that a payload it cannot decode is named, not raised (RQ reads the name
+    for its process title before the job runs)."""
+    try:
+        return Job.func_name.fget(job)  # type: ignore[attr-defined]
+    except Exception:
+        return _UNDECODABLE
+
+
 class McqJob(Job):
     """An RQ Job that never imports a name found in Redis: only mc_queue's entry, no callbacks."""
+
+    func_name = property(_func_name, Job.func_name.fset)  # type: ignore[attr-defined]
 
     @property
     def func(self) -> Callable[..., Any]:
         try:
-            name, args, kwargs = self.func_name, self.args, self.kwargs
-        except Exception as exc:  # a payload RQ cannot decode (a pickle, garbage): never run
-            return functools.partial(_refuse_foreign, "?", str(self.id),
-                                     f"its payload cannot be decoded as JSON ({type(exc).__name__})")
+            name = self.func_name
+            args, kwargs = (self.args, self.kwargs) if name != _UNDECODABLE else ((), {})
+        except Exception:
+            name = _UNDECODABLE
+        if name == _UNDECODABLE:  # a pickle or garbage: never run, never unpickled
+            return functools.partial(_refuse_foreign, "?", str(self.id), "its payload cannot be decoded as JSON")
         if name == ENTRY and not kwargs:
             if len(args) not in (2, 3) or not all(isinstance(a, (str, int)) for a in args):
                 return functools.partial(_refuse_foreign, str(name), str(self.id),

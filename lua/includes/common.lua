@@ -39,6 +39,7 @@ end
 --   enum a|b|c       one of the listed values ('' only when listed as the first, empty, value)
 --   epoch            '' or '<microseconds>.<hex nonce>'
 --   reqid            '' or 1-64 of [A-Za-z0-9_-]
+--   raw max          any bytes, at most max (an index member as found, only compared and logged)
 -- A bad argument gives {'E_BADARG', '<name> <why>'} before anything is read or written.
 
 local function utf8_ok(s)
@@ -64,6 +65,35 @@ local function utf8_ok(s)
       i = i + 4
     else
       return false
+    end
+  end
+  return true
+end
+
+-- JSON as Python's json module reads it back: cjson alone also takes 0x10, +1, 01, 1., NaN, inf and
+-- 1e999. Every number token outside strings must follow JSON's grammar and be finite.
+local function json_numbers_ok(v)
+  local i, n = 1, #v
+  while i <= n do
+    local q = string.find(v, '"', i, true) or (n + 1)
+    for tok in string.gmatch(string.sub(v, i, q - 1), '[^%s%[%]{},:]+') do
+      if tok ~= 'true' and tok ~= 'false' and tok ~= 'null' then
+        local int, rest = string.match(tok, '^%-?(%d+)(.*)$')
+        if not int or (#int > 1 and string.sub(int, 1, 1) == '0') then return false end
+        local frac = string.match(rest, '^%.%d+(.*)$')
+        if frac then rest = frac end
+        if rest ~= '' and not string.match(rest, '^[eE][%+%-]?%d+$') then return false end
+        local x = tonumber(tok)
+        if not x or x ~= x or x == math.huge or x == -math.huge then return false end
+      end
+    end
+    if q > n then break end
+    local j = q + 1                       -- skip the string: to the next unescaped quote
+    while true do
+      local k = string.find(v, '[\\"]', j)
+      if not k then return false end
+      if string.sub(v, k, k) == '"' then i = k + 1 break end
+      j = k + 2
     end
   end
   return true
@@ -97,7 +127,7 @@ local function check_arg(v, spec)
     if v == '' or string.find(v, '[^\32-\126]') then return nil, 'must be JSON in printable ASCII (escape the rest)' end
     if spec[4] == 'obj' and string.sub(v, 1, 1) ~= '{' then return nil, 'must be a JSON object' end
     local ok, decoded = pcall(cjson.decode, v)
-    if not ok then return nil, 'is not valid JSON' end
+    if not ok or not json_numbers_ok(v) then return nil, 'is not valid JSON (numbers finite, as JSON writes them)' end
     if spec[4] == 'obj' and type(decoded) ~= 'table' then return nil, 'must be a JSON object' end
     return v
   elseif kind == 'hex' or kind == 'hex?' then
@@ -110,6 +140,9 @@ local function check_arg(v, spec)
   elseif kind == 'epoch' then
     if v == '' then return v end
     if #v > 64 or not string.match(v, '^%d+%.%x+$') then return nil, "must be '' or an epoch '<time>.<nonce>'" end
+    return v
+  elseif kind == 'raw' then
+    if #v > spec[3] then return nil, 'is longer than ' .. spec[3] .. ' bytes' end
     return v
   elseif kind == 'reqid' then
     if v == '' then return v end
@@ -394,6 +427,24 @@ local DECISION_ARGS = {
    'cost_or_tokens'},
 }
 
+-- A failure record as the Failure model reads it back: its class and fingerprint the ones the
+-- script records beside it; nil when fine, else the E_BADARG reply.
+local FAILURE_FIELDS = {failure_class = 'string', type = 'string', message = 'string', fingerprint = 'string',
+                        retryable = 'boolean'}
+local function failure_error(text, fclass, fingerprint)
+  local f = cjson.decode(text)
+  for k, v in pairs(f) do
+    local want = FAILURE_FIELDS[k]
+    if not want or (type(v) ~= want and v ~= cjson.null) then
+      return {'E_BADARG', 'failure: field ' .. tostring(k) .. ' is not part of a failure record, or has the wrong type'}
+    end
+  end
+  if f.failure_class ~= fclass or f.fingerprint ~= fingerprint or type(f.type) ~= 'string' or f.type == '' then
+    return {'E_BADARG', 'failure: its failure_class, fingerprint and type must be the ones recorded beside it'}
+  end
+  return nil
+end
+
 -- The decision's own consistency (after args() checked each field); nil when fine.
 local function decision_error(A)
   if A.decision == 'retry' and chars(A.next_reason) < 10 then
@@ -443,7 +494,8 @@ end
 -- no sweep and no recovery ever stops on it.
 local function drop_orphan(k_index, k_nslog, member, why, who)
   if redis.call('ZREM', k_index, member) == 1 then
-    emit(k_nslog, 'orphan_index_entry', {'index', k_index, 'member', member, 'reason', why, 'actor', who})
+    local shown = string.gsub(string.sub(member, 1, 300), '[%c\128-\255]', '?')
+    emit(k_nslog, 'orphan_index_entry', {'index', k_index, 'member', shown, 'reason', why, 'actor', who})
     return true
   end
   return false

@@ -15,7 +15,8 @@ Fault points are payload options, so the product code stays as it is:
   itself at ``before_intent``, ``after_intent`` (intent recorded, provider not called),
   ``after_call`` (provider did it, receipt not recorded), ``after_receipt`` or ``before_complete``
   (the worker recorded ``result_pending`` and is about to complete: the Runtime's
-  ``Client.complete_attempt`` (and the worker's ``complete_quietly``) are replaced in this process by one that kills it);
+  ``Client.complete_attempt`` (and the worker's ``complete_quietly``) are replaced in this process by one
+  that kills it);
 - ``pidfile``: ``<pidfile>.<attempt>`` gets the pid of the process running the handler;
 - ``gate``: Attempt 1 waits (heartbeating) until this file exists before its effect.
 """

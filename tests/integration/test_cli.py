@@ -64,6 +64,12 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     (["show", "not-a-task-id"], "invalid task id"),
     (["show", "fixes:01ARZ3NDEKTSV4RRFFQ69G5FAV"], "no task"),
     (["retry", "fixes:01ARZ3NDEKTSV4RRFFQ69G5FAV", "--reason", "short"], "at least ten characters"),
+    (["enqueue", "fixes", "fix-issue", "--payload", "[" * 60_000 + "]" * 60_000], "nested too deeply"),
+    (["enqueue", "fixes", "fix-issue", "--payload", '{"a": "' + "\\ud800" + '"}'], "not valid Unicode"),
+    (["enqueue", "fixes", "fix-issue", "--payload", '{"a": NaN}'], "JSON cannot carry"),
+    (["enqueue", "fixes", "fix-issue", "--payload", '{"a": ' + "[" * 100 + "]" * 100 + "}"], "levels deep"),
+    (["enqueue", "fixes", "fix-issue", "--payload", "{}", "--idempotency-key", "a\nb"], "control character"),
+    (["show", "fixes:01ARZ3NDEKTSV4RRFFQ69G5FAV\n"], "invalid task id"),
 ])
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
         redis_server: RedisServer, prefix: str, args: list[str], needle: str) -> None:
@@ -76,11 +82,13 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
     assert after == [k for k in before if not k.endswith((":meta", ":nslog"))]
 
 
-def test_idempotency_conflict_exits_2(redis_server: RedisServer, prefix: str) -> None:
+def test_idempotency_conflict_exits_1_and_is_recorded(redis_server: RedisServer, prefix: str) -> None:
     first = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 1}', "--idempotency-key", "k")
     assert first.returncode == 0
     out = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", '{"a": 2}', "--idempotency-key", "k")
-    assert out.returncode == 2 and "different payload" in out.stderr
+    assert out.returncode == 1 and "different payload" in out.stderr
+    log = json.loads(mcq(redis_server, prefix, "namespace", "--json").stdout)["events"]
+    assert [e["idem_key"] for e in log if e["type"] == "enqueue_refused"] == ["k"]
     assert counts(redis_server, prefix)["q"]["counts"] == {"pending": 1}
 
 
@@ -97,10 +105,41 @@ def test_namespace_lost_exits_3_until_recover(redis_server: RedisServer, prefix:
     redis_server.client().delete(f"{{{prefix}}}:meta")
     out = mcq(redis_server, prefix, "enqueue", "q", "h", "--payload", "{}")
     assert out.returncode == 3 and "mcq recover" in out.stderr
-    ns = json.loads(mcq(redis_server, prefix, "namespace", "--json").stdout)
-    assert ns["state"] == "lost"
+    redis_server.client().delete(f"{{{prefix}}}:meta")  # (the refused writer recorded the loss; wipe again)
+    out = mcq(redis_server, prefix, "namespace", "--json")
+    assert out.returncode == 3 and json.loads(out.stdout)["state"] == "lost"
+    assert redis_server.client().exists(f"{{{prefix}}}:meta") == 0, "a read re-created the namespace"
+    status = mcq(redis_server, prefix, "status")
+    assert status.returncode == 3 and "mcq recover" in status.stderr
     rec = mcq(redis_server, prefix, "recover", "--json")
     assert rec.returncode == 0, rec.stderr
     assert json.loads(rec.stdout)["fence_floor"] > 0
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     assert q.claim_attempt(task_id, "w").fence > json.loads(rec.stdout)["fence_floor"]
+
+
+def test_read_commands_on_a_new_namespace_say_so_and_create_nothing(redis_server: RedisServer, prefix: str) -> None:
+    for args in (["namespace"], ["status"], ["status", "--json"], ["attention"], ["dlq", "list"]):
+        out = mcq(redis_server, prefix, *args)
+        assert out.returncode == 0, (args, out.stderr)
+    assert "missing" in mcq(redis_server, prefix, "namespace").stdout
+    assert list(redis_server.client().scan_iter(match=f"{{{prefix}}}*")) == []
+
+
+def test_a_lone_surrogate_from_the_command_line_is_bad_input(redis_server: RedisServer, prefix: str) -> None:
+    """An argument that is not valid UTF-8 reaches Python as a lone surrogate: refused, exit 2."""
+    out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
+                          "enqueue", "fixes", "fix-issue", "--payload", "{}", "--idempotency-key", b"k\xff".decode(
+                              "utf-8", "surrogateescape")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Unicode" in out.stderr, out.stderr
+
+
+def test_redis_unreachable_is_one_line_and_exit_4(prefix: str) -> None:
+    from mc_queue.testing import free_port
+
+    out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", f"redis://:secret@127.0.0.1:{free_port()}/0",
+                          "--prefix", prefix, "status"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 4, out.stderr
+    assert out.stderr.startswith("mcq: cannot reach Redis") and len(out.stderr.strip().splitlines()) == 1
+    assert "secret" not in out.stderr
+

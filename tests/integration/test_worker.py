@@ -414,6 +414,35 @@ def test_foreign_rq_job_is_refused_never_imported(h: Harness, kind: str) -> None
 
 
 @pytest.mark.parametrize("kind", ["fork", "simple"])
+def test_transport_messages_a_worker_must_not_act_on_are_refused_and_recorded(h: Harness, kind: str) -> None:
+    """A pickled job RQ cannot decode as JSON, an entry-function job for another namespace, one with a
+    malformed attempt id (a trailing newline), and one with the wrong arguments: none runs, each is
+    recorded in the namespace log, and the worker goes on serving."""
+    import pickle
+
+    legit_task = h.enqueue_undispatched(h.basic, "noop", {"i": 1})
+    aid = legit_task.attempts[0].id
+    q = h.rq_queue()
+    pickled = q.enqueue_call(func=ENTRY, args=(h.prefix, aid, 3000), job_id="mcq-pickled-1")
+    h.rq.hset(f"rq:job:{pickled.id}", "data", pickle.dumps(("os.system", None, ("true",), {})))
+    foreign = q.enqueue_call(func=ENTRY, args=("another-namespace", aid, 3000), job_id="mcq-foreign-prefix")
+    newline = q.enqueue_call(func=ENTRY, args=(h.prefix, aid + "\n", 3000), job_id="mcq-newline-id")
+    arity = q.enqueue_call(func=ENTRY, args=(h.prefix,), job_id="mcq-wrong-args")
+    legit = h.basic.enqueue("noop", {"i": 2})
+    h.run_worker(kind)
+    assert h.task(legit.id).state is TaskState.SUCCEEDED
+    assert h.task(legit_task.id).state is TaskState.PENDING  # no message ran it
+    refused = [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"]
+    by_job = {e.get("job_id") or e.get("attempt"): e["reason"] for e in refused}
+    assert "cannot be decoded" in by_job.get(pickled.id, ""), [dict(e) for e in refused]
+    assert "another-namespace" in by_job[aid], refused
+    assert any("invalid attempt id" in why for key, why in by_job.items() if key and key.startswith(aid + "?")), refused
+    assert "arguments" in by_job[arity.id], refused
+    assert len(refused) == 4, refused
+    assert foreign.id and newline.id
+
+
+@pytest.mark.parametrize("kind", ["fork", "simple"])
 def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
     """A job that does name mc_queue's entry, with success callbacks naming os.system or a function
     that would leave a file: the Attempt runs; neither callback does."""

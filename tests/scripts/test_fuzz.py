@@ -1,0 +1,425 @@
+"""Every script driven with hostile arguments: a refused call changes no key.
+
+For each script in ``lua/`` the Client's own call on a namespace holding tasks in every state (the
+"good call") is captured, then sent again with one argument replaced by each value of ``HOSTILE``
+(and, once per value, every argument replaced at once). Whatever comes back:
+
+* ``E_BADARG``: **no key of the namespace changed**, not even an event or a counter;
+* any other refusal (a stale fence, a state rule, a conflict ...): nothing changed but the audit
+  trail (events appended to a stream, refusal counters), and a contract refusal left at least one
+  audit event (``AUDITED``), as the README promises; ``E_NSLOST`` may also mark the namespace lost
+  (that is the loss detection, and only for the epoch, claim sequence and proof signals);
+* a success (the value was valid for that argument): every task of the namespace still reads back;
+* a Lua runtime error is always a failure: a script checks its arguments before it uses them.
+
+The many cases run on fakeredis with Lua (fast); a seeded sample runs on a real redis-server, and
+the two answers are compared. Where they disagree the real server's answer is the one checked, and
+the case must be listed in ``KNOWN_DISAGREEMENTS`` with the reason (none is known today).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+import mc_queue
+from mc_queue import Decision, FailureClass, make_failure
+from mc_queue.errors import Code
+from mc_queue.scripts import specs
+from mc_queue.testing import RedisServer, unique_prefix
+
+# The hostile values: numbers Lua's tonumber accepts and should not (inf, nan, hex, exponents), numbers
+# past 2^53 and 2^63, negatives, empty and blank strings, control characters and a trailing newline,
+# JSON fragments and wrong JSON types, invalid UTF-8 (raw bytes and an encoded surrogate), a huge
+# string, a deeply nested JSON, and an injection attempt.
+HOSTILE: tuple[str | bytes, ...] = (
+    "inf", "-inf", "nan", "-1", "0x10", "1e3", "1.5", str(2**53 + 1), str(2**63), "9" * 40,
+    "", " ", "a\nb", "trailing\n", "\x00",
+    "{", "}", "[]", "null", '{"a":NaN}',
+    b"\xff\xfe", b"\xed\xa0\x80",
+    "x" * 70_000, "[" * 3000 + "]" * 3000,
+    "'); redis.call('FLUSHALL') --",
+)
+SUCCESS = {c.value for c in (Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING)}
+# Refusals of a contract that must leave an audit event (E_NOTASK has no task to record it in,
+# E_EPOCH is the client's cue to reload, E_NSLOST is recorded once, when the loss is detected).
+AUDITED = {"E_STALE", "E_STATE", "E_EXPIRED", "E_CLAIM", "E_RETRY", "E_CONFLICT", "E_PHASE", "E_CANCELED",
+           "E_CANCEL", "E_NOEFFECT", "E_PURGED"}
+SIGNALS = {"epoch", "min_seq", "proof"}  # arguments whose well-formed values are loss evidence
+KNOWN_DISAGREEMENTS: dict[tuple[str, str, str], str] = {}  # (script, arg, value repr) -> why
+FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
+REASON = "a reason that is long enough"
+
+
+def fake_client(prefix: str) -> mc_queue.Client:
+    return mc_queue.Client("redis://fuzz.invalid:6379/0", prefix=prefix, redis_class=fakeredis.FakeRedis,
+                           actor="fuzz")
+
+
+# --------------------------------------------------------------------------- a namespace in every state
+
+
+@dataclass
+class World:
+    q: mc_queue.Client
+    ids: dict[str, str] = field(default_factory=dict)
+    fences: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, tuple[dict[str, str], dict[str, Any]]] = field(default_factory=dict)
+
+    def aid(self, name: str) -> str:
+        return f"{self.ids[name]}/1"
+
+
+def build_world(q: mc_queue.Client) -> World:
+    w = World(q)
+    q.open_namespace()
+
+    def task(name: str, key: str | None = None) -> str:
+        w.ids[name] = q.enqueue("jobs", "h", {"task": name}, key).id
+        return w.ids[name]
+
+    def claim(name: str, lease_ms: int = 600_000) -> int:
+        w.fences[name] = q.claim_attempt(w.ids[name], "w1", lease_ms).fence
+        return w.fences[name]
+
+    task("pending", "k-pending")
+    task("running")
+    f = claim("running")
+    q.checkpoint(w.aid("running"), f, "claimed", 0, {"phase": "claimed"}, worker_id="w1")
+    q.effect_begin(w.aid("running"), f, "op:intent", {"operation": "op", "identity": "i1"}, worker_id="w1")
+    q.effect_begin(w.aid("running"), f, "op:done", {"operation": "op", "identity": "i2"}, worker_id="w1")
+    q.effect_done(w.aid("running"), f, "op:done", "done", {"receipt": 1}, actor="w1")
+    for name in ("suspect", "reconciling"):
+        task(name)
+        claim(name)
+        q.effect_begin(w.aid(name), w.fences[name], "op:x", {"operation": "op", "identity": "x"}, worker_id="w1")
+        q.void_leases([w.aid(name)], reason="fuzz world")
+    q.begin_reconcile(w.aid("reconciling"))
+    task("failed")
+    q.fail_attempt(w.aid("failed"), claim("failed"), FAILURE, worker_id="w1")
+    task("quarantined", "k-quarantined")
+    q.fail_attempt(w.aid("quarantined"), claim("quarantined"), FAILURE, worker_id="w1",
+                   decision=Decision("quarantine", "fuzz quarantines", attention={"task_id": "x"}))
+    task("cancelreq")
+    claim("cancelreq")
+    q.cancel_task(w.ids["cancelreq"], REASON, ack_timeout_ms=600_000)
+    task("succeeded")
+    q.complete_attempt(w.aid("succeeded"), claim("succeeded"), {"ok": True}, worker_id="w1")
+    q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
+    return w
+
+
+def good_calls(w: World) -> dict[str, Callable[[], Any]]:
+    """One successful call of every script, through the Client, on the world."""
+    q = w.q
+    retry = Decision("retry", "fuzz retries", 0.0, next_reason="transient failure in fuzz", next_hypothesis="h")
+    return {
+        "init": q.open_namespace,
+        "enqueue": lambda: q.enqueue("jobs", "h", {"new": 1}, "k-new"),
+        "claim": lambda: q.claim_attempt(w.ids["pending"], "w2", 60_000),
+        "renew": lambda: q.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
+        "complete": lambda: q.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",
+                                               cost=0.25, tokens=1),
+        "fail": lambda: q.fail_attempt(w.aid("running"), w.fences["running"], FAILURE, worker_id="w1",
+                                       decision=retry),
+        "checkpoint": lambda: q.checkpoint(w.aid("running"), w.fences["running"], "workspace_prepared", 1,
+                                           {"phase": "workspace_prepared"}, worker_id="w1"),
+        "effect_begin": lambda: q.effect_begin(w.aid("running"), w.fences["running"], "op:new",
+                                               {"operation": "op", "identity": "new"}, worker_id="w1"),
+        "effect_done": lambda: q.effect_done(w.aid("running"), w.fences["running"], "op:intent", "done",
+                                             {"pr": 7}, actor="w1"),
+        "expire": lambda: q.void_leases([w.aid("running")], reason="fuzz voids"),
+        "due": lambda: q.due_leases(limit=10),
+        "mark_dispatched": lambda: q.mark_dispatched(w.aid("pending"), recheck_ms=1000),
+        "reconcile_begin": lambda: q.begin_reconcile(w.aid("suspect")),
+        "reconcile_settle": lambda: q.settle_attempt(w.aid("reconciling"), "fuzz", "failed", failure=FAILURE,
+                                                     evidence={"e": 1}, decision=retry),
+        "retry": lambda: q.retry_task(w.ids["failed"], REASON, "a new hypothesis", delay_ms=10),
+        "cancel": lambda: q.cancel_task(w.ids["pending"], REASON),
+        "cancel_ack": lambda: q.acknowledge_cancel(w.aid("cancelreq"), w.fences["cancelreq"], worker_id="w1"),
+        "dlq_replay": lambda: q.dlq_replay(w.ids["quarantined"], REASON, "fixed"),
+        "dlq_purge": lambda: q.dlq_purge(w.ids["quarantined"], reason=REASON),
+        "index_drop": lambda: q.drop_index_entry("suspect", "not-an-attempt", reason="fuzz drops"),
+        "recover_begin": lambda: q.begin_recovery(reason="fuzz recovers"),
+        "recover_finish": lambda: q.finish_recovery(str(q.namespace().epoch), voided=0),
+    }
+
+
+class _Captured(Exception):
+    pass
+
+
+def capture(q: mc_queue.Client, name: str, call: Callable[[], Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The KEYS and ARGV the Client sends to ``name`` for this call (nothing is sent)."""
+    runner = q.runner
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+    orig = runner.call
+
+    def spy(n: str, keys: Any, argv: Any, client: Any = None) -> Any:
+        if n == name:
+            seen.append((dict(keys), dict(argv)))
+            raise _Captured
+        return orig(n, keys, argv, client)
+
+    runner.call = spy  # type: ignore[method-assign]
+    try:
+        call()
+    except _Captured:
+        pass
+    finally:
+        runner.call = orig  # type: ignore[method-assign]
+    assert seen, f"the Client never called {name}.lua"
+    return seen[0]
+
+
+# --------------------------------------------------------------------------- every key, before and after
+
+
+def raw_of(q: mc_queue.Client) -> redis.Redis:
+    """A bytes connection to the same server (DUMP values are binary)."""
+    cls = type(q.redis)
+    return cls.from_url(q.url) if cls is not redis.Redis else redis.Redis.from_url(q.url)
+
+
+# One read of every key in one call (a test-only script: the keys are the ones SCAN found).
+_SNAPSHOT_LUA = """
+local out = {}
+for i, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k)['ok']
+  local v
+  if t == 'hash' then v = redis.call('HGETALL', k)
+  elseif t == 'zset' then v = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+  elseif t == 'set' then v = redis.call('SMEMBERS', k)
+  elseif t == 'string' then v = {redis.call('GET', k), redis.call('PTTL', k) > 0 and 'ttl' or 'no ttl'}
+  elseif t == 'stream' then
+    v = {}
+    for _, e in ipairs(redis.call('XRANGE', k, '-', '+')) do
+      v[#v + 1] = e[1]
+      for _, f in ipairs(e[2]) do v[#v + 1] = f end
+      v[#v + 1] = '|'
+    end
+  else v = {} end
+  out[i] = {t, v}
+end
+return out
+"""
+
+
+def snapshot(raw: redis.Redis, tag: str) -> dict[bytes, tuple[Any, ...]]:
+    """Every key of the namespace with its whole value (hashes as dicts and sets sorted, since their
+    order is Redis's business; streams entry by entry; strings with whether they carry a TTL)."""
+    names = sorted(raw.scan_iter(match=tag + "*", count=1000))
+    if not names:
+        return {}
+    rows = raw.eval(_SNAPSHOT_LUA, len(names), *names)
+    out: dict[bytes, tuple[Any, ...]] = {}
+    for key, (kind, value) in zip(names, rows, strict=True):
+        if kind == b"hash":
+            out[key] = (kind, dict(zip(value[::2], value[1::2], strict=True)))
+        elif kind == b"set":
+            out[key] = (kind, tuple(sorted(value)))
+        elif kind == b"stream":
+            entries, cur = [], []
+            for item in value:
+                if item == b"|":
+                    entries.append(tuple(cur))
+                    cur = []
+                else:
+                    cur.append(item)
+            out[key] = (kind, entries)
+        else:
+            out[key] = (kind, tuple(value))
+    return out
+
+
+def save(raw: redis.Redis, tag: str) -> dict[bytes, tuple[bytes, int]]:
+    pipe = raw.pipeline(transaction=False)
+    names = sorted(raw.scan_iter(match=tag + "*", count=1000))
+    for key in names:
+        pipe.dump(key)
+        pipe.pttl(key)
+    flat = pipe.execute()
+    return {key: (flat[2 * i], flat[2 * i + 1]) for i, key in enumerate(names)}
+
+
+def restore(raw: redis.Redis, tag: str, saved: dict[bytes, tuple[bytes, int]]) -> None:
+    pipe = raw.pipeline(transaction=False)
+    for key in raw.scan_iter(match=tag + "*", count=1000):
+        pipe.delete(key)
+    for key, (dump, ttl) in saved.items():
+        pipe.restore(key, max(ttl, 0), dump)
+    pipe.execute()
+
+
+def audit_only(tag: str, before: dict[bytes, tuple[Any, ...]], after: dict[bytes, tuple[Any, ...]],
+               lost_ok: bool) -> tuple[list[str], int]:
+    """Keys that changed in a way a refusal may not change them, and how many audit events were added."""
+    bad: list[str] = []
+    added = 0
+    stats, meta = f"{tag}:stats".encode(), f"{tag}:meta".encode()
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        if b == a:
+            continue
+        if a is not None and a[0] == b"stream" and (b is None or b[0] == b"stream"):
+            old = b[1] if b else []
+            if a[1][:len(old)] == old:
+                added += len(a[1]) - len(old)
+                continue
+        if key == stats and a is not None:
+            old_stats = b[1] if b else {}
+            if all(int(a[1].get(k, 0)) >= int(v) for k, v in old_stats.items()):
+                continue
+        if key == meta and lost_ok and a is not None and a[1].get(b"state") == b"lost":
+            continue
+        bad.append(key.decode(errors="replace"))
+    return bad, added
+
+
+def _reads_back(q: mc_queue.Client, w: World) -> None:
+    for tid in w.ids.values():
+        try:
+            q.get_task(tid)
+        except mc_queue.TaskNotFound:
+            pass  # purged
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+@dataclass
+class Outcome:
+    script: str
+    arg: str
+    value: str
+    code: str
+    problem: str = ""
+
+
+def _send(q: mc_queue.Client, name: str, keys: dict[str, str], argv: dict[str, Any]) -> str:
+    try:
+        reply = q.runner.call(name, keys, argv)
+    except redis.ResponseError as exc:
+        return f"LUA_ERROR {str(exc)[:300]}"
+    reply = reply if isinstance(reply, list) else [reply]
+    return str(reply[0]) if not isinstance(reply[0], int) else "OK"  # due.lua replies with the time
+
+
+def cases(argv_names: list[str]) -> Iterator[tuple[str, str | bytes]]:
+    """(argument, value) for every argument and every hostile value; '*' replaces them all at once."""
+    for value in HOSTILE:
+        for arg in argv_names:
+            yield arg, value
+        yield "*", value
+
+
+def run_case(make: Callable[[], mc_queue.Client], state: dict[str, Any], name: str, arg: str,
+             value: str | bytes) -> Outcome:
+    """One hostile call on a world (restored from its saved copy when an earlier case changed it)."""
+    if "q" not in state:
+        q = make()
+        w = build_world(q)
+        raw = raw_of(q)
+        state.update(q=q, w=w, raw=raw, call=capture(q, name, good_calls(w)[name]),
+                     saved=save(raw, q.keys.tag), dirty=False)
+    q, w, raw = state["q"], state["w"], state["raw"]
+    tag = q.keys.tag
+    if state["dirty"]:
+        restore(raw, tag, state["saved"])
+        state["dirty"] = False
+    keys, good = state["call"]
+    argv = dict.fromkeys(good, value) if arg == "*" else {**good, arg: value}
+    before = snapshot(raw, tag)
+    code = _send(q, name, keys, argv)
+    after = snapshot(raw, tag)
+    out = Outcome(name, arg, repr(value)[:40], code)
+    if after != before and audit_only(tag, before, after, False)[0]:
+        state["dirty"] = True  # more than events and counters changed: restore the world first
+    if code.startswith("LUA_ERROR"):
+        out.problem = "a Lua runtime error: the script used an argument it had not checked"
+    elif code == "E_BADARG":
+        if after != before:
+            changed = sorted(k.decode() for k in set(before) | set(after) if before.get(k) != after.get(k))
+            out.problem = f"E_BADARG changed keys: {changed}"
+    elif code in SUCCESS:
+        try:
+            _reads_back(q, w)
+        except Exception as exc:  # an accepted value made a record unreadable
+            out.problem = f"accepted, then a task no longer reads back: {type(exc).__name__}: {exc}"
+    else:
+        lost_ok = code == "E_NSLOST" and (arg in SIGNALS or arg == "*")
+        bad, added = audit_only(tag, before, after, lost_ok)
+        if bad:
+            out.problem = f"{code} changed more than the audit trail: {bad}"
+        elif code in AUDITED and added == 0:
+            out.problem = f"{code} left no audit event"
+    return out
+
+
+def all_outcomes(make: Callable[[], mc_queue.Client], names: list[str],
+                 sample: set[tuple[str, str, str]] | None = None) -> list[Outcome]:
+    results = []
+    for name in names:
+        q = make()
+        w = build_world(q)
+        keys, argv = capture(q, name, good_calls(w)[name])
+        assert _send(q, name, keys, argv) in SUCCESS, (
+            f"the good call of {name}.lua does not succeed: the hostile cases would prove nothing")
+        q.close()
+        state: dict[str, Any] = {}
+        for arg, value in cases(list(specs()[name].argv)):
+            if sample is not None and (name, arg, repr(value)[:40]) not in sample:
+                continue
+            results.append(run_case(make, state, name, arg, value))
+        if "q" in state:
+            state["q"].close()
+            state["raw"].close()
+    return results
+
+
+NAMES = sorted(specs())
+
+
+def _fake_maker() -> Callable[[], mc_queue.Client]:
+    return lambda: fake_client(unique_prefix("fuzz"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hostile_arguments_never_change_state_beyond_the_audit_trail(name: str) -> None:
+    outcomes = all_outcomes(_fake_maker(), [name])
+    problems = [o for o in outcomes if o.problem]
+    assert not problems, "\n".join(f"{o.script} {o.arg}={o.value}: {o.code}: {o.problem}" for o in problems[:20])
+    assert len(outcomes) == (len(specs()[name].argv) + 1) * len(HOSTILE)
+    # the hostile values are refused, not taken: most cases must be E_BADARG
+    refused = sum(o.code == "E_BADARG" for o in outcomes)
+    assert refused >= len(outcomes) // 2, f"{name}: only {refused}/{len(outcomes)} hostile calls were refused"
+
+
+@pytest.fixture(scope="module")
+def fuzz_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-fuzz"), appendonly=False)
+    with server:
+        yield server
+
+
+def test_a_sample_on_a_real_redis_server_agrees_with_fakeredis(fuzz_redis: RedisServer) -> None:
+    rng = random.Random(20261130)
+    every = [(name, arg, repr(value)[:40]) for name in NAMES for arg, value in cases(list(specs()[name].argv))]
+    sample = set(rng.sample(every, 400))
+    names = sorted({s[0] for s in sample})
+    real = all_outcomes(lambda: mc_queue.Client(fuzz_redis.url, prefix=unique_prefix("fuzz"), actor="fuzz"),
+                        names, sample)
+    problems = [o for o in real if o.problem]
+    assert not problems, "\n".join(f"{o.script} {o.arg}={o.value}: {o.code}: {o.problem}" for o in problems[:20])
+    fake = {(o.script, o.arg, o.value): o.code for o in all_outcomes(_fake_maker(), names, sample)}
+    disagree = {(o.script, o.arg, o.value): (o.code, fake.get((o.script, o.arg, o.value)))
+                for o in real if fake.get((o.script, o.arg, o.value)) != o.code}
+    unexplained = {k: v for k, v in disagree.items() if k not in KNOWN_DISAGREEMENTS}
+    assert not unexplained, f"real redis-server and fakeredis disagree (real, fake): {unexplained}"
+    assert len(real) >= 300

@@ -1,0 +1,348 @@
+"""The cases an adversary broke main with (issue 8), as regression tests against a real redis-server.
+
+Each test names the finding it pins. The fuzz test (test_fuzz.py) covers the same ground by machine;
+these say it in the user's words, through the Client a user calls.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import redis
+
+import mc_queue
+from mc_queue import Decision, FailureClass, make_failure, recover
+from mc_queue.errors import OutcomeUnknown
+from mc_queue.keys import new_ulid
+from mc_queue.scripts import ScriptRunner
+from mc_queue.sweeper import Sweeper
+
+FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
+REASON = "a reason that is long enough"
+LONG = 60_000
+
+
+def every_key(q: mc_queue.Client) -> dict[str, Any]:
+    """Every key of the namespace with its value (events and counters included)."""
+    out: dict[str, Any] = {}
+    for key in sorted(q.redis.scan_iter(match=q.keys.tag + "*")):
+        kind = q.redis.type(key)
+        out[key] = {"hash": q.redis.hgetall, "zset": lambda k: q.redis.zrange(k, 0, -1, withscores=True),
+                    "set": lambda k: sorted(q.redis.smembers(k)), "string": q.redis.get,
+                    "stream": q.redis.xrange}[kind](key)
+    return out
+
+
+def running(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
+    task = q.enqueue("jobs", "h", {"n": new_ulid()})
+    return task, q.claim_attempt(task.id, "w1", LONG)
+
+
+def quarantined(q: mc_queue.Client, key: str | None = None) -> mc_queue.Task:
+    task = q.enqueue("jobs", "h", {"n": new_ulid()}, key)
+    lease = q.claim_attempt(task.id, "w1", LONG)
+    q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1",
+                   decision=Decision("quarantine", "poison", attention={"task_id": task.id}))
+    return task
+
+
+# --------------------------------------------------------------------------- 1. half-applied transitions
+
+
+@pytest.mark.parametrize("cost", [math.inf, -math.inf, math.nan, -0.5, 2e9])
+@pytest.mark.parametrize("op", ["complete", "fail", "renew"])
+def test_1_a_bad_cost_is_refused_before_anything_is_written(q: mc_queue.Client, op: str, cost: float) -> None:
+    task, lease = running(q)
+    before = every_key(q)
+    with pytest.raises(mc_queue.InvalidArgument, match="cost"):
+        if op == "complete":
+            q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", cost=cost)
+        elif op == "fail":
+            q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1", cost=cost)
+        else:
+            q.heartbeat(lease.attempt_id, lease.fence, worker_id="w1", cost=cost)
+    assert every_key(q) == before
+    # the same call as the script receives it, bypassing the Client's check: refused the same way
+    tk = q.keys.task(task.id)
+    raw = q.runner.call("renew", {**q._ns_keys(), "leases": q.keys.leases, "task": tk.task, "attempts": tk.attempts,
+                                  "events": tk.events, "stats": q.keys.stats, "fence": tk.fence, "lease": tk.lease},
+                        {"n": 1, "fence": lease.fence, "worker": "w1", "lease_ms": "", "cost": repr(cost),
+                         "tokens": 0, "request_id": "", "epoch": q.ns.epoch, "min_seq": 0, "proof": ""})
+    assert raw[0] == "E_BADARG" and every_key(q) == before
+    # the Attempt is untouched: it completes normally afterwards
+    assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
+    assert q.get_task(task.id).state.value == "succeeded"
+
+
+@pytest.mark.parametrize("tokens", [-1, 2**63, 1.5])
+def test_1_bad_tokens_are_refused(q: mc_queue.Client, tokens: Any) -> None:
+    _, lease = running(q)
+    with pytest.raises(mc_queue.InvalidArgument, match="tokens"):
+        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", tokens=tokens)
+
+
+# --------------------------------------------------------------------------- 2. a lease that never expires
+
+
+@pytest.mark.parametrize("lease_ms", [math.inf, 1e30, 2**63, 3_600_001, 0, -5, 1.5])
+def test_2_a_lease_outside_the_namespace_ceiling_is_refused(q: mc_queue.Client, lease_ms: Any) -> None:
+    task = q.enqueue("jobs", "h", {"n": 1})
+    before = every_key(q)
+    with pytest.raises(mc_queue.InvalidArgument, match="lease_ms"):
+        q.claim_attempt(task.id, "w1", lease_ms)
+    assert every_key(q) == before
+
+
+def test_2_a_claim_takes_the_lease_frozen_in_the_task_and_the_key_expires_with_it(q: mc_queue.Client) -> None:
+    task = q.enqueue("jobs", "h", {"n": 1}, lease_ms=5_000)
+    lease = q.claim_attempt(task.id, "w1", None)
+    assert lease.lease_ms == 5_000 and lease.expires_at_ms - q.get_task(task.id).attempts[0].started_at.timestamp() \
+        * 1000 == pytest.approx(5_000, abs=2)
+    pttl = q.redis.pttl(q.keys.task(task.id).lease)
+    assert 4_000 < pttl <= 5_000, "the lease is a key with a PX TTL"
+    assert q.redis.get(q.keys.task(task.id).fence) == str(lease.fence), "the fence is an INCR counter key"
+
+
+def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.Client,
+                                                                    redis_server: Any) -> None:
+    """MONITOR shows the commands the claim and the renewal run inside Redis."""
+    task = q.enqueue("jobs", "h", {"n": 1})
+    tk = q.keys.task(task.id)
+    seen: list[str] = []
+    mon_conn = redis.Redis.from_url(q.url, decode_responses=True)
+    with mon_conn.monitor() as m:
+        lease = q.claim_attempt(task.id, "w1", 30_000)
+        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=20_000)
+        q.redis.ping()
+        for cmd in m.listen():
+            seen.append(cmd["command"])
+            if cmd["command"] == "PING":
+                break
+    mon_conn.close()
+    assert f"INCR {tk.fence}" in seen, seen
+    assert f"SET {tk.lease} 1:{lease.fence} PX 30000" in seen, seen
+    assert f"PEXPIRE {tk.lease} 20000" in seen, seen
+
+
+# --------------------------------------------------------------------------- 3. ids that wedge the sweeper
+
+
+@pytest.mark.parametrize("bad", ["\n", "\r\n", " ", "\t"])
+def test_3_an_id_with_a_trailing_character_is_refused(q: mc_queue.Client, bad: str) -> None:
+    with pytest.raises(mc_queue.InvalidArgument):
+        q.enqueue("jobs", "h", {"n": 1}, task_id=f"jobs:{new_ulid()}{bad}")
+    with pytest.raises(mc_queue.InvalidArgument):
+        q.claim_attempt(f"jobs:{new_ulid()}{bad}", "w1")
+    with pytest.raises(mc_queue.InvalidArgument):
+        q.enqueue(f"jobs{bad}", "h", {"n": 1})
+    with pytest.raises(mc_queue.InvalidArgument):
+        mc_queue.Client(q.url, prefix=f"p{bad}")
+
+
+def test_3_a_sweeper_pass_never_stops_on_a_bad_index_entry(q: mc_queue.Client) -> None:
+    """Unreadable members and members whose task is gone, planted in every index: the pass goes on,
+    drops them, logs each, and still does its real work."""
+    _, dead = running(q)
+    q.void_leases([dead.attempt_id], reason="the worker vanished")  # real work: a suspect to reconcile
+    ghost = f"jobs:{new_ulid()}/1"
+    for index in ("leases", "suspect", "outbox", "cancels"):
+        q.redis.zadd(getattr(q.keys, index), {f"jobs:{new_ulid()}/1\n": 0, "garbage": 0, ghost: 0})
+        q.writer.execute_command("ZADD", getattr(q.keys, index), 0, b"\xff\xfe not utf-8")
+    report = Sweeper(q).run_once()
+    assert list(report.reconciled) == [dead.attempt_id]
+    assert report.errors == []
+    for index in ("leases", "suspect", "outbox", "cancels"):
+        left = q.redis.zrange(getattr(q.keys, index), 0, -1)
+        assert left == ([f"{dead.task_id}/2"] if index == "outbox" else []), (index, left)  # only real work
+    orphans = [e for e in q.namespace_events() if e["type"] == "orphan_index_entry"]
+    assert len(orphans) == 16 and {e["member"] for e in orphans} >= {"garbage", ghost}
+
+
+# --------------------------------------------------------------------------- 4. recovery that never finishes
+
+
+def test_4_recovery_ends_when_a_task_hash_is_gone_while_its_lease_is_indexed(q: mc_queue.Client) -> None:
+    task, lease = running(q)
+    other, live = running(q)
+    q.redis.delete(q.keys.task(task.id).task)  # the hash is gone, its lease index entry stays
+    out = recover(q, reason="test: a task hash vanished")
+    assert out["voided_leases"] == [live.attempt_id] and out["dropped_entries"] == 1
+    assert q.namespace().state == "ok" and q.redis.zcard(q.keys.leases) == 0
+    orphans = [e for e in q.namespace_events() if e["type"] == "orphan_index_entry"]
+    assert [e["member"] for e in orphans] == [lease.attempt_id]
+    assert q.get_task(other.id).attempts[0].state.value == "suspect"
+
+
+def test_4_a_suspect_entry_whose_task_is_gone_is_dropped_by_the_sweeper(q: mc_queue.Client) -> None:
+    task, lease = running(q)
+    q.void_leases([lease.attempt_id], reason="gone")
+    q.redis.delete(q.keys.task(task.id).task)
+    report = Sweeper(q).run_once()
+    assert report.dropped == [lease.attempt_id] and report.errors == []
+    assert q.redis.zcard(q.keys.suspect) == 0
+
+
+# --------------------------------------------------------------------------- 5. decisions on a lost namespace
+
+
+def _lose(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
+    task, lease = running(q)
+    q.redis.set(q.keys.task(task.id).fence, 0)  # Redis went back to before the claim this client saw
+    with pytest.raises(mc_queue.NamespaceLost):
+        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+    assert q.namespace().state == "lost"
+    return task, lease
+
+
+def test_5_every_state_changing_script_refuses_on_a_lost_namespace(q: mc_queue.Client) -> None:
+    q_task = quarantined(q)
+    pending = q.enqueue("jobs", "h", {"n": "pending"})
+    _, suspect = running(q)
+    q.void_leases([suspect.attempt_id], reason="t")
+    task, lease = _lose(q)
+    before = every_key(q)
+    calls = [
+        lambda: q.expire([lease.attempt_id], actor="t", force=False, reason="x"),
+        lambda: q.void_leases([lease.attempt_id], reason="x"),
+        lambda: q.begin_reconcile(suspect.attempt_id),
+        lambda: q.settle_attempt(suspect.attempt_id, "t", "failed", failure=FAILURE, evidence={}),
+        lambda: q.mark_dispatched(f"{pending.id}/1", recheck_ms=1000),
+        lambda: q.dlq_purge(q_task.id, reason=REASON),
+        lambda: q.dlq_replay(q_task.id, REASON),
+        lambda: q.drop_index_entry("suspect", suspect.attempt_id, reason="x"),
+        lambda: q.enqueue("jobs", "h", {"n": 2}),
+        lambda: q.claim_attempt(pending.id, "w2"),
+        lambda: q.retry_task(task.id, REASON),
+        lambda: q.cancel_task(pending.id, REASON),
+        lambda: q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1"),
+    ]
+    for i, call in enumerate(calls):
+        with pytest.raises(mc_queue.NamespaceLost):
+            call()
+            pytest.fail(f"call {i} was not refused")
+    report = Sweeper(q).run_once()
+    assert report.namespace == "lost" and not (report.expired or report.reconciled or report.dispatched)
+    assert every_key(q) == before, "a refusal on a lost namespace changed something"
+
+
+def test_5_a_read_never_creates_a_namespace(q: mc_queue.Client) -> None:
+    assert q.namespace().state == "missing"
+    q.status()
+    q.overview()
+    assert q.redis.exists(q.keys.meta) == 0
+    q.enqueue("jobs", "h", {"n": 1})
+    q.redis.delete(q.keys.meta)  # wiped, but the namespace left traces
+    info = q.namespace()
+    assert info.state == "lost" and "still holds tasks" in info.reason
+    assert q.redis.exists(q.keys.meta) == 0, "reading must not re-create the namespace as ok"
+
+
+# --------------------------------------------------------------------------- 6. stale writes that escape the fence
+
+
+def test_6_effect_done_with_a_stale_fence_is_refused_even_for_a_receipt_already_on_file(q: mc_queue.Client) -> None:
+    task, lease = running(q)
+    key = mc_queue.mint_key(task.id, "open-pr", "sha1")
+    q.effect_begin(lease.attempt_id, lease.fence, key, {"operation": "open-pr", "identity": "sha1"}, worker_id="w1")
+    q.effect_done(lease.attempt_id, lease.fence, key, "done", {"pr": 1}, actor="w1")
+    q.void_leases([lease.attempt_id], reason="the worker froze")  # the fence moves on
+    stale = int(q.redis.hget(q.keys.stats, "stale_write_refused") or 0)
+    for receipt in ({"pr": 1}, {"pr": 2}):  # the identical receipt, and another one
+        with pytest.raises(mc_queue.StaleFence):
+            q.effect_done(lease.attempt_id, lease.fence, key, "done", receipt, actor="w1")
+    assert int(q.redis.hget(q.keys.stats, "stale_write_refused")) == stale + 2
+    types = [e.type for e in q.get_task(task.id).events]
+    assert types.count("stale_write_refused") == 2 and types.count("late_receipt") == 2
+    assert q.effects(task.id)[key].receipt == {"pr": 1}
+
+
+@pytest.mark.parametrize("op", ["replay", "purge"])
+def test_6_dlq_refusals_are_audited(q: mc_queue.Client, op: str) -> None:
+    task = q.enqueue("jobs", "h", {"n": 1})
+    with pytest.raises(mc_queue.TransitionRefused, match="not quarantined"):
+        q.dlq_replay(task.id, REASON) if op == "replay" else q.dlq_purge(task.id, reason=REASON)
+    assert [e.type for e in q.get_task(task.id).events][-1] == f"{op}_refused"
+
+
+# --------------------------------------------------------------------------- 7. resends of scripts
+
+
+def test_7_a_resent_dlq_replay_returns_the_attempt_it_created(q: mc_queue.Client) -> None:
+    task = quarantined(q)
+    first = q.dlq_replay(task.id, REASON, request_id="req-1")
+    again = q.dlq_replay(task.id, REASON, request_id="req-1")
+    assert first.number == again.number == 2
+    assert [e.type for e in q.get_task(task.id).events].count("dlq_replayed") == 1
+    with pytest.raises(mc_queue.TransitionRefused):  # another request is a second replay: refused
+        q.dlq_replay(task.id, REASON, request_id="req-2")
+
+
+def test_7_a_resent_purge_and_cancel_ack_report_what_they_did(q: mc_queue.Client) -> None:
+    task = quarantined(q)
+    assert q.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
+    assert q.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
+    with pytest.raises(mc_queue.TaskNotFound):
+        q.dlq_purge(task.id, reason=REASON, request_id="p-2")
+    t2, lease = running(q)
+    q.cancel_task(t2.id, REASON)
+    fence = q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1")
+    assert q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1") == fence
+    assert [e.type for e in q.get_task(t2.id).events].count("cancel_acknowledged") == 1
+
+
+def test_7_the_runner_resends_only_what_the_header_declares_idempotent(q: mc_queue.Client,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = ScriptRunner(q.writer, sleep=lambda s: None)
+    sent: list[str] = []
+
+    def broken(name: str, keys: Any, argv: Any, client: Any = None) -> Any:
+        sent.append(name)
+        raise redis.ConnectionError("reply lost")
+
+    monkeypatch.setattr(runner, "call", broken)
+    with pytest.raises(redis.ConnectionError):
+        runner.run("due", {"index": q.keys.leases}, {"limit": 1})
+    assert sent == ["due"] * 4  # idempotent: sent, then resent three times
+    sent.clear()
+    spec = runner.spec("due")
+    monkeypatch.setitem(runner._scripts, "due", (spec.__class__(**{**spec.__dict__, "idempotent": False}),
+                                                runner._scripts["due"][1]))
+    with pytest.raises(OutcomeUnknown):
+        runner.run("due", {"index": q.keys.leases}, {"limit": 1})
+    assert sent == ["due"], "a script whose header says 'Idempotent: no' is never resent"
+
+
+# --------------------------------------------------------------------------- 8. purge forgets the producer key
+
+
+def test_8_a_purged_task_s_key_and_id_are_refused_until_the_tombstone_expires(q: mc_queue.Client) -> None:
+    task = quarantined(q, key="issue-42")
+    q.dlq_purge(task.id, reason=REASON)
+    with pytest.raises(mc_queue.TaskPurged, match=task.id):
+        q.enqueue("jobs", "h", {"n": task.payload["n"]}, "issue-42")
+    with pytest.raises(mc_queue.TaskPurged):
+        q.enqueue("jobs", "h", {"n": 1}, task_id=task.id)
+    tomb = q.tombstone(task.id)
+    assert tomb is not None and tomb["reason"] == REASON and tomb["idem_key"] == "issue-42"
+    assert any(e["type"] == "enqueue_refused" for e in q.namespace_events())
+    # an operator who frees the key at once gets a new task for it
+    freed = quarantined(q, key="issue-43")
+    q.dlq_purge(freed.id, reason=REASON, keep_key_s=0)
+    again = q.enqueue("jobs", "h", {"n": freed.payload["n"]}, "issue-43")
+    assert again.id != freed.id
+
+
+# --------------------------------------------------------------------------- 9. a too-high fence
+
+
+def test_9_a_caller_s_wrong_fence_does_not_stop_the_namespace(q: mc_queue.Client) -> None:
+    task, lease = running(q)
+    with pytest.raises(mc_queue.StaleFence):
+        q.complete_attempt(lease.attempt_id, lease.fence + 1000, {"ok": 1}, worker_id="w1")
+    assert q.namespace().state == "ok"
+    q.enqueue("jobs", "h", {"n": "still open"})  # producers go on
+    assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
+    refusal = next(e for e in q.get_task(task.id).events if e.type == "stale_write_refused")
+    assert refusal.fields["refusal"] == "fence_ahead"

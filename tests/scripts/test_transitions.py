@@ -1,0 +1,108 @@
+"""Every edge of the state table happens, and nothing else does (a real redis-server).
+
+A tour drives each listed transition through the Client while a TransitionRecorder watches every
+script call: the changes seen must be exactly the table's edges (none missing, none extra). The
+stateful property test checks the same "nothing but listed edges" on random histories.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mc_queue
+from mc_queue import Decision, FailureClass, make_failure
+from mc_queue.states import TRANSITIONS
+from mc_queue.testing import TransitionRecorder
+
+FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
+REASON = "the reason for this move is recorded"
+LONG = 60_000
+
+
+def _retry(delay_s: float) -> Decision:
+    return Decision("retry", "transient", delay_s, next_reason="transient failure, try again", next_hypothesis="")
+
+
+STOP = Decision("stop", "stop for a person", attention={"task_id": "x", "why_unsafe": "tour"})
+QUARANTINE = Decision("quarantine", "quarantine", attention={"task_id": "x", "why_unsafe": "tour"})
+
+
+def _tour(q: mc_queue.Client) -> None:
+    def new() -> str:
+        return q.enqueue("tour", "h", {"n": time.monotonic_ns()}).id
+
+    def running(tid: str | None = None) -> tuple[str, mc_queue.Lease]:
+        tid = tid or new()
+        return tid, q.claim_attempt(tid, "w", LONG)
+
+    def reconciling(tid: str | None = None, *, cancel: bool = False) -> tuple[str, str]:
+        tid, lease = running(tid)
+        if cancel:
+            q.cancel_task(tid, REASON)
+        q.void_leases([lease.attempt_id], reason="tour voids")
+        q.begin_reconcile(lease.attempt_id)
+        return tid, lease.attempt_id
+
+    def failed() -> str:
+        tid, lease = running()
+        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w")
+        return tid
+
+    def blocked() -> str:
+        tid, lease = running()
+        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=STOP)
+        return tid
+
+    def quarantined() -> str:
+        tid, lease = running()
+        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=QUARANTINE)
+        return tid
+
+    def backoff() -> str:
+        tid = failed()
+        q.retry_task(tid, REASON, delay_ms=40)
+        return tid
+
+    # claim from pending and from backoff; complete
+    tid, lease = running()
+    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w")
+    tid = backoff()
+    time.sleep(0.06)
+    q.claim_attempt(tid, "w", LONG)
+    # fail and each decision
+    for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
+        tid, lease = running()
+        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=decision)
+    # expire, cancel_ack, reconcile_begin, and every settlement
+    tid, aid = reconciling()
+    q.settle_attempt(aid, "tour", "succeeded", result={"proven": True}, evidence={"tour": 1})
+    tid, aid = reconciling(cancel=True)
+    q.settle_attempt(aid, "tour", "canceled", evidence={"tour": 1})
+    for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
+        tid, aid = reconciling()
+        q.settle_attempt(aid, "tour", "failed", failure=FAILURE, evidence={"tour": 1}, decision=decision)
+    tid, lease = running()
+    q.cancel_task(tid, REASON)
+    q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w")
+    # retry from failed and blocked, now or after a backoff
+    for make in (failed, blocked):
+        for delay in (0, 30_000):
+            q.retry_task(make(), REASON, delay_ms=delay)
+    # cancel whatever is not running
+    for make in (new, backoff, failed, blocked):
+        q.cancel_task(make(), REASON)
+    # the DLQ
+    q.dlq_replay(quarantined(), REASON, "fixed")
+    q.dlq_purge(quarantined(), reason=REASON)
+
+
+def test_every_listed_edge_happens_and_nothing_else(q: mc_queue.Client) -> None:
+    rec = TransitionRecorder(q)
+    try:
+        _tour(q)
+    finally:
+        rec.close()
+    assert rec.violations == [], f"changes the state table does not list: {sorted(set(rec.violations))}"
+    listed = {(e.entity, e.src, e.dst, e.script) for e in TRANSITIONS}
+    missing = listed - set(rec.seen)
+    assert not missing, f"listed edges the tour never made happen: {sorted(missing)}"
