@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,12 +49,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mc_queue.client import Client  # noqa: E402
+from mc_queue.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.keys import parse_attempt_id  # noqa: E402
 from mc_queue.models import Task, TaskState  # noqa: E402
 from mc_queue.providers.git import TRAILER, git  # noqa: E402
-from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote  # noqa: E402
+from mc_queue.testing import ForgeServer, RedisServer  # noqa: E402
 
-APP = "mc_queue.examples.agents:app"
 HANDLER = "fix-issue"
 # At rest: nothing will happen to the task without a person (failed / blocked wait for one).
 AT_REST = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
@@ -163,7 +161,7 @@ def _close(s: socket.socket) -> None:
         pass
 
 
-# --------------------------------------------------------------------------- processes
+# --------------------------------------------------------------------------- the fault log (processes: mc_queue.fleet)
 
 
 @dataclass
@@ -173,93 +171,6 @@ class Fault:
     detail: str = ""
     attempt: str | None = None  # kill / pause: the Attempt the victim held
     worker: str | None = None
-
-
-class Fleet:
-    """Worker processes (via the proxy) and the sweeper process (direct), by name."""
-
-    def __init__(self, prefix: str, worker_url: str, sweeper_url: str, env: dict[str, str], log_dir: Path) -> None:
-        self.prefix = prefix
-        self.worker_url = worker_url
-        self.sweeper_url = sweeper_url
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paused: dict[str, float] = {}  # name -> monotonic time of SIGSTOP
-        self.killed: set[str] = set()
-        self.retired: set[str] = set()  # dead and accounted for
-        self.generation = 0
-        self.unexpected_exits: list[dict[str, Any]] = []
-        self.restart_at: list[tuple[float, str]] = []  # (monotonic time, "worker" | "sweeper")
-
-    def _start(self, name: str, url: str, args: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", self.prefix, *args],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def worker(self) -> str:
-        self.generation += 1
-        name = f"chaos-w{self.generation}"
-        self._start(name, self.worker_url, ["worker", "--app", APP, "--kind", "simple", "--name", name])
-        return name
-
-    def sweeper(self) -> str:
-        self.generation += 1
-        name = f"sweeper{self.generation}"
-        self._start(name, self.sweeper_url, ["sweeper", "--app", APP, "--interval", "0.5"])
-        return name
-
-    def live_workers(self) -> list[str]:
-        return [n for n, p in self.procs.items() if n.startswith("chaos-w") and p.poll() is None
-                and n not in self.paused and n not in self.killed]
-
-    def signal(self, name: str, sig: int) -> None:
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, sig)
-
-    def kill(self, name: str) -> None:
-        self.killed.add(name)
-        self.signal(name, signal.SIGKILL)
-
-    def resume_due(self, after_s: float, *, all_now: bool = False) -> None:
-        now = time.monotonic()
-        for name, since in list(self.paused.items()):
-            if all_now or now - since >= after_s:
-                self.signal(name, signal.SIGCONT)
-                del self.paused[name]
-
-    def reap(self, last_fault: str) -> None:
-        """Restart (after 1 s) every process that exited without the schedule killing it."""
-        now = time.monotonic()
-        for when, what in list(self.restart_at):
-            if now >= when:
-                self.restart_at.remove((when, what))
-                self.sweeper() if what == "sweeper" else self.worker()
-        for name, proc in list(self.procs.items()):
-            if name in self.retired or proc.poll() is None:
-                continue
-            self.retired.add(name)
-            if name in self.killed:
-                continue
-            tail = (self.log_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-15:]
-            self.unexpected_exits.append({"process": name, "exit_code": proc.returncode, "last_fault": last_fault,
-                                          "last_log_line": tail[-1][:200] if tail else "", "log_tail": tail})
-            self.restart_at.append((now + 1.0, "sweeper" if name.startswith("sweeper") else "worker"))
-
-    def stop_all(self) -> None:
-        self.resume_due(0, all_now=True)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 # --------------------------------------------------------------------------- the run
@@ -325,8 +236,7 @@ class Run:
                 self.fleet.kill(f.worker)
                 self.fleet.worker()  # a replacement joins
             else:
-                self.fleet.signal(f.worker, signal.SIGSTOP)
-                self.fleet.paused[f.worker] = time.monotonic()
+                self.fleet.pause(f.worker)
             f.detail = f"{f.worker} holding {f.attempt}"
         elif kind == "redis_restart":
             t0 = time.monotonic()
@@ -360,18 +270,16 @@ class Run:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
     rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
-    forge = ForgeServer(one_pr_per_head=True).start()  # GitHub's rule: one PR per head
+    providers = provider_env(tmp, extra={"PYTHONPATH": str(ROOT)})  # git remote, forge (one PR per head), env
+    forge, remote = providers.forge, providers.remote
     proxy = LinkProxy(rs.port).start()
-    remote = bare_git_remote(tmp)
-    env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",
-           "MCQ_HOME": str(tmp / "home"), "PYTHONPATH": str(ROOT)}
-    os.environ.update({k: env[k] for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL", "MCQ_FORGE_TIMEOUT")})
     from mc_queue.examples.agents import app
     from mc_queue.producer import AppClient
 
     prefix = f"chaos-{args.seed}-{int(time.time())}"
     client = Client(rs.url, prefix=prefix, actor="chaos")
-    fleet = Fleet(prefix, proxy.url, rs.url, env, tmp)
+    # Workers reach Redis through the proxy, the sweeper directly; whatever exits on its own is restarted.
+    fleet = Fleet(prefix, proxy.url, providers.env, tmp, sweeper_url=rs.url, worker_prefix="chaos-w", restart=True)
     r = Run(args, client, rs, proxy, forge, fleet, random.Random(args.seed), app.spec(HANDLER).lease_ms / 1000)
     ac = AppClient(app, client)
     started = time.monotonic()
@@ -418,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         fleet.stop_all()
         proxy.stop()
-        forge.stop()
+        providers.stop()
         client.close()
         rs.stop(signal.SIGKILL)
         if args.keep:
@@ -484,8 +392,8 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
     c = r.client
     tasks: list[Task] = []
     missing: list[str] = []
-    for key, tid in r.keys.items():
-        tid = tid or c.redis.hget(c.keys.idem, key)
+    for key, known in r.keys.items():
+        tid = known or c.redis.hget(c.keys.idem, key)
         try:
             tasks.append(c.get_task(str(tid))) if tid else missing.append(key)
         except Exception:

@@ -34,7 +34,7 @@ local A, bad = args(ARGV, with({
   {'fence', 'int', 0, MAX_INT},
   {'worker', 'text', 200},
   {'request_id', 'reqid'},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 local n = fmt(A.n)
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)

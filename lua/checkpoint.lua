@@ -39,7 +39,7 @@ local A, bad = args(ARGV, with({
   {'phase_index', 'int', 0, 1000},
   {'record', 'json', 1048576, 'obj'},
   {'digest', 'hex', 64},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 local n = fmt(A.n)
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)

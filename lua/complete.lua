@@ -42,7 +42,7 @@ local A, bad = args(ARGV, with({
   {'result_digest', 'hex', 64},
   {'cost', 'dec', 1e9},
   {'tokens', 'int', 0, 1e12},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 local n = fmt(A.n)
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)

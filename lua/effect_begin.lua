@@ -37,7 +37,7 @@ local A, bad = args(ARGV, with({
   {'worker', 'text', 200},
   {'key', 'id', 512},
   {'record', 'json', 65536, 'obj'},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 local n = fmt(A.n)
 local err, ts = fenced(K, A, A.worker, A.key, 'effect_begin', true)

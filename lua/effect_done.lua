@@ -42,7 +42,7 @@ local A, bad = args(ARGV, with({
   {'outcome', 'enum', 'done', 'absent', 'unknown'},
   {'receipt', 'text', 65536},
   {'source', 'enum', 'perform', 'reconcile'},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 if A.outcome == 'done' then
   local _, why = check_arg(A.receipt, {'receipt', 'json', 65536})

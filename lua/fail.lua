@@ -50,7 +50,7 @@
 
 local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'pending',
   'attention', 'dlq', 'outbox', 'stats', 'fence', 'lease'})
-local A, bad = args(ARGV, with(with({
+local A, bad = args(ARGV, with({
   {'n', 'int', 1, MAX_N},
   {'fence', 'int', 0, MAX_INT},
   {'worker', 'text', 200},
@@ -61,7 +61,7 @@ local A, bad = args(ARGV, with(with({
   {'fingerprint', 'hex', 16},
   {'cost', 'dec', 1e9},
   {'tokens', 'int', 0, 1e12},
-}, FENCED_ARGS), DECISION_ARGS))
+}, fenced_args(), decision_args()))
 if bad then return bad end
 bad = decision_error(A) or failure_error(A.failure, A.fclass, A.fingerprint)
 if bad then return bad end

@@ -53,7 +53,7 @@ local A, bad = args(ARGV, with({
   {'fingerprint', 'hex?', 16},
   {'evidence', 'json', 262144},
   {'epoch', 'epoch'},
-}, DECISION_ARGS))
+}, decision_args()))
 if bad then return bad end
 if A.outcome == 'failed' then
   if A.failure == '' or A.fclass == '' or A.fingerprint == '' then

@@ -37,7 +37,7 @@ local A, bad = args(ARGV, with({
   {'cost', 'dec', 1e9},
   {'tokens', 'int', 0, 1e12},
   {'request_id', 'reqid'},
-}, FENCED_ARGS))
+}, fenced_args()))
 if bad then return bad end
 local m = meta_read(K.meta)
 if A.lease_ms and A.lease_ms > m.max_lease then

@@ -15,11 +15,7 @@ reconciled, quarantined. It cleans up what it started.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -32,11 +28,11 @@ from rich.table import Table
 
 from .client import Client
 from .connection import connect
+from .fleet import Fleet, ProviderEnv, provider_env
 from .models import Task, TaskState
 from .providers.git import TRAILER, git
-from .testing import ForgeServer, bare_git_remote
+from .testing import ForgeServer
 
-APP = "mc_queue.examples.agents:app"
 FINAL = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
 
 
@@ -45,52 +41,6 @@ class Faults:
     killed: list[str] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)
     provider_timeouts: int = 0
-
-
-class Fleet:
-    """The worker processes and the sweeper process, by worker id."""
-
-    def __init__(self, client: Client, env: dict[str, str], log_dir: Path) -> None:
-        self.client = client
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paused: dict[str, float] = {}
-
-    def _start(self, name: str, args: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "mc_queue", "--redis-url", self.client.url, "--prefix", self.client.keys.prefix,
-             *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def worker(self, name: str) -> None:
-        self._start(name, ["worker", "--app", APP, "--kind", "simple", "--name", name])
-
-    def sweeper(self) -> None:
-        self._start("sweeper", ["sweeper", "--app", APP, "--interval", "0.5"])
-
-    def alive(self, name: str) -> bool:
-        proc = self.procs.get(name)
-        return proc is not None and proc.poll() is None and name not in self.paused
-
-    def signal(self, name: str, sig: int) -> None:
-        proc = self.procs.get(name)
-        if proc and proc.poll() is None:
-            os.killpg(proc.pid, sig)
-
-    def stop_all(self) -> None:
-        for name in list(self.paused):
-            self.signal(name, signal.SIGCONT)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def _running(client: Client, tasks: list[str]) -> list[Task]:
@@ -105,17 +55,12 @@ def _running(client: Client, tasks: list[str]) -> list[Task]:
 
 def _inject(client: Client, fleet: Fleet, tasks: list[str], faults: Faults, lease_s: float) -> None:
     """One step of the fault script, driven by what the records say is happening."""
-    now = time.monotonic()
-    for name, since in list(fleet.paused.items()):
-        if now - since > lease_s + 4:  # well past its lease: let it resume and try to write
-            fleet.signal(name, signal.SIGCONT)
-            del fleet.paused[name]
+    fleet.resume_due(lease_s + 4)  # well past its lease: let it resume and try to write
     running = [(t, t.latest.worker_id) for t in _running(client, tasks) if t.latest and t.latest.worker_id]
     running = [(t, w) for t, w in running if w is not None and fleet.alive(w)]
     if not faults.paused:
         for t, worker in running:  # freeze a worker in the middle of its task, for longer than its lease
-            fleet.signal(worker, signal.SIGSTOP)
-            fleet.paused[worker] = now
+            fleet.pause(worker)
             faults.paused.append(f"{worker} on {t.id}")
             return
     if not faults.killed:
@@ -123,7 +68,7 @@ def _inject(client: Client, fleet: Fleet, tasks: list[str], faults: Faults, leas
             pushed = any(e.type == "effect_receipt" and e.fields.get("key", "").startswith("push:") for e in t.events)
             pr_started = any(e.type == "effect_intent" and e.fields.get("operation") == "open-pr" for e in t.events)
             if pushed and not pr_started:
-                fleet.signal(worker, signal.SIGKILL)  # mid-task: after the push, before the pull request
+                fleet.kill(worker)  # mid-task: after the push, before the pull request
                 faults.killed.append(f"{worker} on {t.id}")
                 fleet.worker(f"{worker}-r")  # a replacement joins the pool
                 return
@@ -138,13 +83,11 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         console.print(f"[bold]embedded redis-server[/bold] {'started' if server.started else 'reused'}: "
                       f"{server.url} (AOF, appendfsync always; data in {server.home / 'redis'})")
     tmp = Path(tempfile.mkdtemp(prefix="mcq-demo-"))
-    forge = ForgeServer(one_pr_per_head=True).start()  # GitHub's rule: one PR per head
+    providers: ProviderEnv | None = None
     fleet: Fleet | None = None
     try:
-        remote = bare_git_remote(tmp)
-        env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5",
-               "MCQ_HOME": str(tmp / "home")}
-        os.environ.update({"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": "1.5"})
+        providers = provider_env(tmp)  # a git remote, a pull-request API (one PR per head), their env
+        forge, remote = providers.forge, providers.remote
         from .examples.agents import app
         from .producer import AppClient
 
@@ -156,8 +99,8 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
                for i in range(tasks)]
         console.print(f"{tasks} tasks enqueued on namespace [bold]{q.keys.prefix}[/bold]; git remote {remote}; "
                       f"pull-request API {forge.url}")
-        fleet = Fleet(q, env, tmp)
-        fleet.sweeper()
+        fleet = Fleet(q.keys.prefix, q.url, providers.env, tmp)
+        fleet.sweeper("sweeper")
         for i in range(workers):
             fleet.worker(f"demo-w{i + 1}")
         faults = Faults()
@@ -180,7 +123,8 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
     finally:
         if fleet is not None:
             fleet.stop_all()
-        forge.stop()
+        if providers is not None:
+            providers.stop()
         shutil.rmtree(tmp, ignore_errors=True)
         if server is not None and server.started and not keep_server:
             from .embedded import stop_server

@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .keys import attempt_id
+
 
 class TaskState(StrEnum):
     PENDING = "pending"
@@ -131,11 +133,11 @@ class Attempt(_Record):
 
         prev = f.get("prev")
         return cls(
-            id=f"{task_id}/{number}",
+            id=attempt_id(task_id, number),
             task_id=task_id,
             number=number,
             state=AttemptState(f.get("state", "pending")),
-            previous=f"{task_id}/{prev}" if prev else None,
+            previous=attempt_id(task_id, int(prev)) if prev else None,
             reason=f.get("reason") or None,
             hypothesis=f.get("hypothesis") or None,
             manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,

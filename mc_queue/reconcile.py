@@ -22,6 +22,7 @@ from typing import Any
 from .client import Client
 from .config import Decision
 from .failures import make_failure
+from .keys import parse_attempt_id
 from .models import Attempt, EffectRecord, FailureClass
 from .policy import Classified, decision_for
 
@@ -41,7 +42,7 @@ class Reconciler:
         c = self.client
         who = actor or self.actor
         c.begin_reconcile(attempt_id, actor=who)
-        task_id, n = attempt_id.rsplit("/", 1)[0], int(attempt_id.rsplit("/", 1)[1])
+        task_id, n = parse_attempt_id(attempt_id)
         findings: list[dict[str, Any]] = []
         for key, rec in c.effects(task_id).items():
             if rec.state == "intent":

@@ -392,19 +392,21 @@ local function fenced(K, A, who, digest, op, check_cancel)
   return fence_check(K, A, who, digest, op, check_cancel)
 end
 
--- The arguments every fenced write ends with, after its own.
-local FENCED_ARGS = {
-  {'epoch', 'epoch'},
-  {'min_seq', 'int', 0, MAX_INT},
-  {'proof', 'int?', 1, MAX_INT},
-}
+-- The arguments every fenced write ends with, after its own (built only by the scripts that use them).
+local function fenced_args()
+  return {
+    {'epoch', 'epoch'},
+    {'min_seq', 'int', 0, MAX_INT},
+    {'proof', 'int?', 1, MAX_INT},
+  }
+end
 
--- specs followed by extra (FENCED_ARGS, DECISION_ARGS): one list for args().
-local function with(specs, extra)
-  local out = {}
-  for _, s in ipairs(specs) do out[#out + 1] = s end
-  for _, s in ipairs(extra) do out[#out + 1] = s end
-  return out
+-- A script's own argument specs followed by shared lists (fenced_args(), decision_args()): one list.
+local function with(specs, ...)
+  for _, extra in ipairs({...}) do
+    for _, s in ipairs(extra) do specs[#specs + 1] = s end
+  end
+  return specs
 end
 
 -- ----------------------------------------------------------------------------------- decisions
@@ -416,25 +418,27 @@ end
 --   'quarantine' the task is dead-lettered with its history (and an attention item).
 -- Returns the task's new state. Callers validate the decision's arguments before their first write.
 local DECISIONS = {[''] = 'failed', wait = 'failed', retry = 'backoff', stop = 'blocked', quarantine = 'quarantined'}
-local DECISION_ARGS = {
-  {'decision', 'enum', '', 'wait', 'retry', 'stop', 'quarantine'},
-  {'why', 'text', 2000},
-  {'next_reason', 'text', 2000},
-  {'next_hypothesis', 'text', 2000},
-  {'delay_ms', 'int', 0, 365 * DAY_MS},
-  {'attention', 'json?', 262144, 'obj'},
-  {'budget', 'enum', '', 'attempts', 'same_fingerprint', 'cost', 'tokens', 'wall_time', 'interruptions',
-   'cost_or_tokens'},
-}
+local function decision_args()
+  return {
+    {'decision', 'enum', '', 'wait', 'retry', 'stop', 'quarantine'},
+    {'why', 'text', 2000},
+    {'next_reason', 'text', 2000},
+    {'next_hypothesis', 'text', 2000},
+    {'delay_ms', 'int', 0, 365 * DAY_MS},
+    {'attention', 'json?', 262144, 'obj'},
+    {'budget', 'enum', '', 'attempts', 'same_fingerprint', 'cost', 'tokens', 'wall_time', 'interruptions',
+     'cost_or_tokens'},
+  }
+end
 
 -- A failure record as the Failure model reads it back: its class and fingerprint the ones the
 -- script records beside it; nil when fine, else the E_BADARG reply.
-local FAILURE_FIELDS = {failure_class = 'string', type = 'string', message = 'string', fingerprint = 'string',
-                        retryable = 'boolean'}
 local function failure_error(text, fclass, fingerprint)
+  local fields = {failure_class = 'string', type = 'string', message = 'string', fingerprint = 'string',
+                  retryable = 'boolean'}
   local f = cjson.decode(text)
   for k, v in pairs(f) do
-    local want = FAILURE_FIELDS[k]
+    local want = fields[k]
     if not want or (type(v) ~= want and v ~= cjson.null) then
       return {'E_BADARG', 'failure: field ' .. tostring(k) .. ' is not part of a failure record, or has the wrong type'}
     end

@@ -244,10 +244,10 @@ SPEC_NAME_RE = re.compile(r"\{\s*'([a-z_][a-z0-9_]*)'\s*,\s*'")
 
 
 def named_lists() -> dict[str, list[str]]:
-    """common.lua's argument lists (FENCED_ARGS, DECISION_ARGS): name -> argument names in order."""
+    """common.lua's argument lists (fenced_args(), decision_args()): name -> argument names in order."""
     src = strip_comments(COMMON)
     out = {}
-    for m in re.finditer(r"^local ([A-Z_]+_ARGS) = \{", src, re.M):
+    for m in re.finditer(r"^local function ([a-z_]+_args)\(\)\s*return \{", src, re.M):
         body = split_args("(" + src[m.end():], 0)
         out[m.group(1)] = [n for item in body for n in SPEC_NAME_RE.findall(item)[:1]]
     return out
@@ -271,8 +271,8 @@ def declared_in_body(name: str) -> tuple[list[str], list[str]]:
         if expr.startswith("with("):
             for part in split_args(expr, 4):
                 walk(part)
-        elif expr in NAMED_LISTS:
-            arg_names.extend(NAMED_LISTS[expr])
+        elif expr.endswith("()") and expr[:-2] in NAMED_LISTS:
+            arg_names.extend(NAMED_LISTS[expr[:-2]])
         else:
             assert expr.startswith("{"), f"{name}.lua: args() takes a literal list, with(...) or a named list"
             for item in split_args("(" + expr[1:], 0):
@@ -285,10 +285,10 @@ def declared_in_body(name: str) -> tuple[list[str], list[str]]:
 
 
 def test_the_lua_reader_reads_keys_and_args_declarations() -> None:
-    assert NAMED_LISTS["FENCED_ARGS"] == ["epoch", "min_seq", "proof"]
-    assert NAMED_LISTS["DECISION_ARGS"][0] == "decision"
+    assert NAMED_LISTS["fenced_args"] == ["epoch", "min_seq", "proof"]
+    assert NAMED_LISTS["decision_args"][0] == "decision"
     keys, argv = declared_in_body("fail")
-    assert keys[:3] == ["meta", "epochs", "nslog"] and argv[-7:] == NAMED_LISTS["DECISION_ARGS"]
+    assert keys[:3] == ["meta", "epochs", "nslog"] and argv[-7:] == NAMED_LISTS["decision_args"]
 
 
 @pytest.mark.parametrize("name", NAMES)

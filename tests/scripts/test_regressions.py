@@ -175,6 +175,21 @@ def test_4_recovery_ends_when_a_task_hash_is_gone_while_its_lease_is_indexed(q: 
     assert q.get_task(other.id).attempts[0].state.value == "suspect"
 
 
+def test_4_recovery_that_can_make_no_progress_ends_and_says_what_it_could_not_void(q: mc_queue.Client) -> None:
+    task, lease = running(q)
+    q.redis.delete(q.keys.task(task.id).task)
+    q.redis.set(q.keys.task(task.id).task, "not a hash")  # every script on this task now fails in Redis
+    with pytest.raises(mc_queue.RecoveryIncomplete, match=lease.attempt_id) as info:
+        recover(q, reason="test: a corrupt task")
+    assert info.value.left == [lease.attempt_id]
+    assert q.namespace().state == "recovering", "a lease from before the loss may still be honoured: not ok yet"
+    with pytest.raises(mc_queue.NamespaceLost):
+        q.enqueue("jobs", "h", {"n": 1})
+    q.redis.delete(q.keys.task(task.id).task)  # the operator looked and removed the corrupt key
+    out = recover(q, reason="test: after the corrupt key was removed")
+    assert out["dropped_entries"] == 1 and q.namespace().state == "ok"
+
+
 def test_4_a_suspect_entry_whose_task_is_gone_is_dropped_by_the_sweeper(q: mc_queue.Client) -> None:
     task, lease = running(q)
     q.void_leases([lease.attempt_id], reason="gone")

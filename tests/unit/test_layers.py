@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "sweeper": 5, "metrics": 5, "render": 5, "testing": 5, "providers": 5,
     # 6. the package's public API; 7. an application built on it; 8. the demos that run that
     # application; 9. the command line, which can start any of them
-    "__init__": 6, "examples": 7, "demo": 8, "factory_demo": 8, "cli": 9, "__main__": 9,
+    "__init__": 6, "examples": 7, "demo": 8, "factory_demo": 8, "fleet": 8, "cli": 9, "__main__": 9,
 }
 
 

@@ -1,0 +1,118 @@
+"""What the argument guards cost: claim+complete cycles/s of this checkout vs an earlier commit, in one run.
+
+Run from the repository root::
+
+    .venv/bin/python bench/bench_guards.py [--baseline 40d67ad] [--cycles 3000] [--rounds 5]
+
+The baseline commit is exported (``git archive``) into a temporary folder; each round runs the same
+driver once with the baseline's ``mc_queue`` and once with this checkout's (order alternating),
+against one private redis-server (appendfsync everysec, a fresh namespace per run), from a
+subprocess so that each imports only its own package. Per run: claim+complete cycles/s seen by the
+client, and the Lua time per cycle measured by redis-server itself (INFO commandstats, usec of
+EVALSHA), which the machine's noise moves far less than wall time. The figures are medians over the
+rounds; the ratio new/old is what to read (issue 8: the guards must not cost more than 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mc_queue.testing import RedisServer, unique_prefix  # noqa: E402
+
+DRIVER = r"""
+import json, sys, time
+import redis
+import mc_queue
+url, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+q = mc_queue.Client(url, prefix=prefix, actor="bench")
+ids = [q.enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
+admin = redis.Redis.from_url(url)
+def evalsha():
+    s = admin.info("commandstats").get("cmdstat_evalsha", {})
+    return int(s.get("calls", 0)), int(s.get("usec", 0))
+c0, u0 = evalsha()
+t0 = time.perf_counter()
+for tid in ids:
+    lease = q.claim_attempt(tid, "bench-worker", 60_000)
+    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
+dt = time.perf_counter() - t0
+c1, u1 = evalsha()
+print(json.dumps({"cycles_per_s": n / dt, "lua_us_per_cycle": (u1 - u0) / n, "evalsha_per_cycle": (c1 - c0) / n,
+                  "client_us_per_cycle": dt * 1e6 / n}))
+"""
+
+
+def export(ref: str, into: Path) -> Path:
+    """The tree of ``ref`` (mc_queue/ and lua/) in a folder, via git archive."""
+    data = subprocess.run(["git", "archive", "--format=tar", ref, "mc_queue", "lua"], cwd=ROOT, check=True,
+                          capture_output=True).stdout
+    tar_path = into / "tree.tar"
+    tar_path.write_bytes(data)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(into / "tree", filter="data")
+    return into / "tree"
+
+
+def run(tree: Path, url: str, cycles: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", DRIVER, url, unique_prefix("guards"), str(cycles)],
+                         cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, capture_output=True,
+                         text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="40d67ad", help="commit before the guards (default: 40d67ad)")
+    ap.add_argument("--cycles", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mcq-guards-"))
+    try:
+        old_tree = export(args.baseline, tmp)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        results: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+        with RedisServer(tmp / "redis", appendfsync="everysec") as server:
+            run(ROOT, server.url, 300)  # warm up: scripts loaded, caches filled
+            run(old_tree, server.url, 300)
+            for i in range(args.rounds):
+                order = [("old", old_tree), ("new", ROOT)] if i % 2 == 0 else [("new", ROOT), ("old", old_tree)]
+                for label, tree in order:
+                    results[label].append(run(tree, server.url, args.cycles))
+                    r = results[label][-1]
+                    print(f"round {i + 1} {label}: {r['cycles_per_s']:8.0f} cycles/s, Lua {r['lua_us_per_cycle']:6.1f}"
+                          f" us/cycle, client {r['client_us_per_cycle']:6.0f} us/cycle", flush=True)
+
+        def med(label: str, key: str) -> float:
+            return statistics.median(r[key] for r in results[label])
+
+        summary = {
+            "baseline": args.baseline, "head": head, "cycles": args.cycles, "rounds": args.rounds,
+            "old": {k: med("old", k) for k in ("cycles_per_s", "lua_us_per_cycle", "client_us_per_cycle")},
+            "new": {k: med("new", k) for k in ("cycles_per_s", "lua_us_per_cycle", "client_us_per_cycle")},
+        }
+        summary["ratio_cycles_per_s"] = summary["new"]["cycles_per_s"] / summary["old"]["cycles_per_s"]
+        summary["ratio_lua_us"] = summary["new"]["lua_us_per_cycle"] / summary["old"]["lua_us_per_cycle"]
+        print(json.dumps(summary, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
