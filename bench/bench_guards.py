@@ -8,9 +8,12 @@ The baseline commit is exported (``git archive``) into a temporary folder; each 
 driver once with the baseline's ``mc_queue`` and once with this checkout's (order alternating),
 against one private redis-server (appendfsync everysec, a fresh namespace per run), from a
 subprocess so that each imports only its own package. Per run: claim+complete cycles/s seen by the
-client, and the Lua time per cycle measured by redis-server itself (INFO commandstats, usec of
-EVALSHA), which the machine's noise moves far less than wall time. The figures are medians over the
-rounds; the ratio new/old is what to read (issue 8: the guards must not cost more than 10%).
+client (wall time), the Lua time per cycle measured by redis-server itself (INFO commandstats, usec
+of EVALSHA), and the CPU time one cycle costs the client process and the server process (process
+time and INFO cpu), which other load on a shared machine moves far less than wall time. The
+figures are medians over the rounds; the ratios new/old are what to read (issue 8: the guards must
+not cost more than 10%). ``--callgrind`` counts the server's instructions per cycle instead
+(valgrind; exact and repeatable, slow).
 """
 
 from __future__ import annotations
@@ -42,15 +45,22 @@ admin = redis.Redis.from_url(url)
 def evalsha():
     s = admin.info("commandstats").get("cmdstat_evalsha", {})
     return int(s.get("calls", 0)), int(s.get("usec", 0))
+def server_cpu():
+    c = admin.info("cpu")
+    return float(c["used_cpu_user"]) + float(c["used_cpu_sys"])
 c0, u0 = evalsha()
-t0 = time.perf_counter()
+s0 = server_cpu()
+t0, p0 = time.perf_counter(), time.process_time()
 for tid in ids:
     lease = q.claim_attempt(tid, "bench-worker", 60_000)
     q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
-dt = time.perf_counter() - t0
+dt, dp = time.perf_counter() - t0, time.process_time() - p0
 c1, u1 = evalsha()
+s1 = server_cpu()
 print(json.dumps({"cycles_per_s": n / dt, "lua_us_per_cycle": (u1 - u0) / n, "evalsha_per_cycle": (c1 - c0) / n,
-                  "client_us_per_cycle": dt * 1e6 / n}))
+                  "client_us_per_cycle": dt * 1e6 / n, "client_cpu_us_per_cycle": dp * 1e6 / n,
+                  "server_cpu_us_per_cycle": (s1 - s0) * 1e6 / n,
+                  "cpu_us_per_cycle": (dp + s1 - s0) * 1e6 / n}))
 """
 
 
@@ -93,19 +103,22 @@ def main() -> int:
                 for label, tree in order:
                     results[label].append(run(tree, server.url, args.cycles))
                     r = results[label][-1]
-                    print(f"round {i + 1} {label}: {r['cycles_per_s']:8.0f} cycles/s, Lua {r['lua_us_per_cycle']:6.1f}"
-                          f" us/cycle, client {r['client_us_per_cycle']:6.0f} us/cycle", flush=True)
+                    print(f"round {i + 1} {label}: {r['cycles_per_s']:6.0f} cycles/s, Lua {r['lua_us_per_cycle']:5.1f}"
+                          f" us, CPU per cycle: client {r['client_cpu_us_per_cycle']:5.0f} us + server "
+                          f"{r['server_cpu_us_per_cycle']:4.0f} us", flush=True)
 
         def med(label: str, key: str) -> float:
             return statistics.median(r[key] for r in results[label])
 
-        summary = {
+        fields = ("cycles_per_s", "lua_us_per_cycle", "client_us_per_cycle", "client_cpu_us_per_cycle",
+                  "server_cpu_us_per_cycle", "cpu_us_per_cycle")
+        summary: dict[str, Any] = {
             "baseline": args.baseline, "head": head, "cycles": args.cycles, "rounds": args.rounds,
-            "old": {k: med("old", k) for k in ("cycles_per_s", "lua_us_per_cycle", "client_us_per_cycle")},
-            "new": {k: med("new", k) for k in ("cycles_per_s", "lua_us_per_cycle", "client_us_per_cycle")},
+            "old": {k: med("old", k) for k in fields}, "new": {k: med("new", k) for k in fields},
         }
         summary["ratio_cycles_per_s"] = summary["new"]["cycles_per_s"] / summary["old"]["cycles_per_s"]
         summary["ratio_lua_us"] = summary["new"]["lua_us_per_cycle"] / summary["old"]["lua_us_per_cycle"]
+        summary["ratio_cpu_per_cycle"] = summary["new"]["cpu_us_per_cycle"] / summary["old"]["cpu_us_per_cycle"]
         print(json.dumps(summary, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2))

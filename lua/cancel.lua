@@ -26,13 +26,14 @@
 -- Idempotent: yes (a second request reports the first)
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox',
-  'cancels', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], cancels = KEYS[10],
+  stats = KEYS[11]}
 local A, bad = args(ARGV, {
-  {'reason', 'text', 2000},
-  {'actor', 'id', 200},
-  {'timeout_ms', 'int', 0, DAY_MS},
-  {'epoch', 'epoch'},
+  'reason', 'text', 2000, false,
+  'actor', 'id', 200, false,
+  'timeout_ms', 'int', 0, DAY_MS,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local count, reason = chars(A.reason)

@@ -26,22 +26,24 @@
 -- Events: cancel_acknowledged | cancel_ack_refused | stale_write_refused
 -- Idempotent: by request id
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'leases', 'suspect', 'cancels', 'task', 'attempts', 'events',
-  'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
+  cancels = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], stats = KEYS[10],
+  fence = KEYS[11], lease = KEYS[12]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'request_id', 'reqid'},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'request_id', 'reqid', false, false,
 }, fenced_args()))
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 if A.request_id ~= '' then
   local a = redis.call('HMGET', K.attempts, n .. '.cancel_ack_req', n .. '.fence', n .. '.cancel_ack_fence')
-  if a[1] == A.request_id and a[2] == fmt(A.fence) then return {'DUP', a[3]} end
+  if a[1] == A.request_id and a[2] == A.raw.fence then return {'DUP', a[3]} end
 end
 local ts
 err, ts = fence_check(K, A, A.worker, 'cancel_ack', 'cancel_ack', false)
@@ -59,5 +61,5 @@ redis.call('DEL', K.lease)
 redis.call('ZREM', K.leases, id .. '/' .. n)
 redis.call('ZREM', K.cancels, id .. '/' .. n)
 redis.call('ZADD', K.suspect, ts, id .. '/' .. n)
-emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'new_fence', new_fence})
+emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'new_fence', new_fence})
 return {'OK', new_fence}

@@ -29,22 +29,24 @@
 -- Events: checkpoint_recorded | checkpoint_refused | stale_write_refused
 -- Idempotent: yes (phase + record digest)
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
+  events = KEYS[6], stats = KEYS[7], fence = KEYS[8], lease = KEYS[9]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'phase', 'id', 128},
-  {'phase_index', 'int', 0, 1000},
-  {'record', 'json', 1048576, 'obj'},
-  {'digest', 'hex', 64},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'phase', 'id', 128, false,
+  'phase_index', 'int', 0, 1000,
+  'record', 'json', 1048576, 'obj',
+  'digest', 'hex', 64, false,
 }, fenced_args()))
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
-if aget(K.attempts, n, 'ckpt_digest.' .. A.phase) == A.digest and aget(K.attempts, n, 'fence') == fmt(A.fence) then
+if aget(K.attempts, n, 'ckpt_digest.' .. A.phase) == A.digest and aget(K.attempts, n, 'fence') == A.raw.fence then
   return {'DUP', A.phase_index}
 end
 local ts
@@ -59,6 +61,6 @@ if A.phase_index <= last then
 end
 aset(K.attempts, n, {'ckpt.' .. A.phase, A.record, 'ckpt_digest.' .. A.phase, A.digest, 'phase', A.phase,
   'phase_index', A.phase_index, 'phase_at', ts})
-emit(K.events, 'checkpoint_recorded', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'phase', A.phase,
+emit(K.events, 'checkpoint_recorded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'phase', A.phase,
   'digest', A.digest})
 return {'OK', A.phase_index}

@@ -30,15 +30,16 @@
 -- Idempotent: by request id
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'pending',
-  'outbox', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
+  stats = KEYS[11], fence = KEYS[12], lease = KEYS[13]}
 local A, bad = args(ARGV, {
-  {'worker', 'id', 200},
-  {'lease_ms', 'int?', 1, MAX_INT},
-  {'epoch', 'epoch'},
-  {'min_seq', 'int', 0, MAX_INT},
-  {'request_id', 'reqid'},
-  {'expect_n', 'int?', 1, MAX_N},
+  'worker', 'id', 200, false,
+  'lease_ms', 'int?', 1, MAX_INT,
+  'epoch', 'epoch', false, false,
+  'min_seq', 'int', 0, MAX_INT,
+  'request_id', 'reqid', false, false,
+  'expect_n', 'int?', 1, MAX_N,
 })
 if bad then return bad end
 local m = meta_read(K.meta)
@@ -51,7 +52,12 @@ if err then return err end
 local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
-local lease_ms = A.lease_ms or math.min(tonumber(t[5] or '') or m.max_lease, m.max_lease)
+local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
+if not lease_ms then  -- the task's own, never above the ceiling
+  lease_ms = tonumber(t[5] or '')
+  lease_s = t[5]
+  if not lease_ms or lease_ms > m.max_lease then lease_ms, lease_s = m.max_lease, fmt(m.max_lease) end
+end
 local aid = task_id .. '/' .. n
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
   n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms')
@@ -62,8 +68,8 @@ if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
 end
 
 local why = nil
-if A.expect_n and fmt(A.expect_n) ~= n then
-  why = 'sent to run attempt ' .. fmt(A.expect_n) .. ' but the task is at attempt ' .. n
+if A.expect_n and A.raw.expect_n ~= n then
+  why = 'sent to run attempt ' .. A.raw.expect_n .. ' but the task is at attempt ' .. n
 elseif state ~= 'pending' and state ~= 'backoff' then
   why = 'task is ' .. state
 elseif a[1] ~= 'pending' then
@@ -76,17 +82,18 @@ if why then
     {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
 end
 
-local fence = next_fence(K.meta, K.fence)
+local fence = fmt(next_fence(K.meta, K.fence))
 local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
-redis.call('SET', K.lease, lease_value(n, fence), 'PX', lease_ms)
-redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts)
-aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fmt(fence), 'lease_exp', exp, 'hb_at', ts,
-  'started_at', ts, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_ms})
-redis.call('ZADD', K.leases, exp, aid)
+local ts_s, exp_s = fmt(ts), fmt(exp)
+redis.call('SET', K.lease, n .. ':' .. fence, 'PX', lease_s)
+redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts_s)
+aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s, 'hb_at', ts_s,
+  'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s})
+redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
 redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
-emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fmt(fence), 'lease_exp', exp,
-  'lease_ms', lease_ms})
-return {'OK', tonumber(n), fmt(fence), exp, seq, ts, lease_ms}
+emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
+  'lease_ms', lease_s})
+return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s}

@@ -31,29 +31,30 @@
 -- Events: attempt_succeeded | completion_conflict | stale_write_refused
 -- Idempotent: yes (fence + result digest)
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'stats', 'fence',
-  'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'result', 'json', 524288},
-  {'result_digest', 'hex', 64},
-  {'cost', 'dec', 1e9},
-  {'tokens', 'int', 0, 1e12},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'result', 'json', 524288, false,
+  'result_digest', 'hex', 64, false,
+  'cost', 'dec', 1e9, false,
+  'tokens', 'int', 0, 1e12,
 }, fenced_args()))
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
-if a[1] == 'succeeded' and a[2] == fmt(A.fence) and a[3] then
-  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, n)} end
+if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
+  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts)} end
   return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', a[3]},
-    {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'payload_digest', A.result_digest, 'recorded_digest', a[3]})
+    {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.result_digest, 'recorded_digest', a[3]})
 end
 
 local ts
@@ -62,13 +63,14 @@ if err then return err end
 
 local t = redis.call('HMGET', K.task, 'queue', 'id')
 local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
-aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts, 'elapsed_ms', ts - started, 'result', A.result,
+local ts_s = fmt(ts)
+aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(ts - started), 'result', A.result,
   'result_digest', A.result_digest})
 redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
-redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
-redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts, 'result', A.result)
+redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens)
+redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s, 'result', A.result)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')
-emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'result_digest', A.result_digest})
-return {'OK', ts, attempt_snapshot(K.attempts, n)}
+emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
+return {'OK', ts_s, attempt_snapshot(K.attempts)}

@@ -28,14 +28,15 @@
 -- Idempotent: by request id
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'idem', 'dlq', 'attention', 'task', 'attempts', 'events',
-  'effects', 'fence', 'tomb', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
+  dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
+  effects = KEYS[11], fence = KEYS[12], tomb = KEYS[13], stats = KEYS[14]}
 local A, bad = args(ARGV, {
-  {'actor', 'id', 200},
-  {'reason', 'text', 2000},
-  {'tombstone_ms', 'int', 0, 3650 * DAY_MS},
-  {'request_id', 'reqid'},
-  {'epoch', 'epoch'},
+  'actor', 'id', 200, false,
+  'reason', 'text', 2000, false,
+  'tombstone_ms', 'int', 0, 3650 * DAY_MS,
+  'request_id', 'reqid', false, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local count, reason = chars(A.reason)

@@ -24,14 +24,15 @@
 -- Idempotent: by request id
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox', 'dlq',
-  'attention', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], dlq = KEYS[10],
+  attention = KEYS[11], stats = KEYS[12]}
 local A, bad = args(ARGV, {
-  {'reason', 'text', 2000},
-  {'hypothesis', 'text', 2000},
-  {'actor', 'id', 200},
-  {'request_id', 'reqid'},
-  {'epoch', 'epoch'},
+  'reason', 'text', 2000, false,
+  'hypothesis', 'text', 2000, false,
+  'actor', 'id', 200, false,
+  'request_id', 'reqid', false, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local count, reason = chars(A.reason)
@@ -41,7 +42,7 @@ if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'manifest')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 if A.request_id ~= '' and aget(K.attempts, t[4], 'create_req') == A.request_id then
-  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts, t[4])}
+  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts)}
 end
 if t[3] ~= 'quarantined' then
   return refuse(K.events, K.stats, 'replay_refused', {'E_STATE', t[3]},
@@ -61,4 +62,4 @@ move_count(K.counts, t[2], 'quarantined', 'pending')
 emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', ts})
-return {'OK', m, attempt_snapshot(K.attempts, m)}
+return {'OK', m, attempt_snapshot(K.attempts)}

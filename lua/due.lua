@@ -8,8 +8,10 @@
 -- Idempotent: yes (read-only)
 --@include common
 
-local K = keys(KEYS, {'index'})
-local A, bad = args(ARGV, {{'limit', 'int', 1, 10000}})
+local K = {index = KEYS[1]}
+local A, bad = args(ARGV, {
+  'limit', 'int', 1, 10000,
+})
 if bad then return bad end
 local ts = now_ms()
 local out = {ts}

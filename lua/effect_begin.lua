@@ -29,17 +29,19 @@
 -- Events: effect_intent | effect_replayed | stale_write_refused
 -- Idempotent: yes (an intent of the same attempt and fence is reported as OK again)
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'effects', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
+  events = KEYS[6], effects = KEYS[7], stats = KEYS[8], fence = KEYS[9], lease = KEYS[10]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'key', 'id', 512},
-  {'record', 'json', 65536, 'obj'},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'key', 'id', 512, false,
+  'record', 'json', 65536, 'obj',
 }, fenced_args()))
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err, ts = fenced(K, A, A.worker, A.key, 'effect_begin', true)
 if err then return err end
 local existing = redis.call('HGET', K.effects, A.key)
@@ -50,17 +52,17 @@ if existing then
       tostring(rec.receipt_attempt or rec.attempt)})
     return {'DONE', existing}
   end
-  if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == fmt(A.fence) then return {'OK'} end
+  if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == A.raw.fence then return {'OK'} end
   if rec.state ~= 'absent' then return {'PENDING', existing} end
 end
 local rec = cjson.decode(A.record)
 rec.state = 'intent'
 rec.attempt = A.n
-rec.fence = fmt(A.fence)
+rec.fence = A.raw.fence
 rec.worker = A.worker
 rec.intent_at = ts
 rec.key = A.key
 redis.call('HSET', K.effects, A.key, cjson.encode(rec))
-emit(K.events, 'effect_intent', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'key', A.key,
+emit(K.events, 'effect_intent', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'key', A.key,
   'operation', rec.operation or ''})
 return {'OK'}

@@ -32,26 +32,28 @@
 --         | stale_write_refused
 -- Idempotent: yes (the same receipt again is a DUP)
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'effects', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
+  events = KEYS[6], effects = KEYS[7], stats = KEYS[8], fence = KEYS[9], lease = KEYS[10]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int?', 0, MAX_INT},
-  {'actor', 'text', 200},
-  {'key', 'id', 512},
-  {'outcome', 'enum', 'done', 'absent', 'unknown'},
-  {'receipt', 'text', 65536},
-  {'source', 'enum', 'perform', 'reconcile'},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int?', 0, MAX_INT,
+  'actor', 'text', 200, false,
+  'key', 'id', 512, false,
+  'outcome', 'enum', '|done|absent|unknown|', false,
+  'receipt', 'text', 65536, false,
+  'source', 'enum', '|perform|reconcile|', false,
 }, fenced_args()))
 if bad then return bad end
 if A.outcome == 'done' then
-  local _, why = check_arg(A.receipt, {'receipt', 'json', 65536})
+  local _, why = check_arg(A.receipt, 'json', 65536, false)
   if why then return {'E_BADARG', 'receipt ' .. why} end
 end
 if A.fence and A.outcome == 'unknown' then
   return {'E_BADARG', 'outcome: a worker that cannot tell raises; it records no unknown'}
 end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.actor, A.fence ~= nil)
 if err then return err end
 local ts

@@ -35,21 +35,22 @@
 -- Idempotent: yes (task id and idempotency key)
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'idem', 'queues', 'counts', 'task', 'attempts', 'events', 'pending',
-  'outbox', 'tomb'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
+  counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
+  outbox = KEYS[11], tomb = KEYS[12]}
 local A, bad = args(ARGV, {
-  {'task_id', 'id', 100},
-  {'queue', 'id', 64},
-  {'handler', 'id', 128},
-  {'payload', 'json', 524288, 'obj'},
-  {'payload_digest', 'hex', 64},
-  {'idem_key', 'text', 512},
-  {'manifest', 'json', 65536, 'obj'},
-  {'retry_policy', 'json', 16384, 'obj'},
-  {'budget', 'json', 16384, 'obj'},
-  {'lease_ms', 'int', 1, MAX_INT},
-  {'epoch', 'epoch'},
-  {'actor', 'id', 200},
+  'task_id', 'id', 100, false,
+  'queue', 'id', 64, false,
+  'handler', 'id', 128, false,
+  'payload', 'json', 524288, 'obj',
+  'payload_digest', 'hex', 64, false,
+  'idem_key', 'text', 512, false,
+  'manifest', 'json', 65536, 'obj',
+  'retry_policy', 'json', 16384, 'obj',
+  'budget', 'json', 16384, 'obj',
+  'lease_ms', 'int', 1, MAX_INT,
+  'epoch', 'epoch', false, false,
+  'actor', 'id', 200, false,
 })
 if bad then return bad end
 if not string.match(A.queue, '^[%w][%w_.%-]*$') then return {'E_BADARG', 'queue has characters outside [A-Za-z0-9_.-]'} end

@@ -27,14 +27,15 @@
 -- Idempotent: yes (re-checks; a second run is a NOOP)
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'leases', 'suspect', 'task', 'attempts', 'events',
-  'cancels', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], cancels = KEYS[9], stats = KEYS[10],
+  fence = KEYS[11], lease = KEYS[12]}
 local A, bad = args(ARGV, {
-  {'member', 'id', 200},
-  {'actor', 'text', 200},
-  {'force', 'enum', '0', '1'},
-  {'reason', 'text', 2000},
-  {'epoch', 'epoch'},
+  'member', 'id', 200, false,
+  'actor', 'text', 200, false,
+  'force', 'enum', '|0|1|', false,
+  'reason', 'text', 2000, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local n = string.match(A.member, '/(%d+)$')

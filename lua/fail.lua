@@ -47,34 +47,36 @@
 --         | stale_write_refused
 -- Idempotent: yes (fence + failure digest)
 --@include common
+--@include fenced
+--@include decisions
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'leases', 'task', 'attempts', 'events', 'pending',
-  'attention', 'dlq', 'outbox', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
+  dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'failure', 'json', 65536, 'obj'},
-  {'failure_digest', 'hex', 64},
-  {'fclass', 'enum', 'authorization', 'configuration', 'capacity', 'provider', 'executor', 'validation',
-   'repository', 'internal'},
-  {'fingerprint', 'hex', 16},
-  {'cost', 'dec', 1e9},
-  {'tokens', 'int', 0, 1e12},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'failure', 'json', 65536, 'obj',
+  'failure_digest', 'hex', 64, false,
+  'fclass', 'enum', '|authorization|configuration|capacity|provider|executor|validation|repository|internal|', false,
+  'fingerprint', 'hex', 16, false,
+  'cost', 'dec', 1e9, false,
+  'tokens', 'int', 0, 1e12,
 }, fenced_args(), decision_args()))
 if bad then return bad end
 bad = decision_error(A) or failure_error(A.failure, A.fclass, A.fingerprint)
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
 -- A replay only when the worker itself recorded this failure with this fence (a reconciled one has no digest).
-if a[1] == 'failed' and a[2] == fmt(A.fence) and a[3] then
-  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, n)} end
+if a[1] == 'failed' and a[2] == A.raw.fence and a[3] then
+  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts)} end
   return refuse(K.events, K.stats, 'failure_conflict', {'E_CONFLICT', a[3]},
-    {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'payload_digest', A.failure_digest, 'recorded_digest', a[3]})
+    {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.failure_digest, 'recorded_digest', a[3]})
 end
 
 local ts
@@ -89,7 +91,7 @@ redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
 redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
-emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', fmt(A.fence), 'failure_class', A.fclass,
+emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
-return {'OK', ts, attempt_snapshot(K.attempts, n), state}
+return {'OK', ts, attempt_snapshot(K.attempts), state}

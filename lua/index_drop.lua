@@ -20,13 +20,14 @@
 -- Idempotent: yes (a second run finds nothing to drop)
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'index', 'task', 'attempts'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], index = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6]}
 local A, bad = args(ARGV, {
-  {'kind', 'enum', 'leases', 'suspect', 'outbox', 'cancels'},
-  {'member', 'raw', 1000},
-  {'actor', 'text', 200},
-  {'reason', 'text', 2000},
-  {'epoch', 'epoch'},
+  'kind', 'enum', '|leases|suspect|outbox|cancels|', false,
+  'member', 'raw', 1000, false,
+  'actor', 'text', 200, false,
+  'reason', 'text', 2000, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false, A.epoch)

@@ -18,14 +18,17 @@
 -- Idempotent: yes (creates only when missing)
 --@include common
 
-local K = keys(KEYS, {'meta', 'nslog', 'queues', 'leases'})
+local K = {meta = KEYS[1], nslog = KEYS[2], queues = KEYS[3], leases = KEYS[4]}
 local A, bad = args(ARGV, {
-  {'nonce', 'hex', 8},
-  {'witness', 'epoch'},
-  {'actor', 'id', 200},
-  {'max_lease_ms', 'int', 1000, 7 * DAY_MS},
+  'nonce', 'hex', 8, false,
+  'witness', 'epoch', false, false,
+  'actor', 'id', 200, false,
+  'max_lease_ms', 'int', 1000, 7 * DAY_MS,
 })
 if bad then return bad end
+if A.witness ~= '' and not string.find(A.witness, '^%d+%.%x+$') then
+  return {'E_BADARG', "witness must be '' or an epoch '<time>.<nonce>'"}
+end
 
 if redis.call('EXISTS', K.meta) == 0 then
   local traces = redis.call('EXISTS', K.queues, K.leases)

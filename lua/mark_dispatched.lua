@@ -19,12 +19,13 @@
 -- Idempotent: yes
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'outbox', 'task', 'attempts'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], outbox = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6]}
 local A, bad = args(ARGV, {
-  {'member', 'id', 200},
-  {'recheck_ms', 'int', 1, DAY_MS},
-  {'actor', 'text', 200},
-  {'epoch', 'epoch'},
+  'member', 'id', 200, false,
+  'recheck_ms', 'int', 1, DAY_MS,
+  'actor', 'text', 200, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local n = string.match(A.member, '/(%d+)$')

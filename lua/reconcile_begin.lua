@@ -17,14 +17,15 @@
 -- Idempotent: yes
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'task', 'attempts', 'events', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
+  events = KEYS[6], stats = KEYS[7]}
 local A, bad = args(ARGV, {
-  {'n', 'int', 1, MAX_N},
-  {'actor', 'text', 200},
-  {'epoch', 'epoch'},
+  'n', 'int', 1, MAX_N,
+  'actor', 'text', 200, false,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 if redis.call('EXISTS', K.task) == 0 then return {'E_NOTASK', 'no such task'} end

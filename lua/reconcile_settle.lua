@@ -39,20 +39,21 @@
 --         | settle_refused
 -- Idempotent: yes (a settled Attempt is reported, not settled again)
 --@include common
+--@include decisions
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'suspect', 'task', 'attempts', 'events', 'pending',
-  'outbox', 'attention', 'dlq', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
+  attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'actor', 'text', 200},
-  {'outcome', 'enum', 'succeeded', 'failed', 'canceled'},
-  {'result', 'json?', 524288},
-  {'failure', 'json?', 65536, 'obj'},
-  {'fclass', 'enum', '', 'authorization', 'configuration', 'capacity', 'provider', 'executor', 'validation',
-   'repository', 'internal'},
-  {'fingerprint', 'hex?', 16},
-  {'evidence', 'json', 262144},
-  {'epoch', 'epoch'},
+  'n', 'int', 1, MAX_N,
+  'actor', 'text', 200, false,
+  'outcome', 'enum', '|succeeded|failed|canceled|', false,
+  'result', 'json?', 524288, false,
+  'failure', 'json?', 65536, 'obj',
+  'fclass', 'enum', '||authorization|configuration|capacity|provider|executor|validation|repository|internal|', false,
+  'fingerprint', 'hex?', 16, false,
+  'evidence', 'json', 262144, false,
+  'epoch', 'epoch', false, false,
 }, decision_args()))
 if bad then return bad end
 if A.outcome == 'failed' then
@@ -67,13 +68,13 @@ end
 if A.outcome == 'succeeded' and A.result == '' then return {'E_BADARG', 'result: a success needs its result'} end
 bad = decision_error(A)
 if bad then return bad end
-local n = fmt(A.n)
+local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.ended_at', n .. '.settled_by')
-if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts, n)} end
+if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts)} end
 if a[1] ~= 'reconciling' then
   return refuse(K.events, K.stats, 'settle_refused', {'E_STATE', tostring(a[1])},
     {'attempt', n, 'actor', A.actor, 'outcome', A.outcome, 'reason', 'only a reconciling attempt is settled',
@@ -106,4 +107,4 @@ else
   aset(K.attempts, n, {'failure', A.failure, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
   state = apply_decision(K, t[1], t[2], n, t[3], A, A.actor, ts)
 end
-return {'OK', ts, attempt_snapshot(K.attempts, n), state}
+return {'OK', ts, attempt_snapshot(K.attempts), state}

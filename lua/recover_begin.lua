@@ -13,11 +13,11 @@
 -- Idempotent: yes (a rerun while recovering continues the same recovery)
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3]}
 local A, bad = args(ARGV, {
-  {'nonce', 'hex', 8},
-  {'actor', 'id', 200},
-  {'reason', 'text', 2000},
+  'nonce', 'hex', 8, false,
+  'actor', 'id', 200, false,
+  'reason', 'text', 2000, false,
 })
 if bad then return bad end
 local m = redis.call('HMGET', K.meta, 'state', 'epoch', 'floor')

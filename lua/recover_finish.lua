@@ -13,11 +13,11 @@
 -- Idempotent: yes
 --@include common
 
-local K = keys(KEYS, {'meta', 'nslog', 'leases'})
+local K = {meta = KEYS[1], nslog = KEYS[2], leases = KEYS[3]}
 local A, bad = args(ARGV, {
-  {'epoch', 'epoch'},
-  {'actor', 'id', 200},
-  {'voided', 'int', 0, MAX_INT},
+  'epoch', 'epoch', false, false,
+  'actor', 'id', 200, false,
+  'voided', 'int', 0, MAX_INT,
 })
 if bad then return bad end
 local m = redis.call('HMGET', K.meta, 'state', 'epoch', 'recovered_at')

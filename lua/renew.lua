@@ -27,23 +27,25 @@
 -- Events: stale_write_refused on refusal (a successful renewal updates hb_at, no event)
 -- Idempotent: yes (a resend extends the same lease again; a charge applies once per request id)
 --@include common
+--@include fenced
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'leases', 'task', 'attempts', 'events', 'stats', 'fence', 'lease'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6], events = KEYS[7], stats = KEYS[8], fence = KEYS[9], lease = KEYS[10]}
 local A, bad = args(ARGV, with({
-  {'n', 'int', 1, MAX_N},
-  {'fence', 'int', 0, MAX_INT},
-  {'worker', 'text', 200},
-  {'lease_ms', 'int?', 1, MAX_INT},
-  {'cost', 'dec', 1e9},
-  {'tokens', 'int', 0, 1e12},
-  {'request_id', 'reqid'},
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'lease_ms', 'int?', 1, MAX_INT,
+  'cost', 'dec', 1e9, false,
+  'tokens', 'int', 0, 1e12,
+  'request_id', 'reqid', false, false,
 }, fenced_args()))
 if bad then return bad end
 local m = meta_read(K.meta)
 if A.lease_ms and A.lease_ms > m.max_lease then
   return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
 end
-local n = fmt(A.n)
+local n = A.raw.n
 local err, ts = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_ms) or ''), 'renew', false)
 if err then return err end
 local lease_ms = A.lease_ms or math.min(tonumber(aget(K.attempts, n, 'lease_ms') or '') or m.max_lease, m.max_lease)

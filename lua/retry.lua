@@ -25,15 +25,16 @@
 -- Idempotent: by request id
 --@include common
 
-local K = keys(KEYS, {'meta', 'epochs', 'nslog', 'counts', 'task', 'attempts', 'events', 'pending', 'outbox',
-  'attention', 'stats'})
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], attention = KEYS[10],
+  stats = KEYS[11]}
 local A, bad = args(ARGV, {
-  {'reason', 'text', 2000},
-  {'hypothesis', 'text', 2000},
-  {'actor', 'id', 200},
-  {'request_id', 'reqid'},
-  {'delay_ms', 'int', 0, 365 * DAY_MS},
-  {'epoch', 'epoch'},
+  'reason', 'text', 2000, false,
+  'hypothesis', 'text', 2000, false,
+  'actor', 'id', 200, false,
+  'request_id', 'reqid', false, false,
+  'delay_ms', 'int', 0, 365 * DAY_MS,
+  'epoch', 'epoch', false, false,
 })
 if bad then return bad end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
@@ -42,7 +43,7 @@ local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'activ
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local task_id, queue, state, n = t[1], t[2], t[3], tonumber(t[4])
 local latest = redis.call('HMGET', K.attempts, n .. '.state', n .. '.create_req', n .. '.due_at')
-if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts, n)} end
+if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts)} end
 
 local why = nil
 local count, reason = chars(A.reason)
@@ -73,4 +74,4 @@ redis.call('HDEL', K.attention, task_id)
 move_count(K.counts, queue, state, new_state)
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', due})
-return {'OK', m, due, attempt_snapshot(K.attempts, m)}
+return {'OK', m, due, attempt_snapshot(K.attempts)}

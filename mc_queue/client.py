@@ -791,7 +791,10 @@ class ExpireReport:
 
 
 def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
-    fields = {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+    """Attempt n from a script's HGETALL of the task's attempts hash ("<n>.<field>", value, ...)."""
+    prefix = f"{n}."
+    cut = len(prefix)
+    fields = {str(flat[i])[cut:]: str(flat[i + 1]) for i in range(0, len(flat), 2) if str(flat[i]).startswith(prefix)}
     return Attempt.from_fields(task_id, n, fields)
 
 

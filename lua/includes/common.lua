@@ -1,6 +1,6 @@
 -- mc_queue: shared helpers, pasted into a script where it says "--@include common".
--- Defines no KEYS/ARGV of its own: a script hands its KEYS and ARGV to keys() and args() with the
--- names its header declares. Every helper that writes is called only after the calling script has
+-- Defines no KEYS/ARGV of its own: a script names its KEYS in a table K (local K = {meta = KEYS[1],
+-- ...}) and hands its ARGV to args() with the names and kinds its header declares. Every helper that writes is called only after the calling script has
 -- validated everything it needs (Lua in Redis is isolated, not all-or-nothing).
 
 local SCHEMA = '2'
@@ -25,19 +25,21 @@ local function fmt(n)
 end
 
 -- ----------------------------------------------------------------------------------- argument guards
--- A script's first lines: local K = keys(KEYS, {...names...}); local A, bad = args(ARGV, {...specs...}).
--- Each spec is {name, kind, ...}; kinds:
---   int lo hi        decimal digits only (no sign, exponent, 'inf' or 'nan'), lo <= n <= hi -> number
+-- A script's first lines: local K = {name = KEYS[1], ...}; local A, bad = args(ARGV, {...specs...}).
+-- The specs are one flat list, four entries per argument in header order: name, kind, p1, p2
+-- (false when unused). Kinds:
+--   int lo hi        decimal digits only (no sign, exponent, leading zero, 'inf' or 'nan'), lo <= n <= hi
+--                    -> number (A.raw keeps the digits as sent)
 --   int? lo hi       the same, or '' -> nil
 --   dec hi           a non-negative decimal with at most 9 fraction digits, <= hi -> the string
 --   text max [min]   valid UTF-8 without control characters, at most max bytes (and min) -> string
 --   id max           text without spaces, at least one byte
 --   json max [obj]   printable ASCII (escaped JSON) that decodes; 'obj': a JSON object -> string
 --   json? max [obj]  the same, or ''
---   hex len          lowercase hex digits of exactly len characters
+--   hex len          hex digits, exactly len characters
 --   hex? len         the same, or ''
---   enum a|b|c       one of the listed values ('' only when listed as the first, empty, value)
---   epoch            '' or '<microseconds>.<hex nonce>'
+--   enum '|a|b|'     one of the values between bars ('||a|' allows '')
+--   epoch            '' or '<microseconds>.<hex nonce>' (the form is checked where it differs from the current)
 --   reqid            '' or 1-64 of [A-Za-z0-9_-]
 --   raw max          any bytes, at most max (an index member as found, only compared and logged)
 -- A bad argument gives {'E_BADARG', '<name> <why>'} before anything is read or written.
@@ -99,50 +101,59 @@ local function json_numbers_ok(v)
   return true
 end
 
-local function check_arg(v, spec)
-  local kind = spec[2]
-  if type(v) ~= 'string' then return nil, 'is missing' end
+-- Could v hold a number Python's json would refuse (hex, a sign, leading zeros, NaN, inf, a dot
+-- without digits, an exponent of 3 digits or more)? When not, json_numbers_ok need not look.
+local function json_suspect(v)
+  return string.find(v, '[%+xXINin%.]') or string.find(v, '0%d') or string.find(v, '[eE]%d%d%d')
+end
+
+local function check_arg(v, kind, p1, p2)
   if kind == 'int' or kind == 'int?' then
     if v == '' and kind == 'int?' then return nil end
-    if #v > 16 or not string.match(v, '^%d+$') then return nil, 'must be a whole number of digits' end
-    local n = tonumber(v)
-    if n < spec[3] or n > spec[4] then return nil, 'must be between ' .. fmt(spec[3]) .. ' and ' .. fmt(spec[4]) end
-    return n
-  elseif kind == 'dec' then
-    if #v > 32 or not (string.match(v, '^%d+$') or string.match(v, '^%d+%.%d%d?%d?%d?%d?%d?%d?%d?%d?$')) then
-      return nil, 'must be a plain non-negative decimal (digits, optional point, at most 9 decimals)'
+    if #v > 16 or not (string.find(v, '^[1-9]%d*$') or v == '0') then
+      return nil, 'must be a whole number of digits, without leading zeros'
     end
-    if tonumber(v) > spec[3] then return nil, 'must be at most ' .. fmt(spec[3]) end
-    return v
+    local n = tonumber(v)
+    if n < p1 or n > p2 then return nil, 'must be between ' .. fmt(p1) .. ' and ' .. fmt(p2) end
+    return n
   elseif kind == 'text' or kind == 'id' then
-    if #v > spec[3] then return nil, 'is longer than ' .. spec[3] .. ' bytes' end
+    if #v > p1 then return nil, 'is longer than ' .. p1 .. ' bytes' end
     if kind == 'id' and (v == '' or string.find(v, ' ', 1, true)) then return nil, 'must be non-empty without spaces' end
-    if spec[4] and #v < spec[4] then return nil, 'is shorter than ' .. spec[4] .. ' bytes' end
-    if string.find(v, '%c') then return nil, 'must not contain control characters (newline, tab, NUL ...)' end
-    if not utf8_ok(v) then return nil, 'is not valid UTF-8' end
+    if p2 and #v < p2 then return nil, 'is shorter than ' .. p2 .. ' bytes' end
+    if string.find(v, '[^ -~]') then  -- not plain printable ASCII: look closer
+      if string.find(v, '%c') then return nil, 'must not contain control characters (newline, tab, NUL ...)' end
+      if not utf8_ok(v) then return nil, 'is not valid UTF-8' end
+    end
     return v
   elseif kind == 'json' or kind == 'json?' then
     if v == '' and kind == 'json?' then return v end
-    if #v > spec[3] then return nil, 'is longer than ' .. spec[3] .. ' bytes' end
-    if v == '' or string.find(v, '[^\32-\126]') then return nil, 'must be JSON in printable ASCII (escape the rest)' end
-    if spec[4] == 'obj' and string.sub(v, 1, 1) ~= '{' then return nil, 'must be a JSON object' end
+    if #v > p1 then return nil, 'is longer than ' .. p1 .. ' bytes' end
+    if v == '' or string.find(v, '[^ -~]') then return nil, 'must be JSON in printable ASCII (escape the rest)' end
+    if p2 == 'obj' and string.sub(v, 1, 1) ~= '{' then return nil, 'must be a JSON object' end
     local ok, decoded = pcall(cjson.decode, v)
-    if not ok or not json_numbers_ok(v) then return nil, 'is not valid JSON (numbers finite, as JSON writes them)' end
-    if spec[4] == 'obj' and type(decoded) ~= 'table' then return nil, 'must be a JSON object' end
+    if not ok or (json_suspect(v) and not json_numbers_ok(v)) then
+      return nil, 'is not valid JSON (numbers finite, as JSON writes them)'
+    end
+    if p2 == 'obj' and type(decoded) ~= 'table' then return nil, 'must be a JSON object' end
+    return v
+  elseif kind == 'dec' then
+    if #v > 32 or not (string.find(v, '^%d+$') or string.find(v, '^%d+%.%d%d?%d?%d?%d?%d?%d?%d?%d?$')) then
+      return nil, 'must be a plain non-negative decimal (digits, optional point, at most 9 decimals)'
+    end
+    if tonumber(v) > p1 then return nil, 'must be at most ' .. fmt(p1) end
     return v
   elseif kind == 'hex' or kind == 'hex?' then
     if v == '' and kind == 'hex?' then return v end
-    if #v ~= spec[3] or string.find(v, '[^0-9a-f]') then return nil, 'must be ' .. spec[3] .. ' lowercase hex digits' end
+    if #v ~= p1 or not string.find(v, '^%x+$') then return nil, 'must be ' .. p1 .. ' hex digits' end
     return v
   elseif kind == 'enum' then
-    for i = 3, #spec do if v == spec[i] then return v end end
-    return nil, 'must be one of: ' .. table.concat(spec, ', ', 3)
-  elseif kind == 'epoch' then
-    if v == '' then return v end
-    if #v > 64 or not string.match(v, '^%d+%.%x+$') then return nil, "must be '' or an epoch '<time>.<nonce>'" end
+    if not string.find(v, '|', 1, true) and string.find(p1, '|' .. v .. '|', 1, true) then return v end
+    return nil, 'must be one of: ' .. string.gsub(string.sub(p1, 2, -2), '|', ', ')
+  elseif kind == 'epoch' then  -- its form is checked by ns_check, only when it is not the current epoch
+    if #v > 64 then return nil, "must be '' or an epoch '<time>.<nonce>'" end
     return v
   elseif kind == 'raw' then
-    if #v > spec[3] then return nil, 'is longer than ' .. spec[3] .. ' bytes' end
+    if #v > p1 then return nil, 'is longer than ' .. p1 .. ' bytes' end
     return v
   elseif kind == 'reqid' then
     if v == '' then return v end
@@ -152,24 +163,23 @@ local function check_arg(v, spec)
   return nil, 'has an unknown kind ' .. tostring(kind)
 end
 
--- The script's arguments by header name, validated; or nil and the E_BADARG reply.
+-- The script's arguments by header name, validated; or nil and the E_BADARG reply. A.raw holds every
+-- argument as the string it came as (an integer's digits, without formatting the number again).
 local function args(argv, specs)
-  if #argv ~= #specs then
-    return nil, {'E_BADARG', 'expected ' .. #specs .. ' arguments, got ' .. #argv}
+  local count = #specs / 4
+  if #argv ~= count then
+    return nil, {'E_BADARG', 'expected ' .. count .. ' arguments, got ' .. #argv}
   end
-  local out = {}
-  for i, spec in ipairs(specs) do
-    local value, why = check_arg(argv[i], spec)
-    if why then return nil, {'E_BADARG', spec[1] .. ' ' .. why} end
-    out[spec[1]] = value
+  local out, raw = {}, {}
+  for i = 1, count do
+    local j = 4 * i - 3
+    local name, v = specs[j], argv[i]
+    local value, why = check_arg(v, specs[j + 1], specs[j + 2], specs[j + 3])
+    if why then return nil, {'E_BADARG', name .. ' ' .. why} end
+    out[name] = value
+    if value ~= v then raw[name] = v end  -- an integer (or an empty optional one): keep its digits
   end
-  return out
-end
-
--- The script's keys by header name.
-local function keys(list, names)
-  local out = {}
-  for i, name in ipairs(names) do out[name] = list[i] end
+  out.raw = raw
   return out
 end
 
@@ -217,18 +227,10 @@ local function aset(k_att, n, fields)
   redis.call(unpack(a))
 end
 
--- All fields of Attempt n as a flat list (name, value, ...), without the "<n>." prefix.
-local function attempt_snapshot(k_att, n)
-  local prefix = n .. '.'
-  local out = {}
-  local all = redis.call('HGETALL', k_att)
-  for i = 1, #all, 2 do
-    if string.sub(all[i], 1, #prefix) == prefix then
-      out[#out + 1] = string.sub(all[i], #prefix + 1)
-      out[#out + 1] = all[i + 1]
-    end
-  end
-  return out
+-- The fields of every Attempt of the task as a flat list ("<n>.<field>", value, ...): the client
+-- keeps those of Attempt n (cheaper there than a string loop here).
+local function attempt_snapshot(k_att)
+  return redis.call('HGETALL', k_att)
 end
 
 local function move_count(k_counts, queue, from, to)
@@ -243,7 +245,8 @@ end
 local function run_id()
   local info = redis.pcall('INFO', 'server')
   if type(info) ~= 'string' then return nil end
-  return string.match(info, 'run_id:(%x+)')
+  local i = string.find(info, 'run_id:', 1, true)
+  return i and string.sub(info, i + 7, i + 46) or nil
 end
 
 -- The next fence for a task: INCR of the task's fence counter, raised (INCRBY) above the namespace
@@ -311,6 +314,7 @@ local function ns_check(m, k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow
       'a recovery is running') .. '): run `mcq recover`'}
   end
   if epoch ~= '' and epoch ~= m.epoch then
+    if not string.find(epoch, '^%d+%.%x+$') then return {'E_BADARG', "epoch must be '' or '<time>.<nonce>'"} end
     local pt, ct = epoch_time(epoch), epoch_time(m.epoch)
     if redis.call('SISMEMBER', k_epochs, epoch) == 1 or (m.recovered_at and pt and ct and pt < ct) then
       if allow_retired then return nil end
@@ -330,75 +334,7 @@ end
 -- The lease is a key of its own: it exists while the lease is live (PX at claim, PEXPIRE at renew)
 -- and holds "<attempt>:<fence>", so a lease of another Attempt or fence is not this one.
 local function lease_value(n, fence)
-  return tostring(n) .. ':' .. fmt(fence)
-end
-
--- The check every fenced write (renew, complete, fail, checkpoint, effects, cancel_ack) makes before
--- writing, after the namespace check: the fence, then the Attempt's state, then the lease; a cancel
--- request too when check_cancel. Returns nil and Redis's time when the write may go on; otherwise it
--- records the refusal (a stale_write_refused event) and returns the error reply.
--- A presented fence above the current one is evidence that Redis went back in time only when the
--- caller holds the claim record of that fence (proof: the claim sequence it was issued at); without
--- it the write is refused as stale ('fence_ahead') and the namespace stays ok.
--- K: meta, nslog, stats, task, attempts, events, fence, lease.
--- A: n, fence, epoch, min_seq, proof (nil when the caller has no claim record).
-local function fence_check(K, A, who, digest, op, check_cancel)
-  local ts = now_ms()
-  local latest = redis.call('HGET', K.task, 'attempts')
-  if not latest then return {'E_NOTASK', 'no such task'} end
-  local cur = tonumber(redis.call('GET', K.fence) or '0')
-  local n, presented = fmt(A.n), A.fence
-  local state = aget(K.attempts, n, 'state')
-  local refusal, code = nil, nil
-  if presented > cur then
-    if A.proof then
-      emit(K.events, 'state_loss_detected', {'attempt', n, 'op', op, 'presented_fence', fmt(presented),
-        'current_fence', fmt(cur), 'worker', who, 'claim_seq', fmt(A.proof)})
-      return mark_lost(K.meta, K.nslog, 'a worker presented fence ' .. fmt(presented) .. ' (claimed at sequence ' ..
-        fmt(A.proof) .. ') but Redis holds ' .. fmt(cur) .. ' for ' .. K.task, who)
-    end
-    refusal, code = 'fence_ahead', 'E_STALE'
-  elseif presented ~= cur or n ~= latest then
-    refusal, code = 'stale_fence', 'E_STALE'
-  elseif state ~= 'running' then
-    refusal, code = 'attempt_' .. tostring(state), 'E_STATE'
-  elseif redis.call('GET', K.lease) ~= lease_value(n, presented) then
-    refusal, code = 'lease_expired', 'E_EXPIRED'
-  end
-  if refusal then
-    return refuse(K.events, K.stats, 'stale_write_refused',
-      {code, fmt(cur), tostring(state), aget(K.attempts, n, 'lease_exp') or ''},
-      {'attempt', n, 'op', op, 'refusal', refusal, 'presented_fence', fmt(presented), 'current_fence', fmt(cur),
-       'worker', who, 'payload_digest', digest, 'attempt_state', state or 'missing'})
-  end
-  if check_cancel then
-    -- After a cancel request the executor may renew (to hear the signal) and record receipts of effects
-    -- already made, but it may not start an effect, checkpoint, complete or fail: it acknowledges.
-    local reason = redis.call('HGET', K.task, 'cancel_requested')
-    if reason then
-      return refuse(K.events, K.stats, 'stale_write_refused', {'E_CANCELED', reason},
-        {'attempt', n, 'op', op, 'refusal', 'cancel_requested', 'worker', who, 'payload_digest', digest,
-         'reason', reason})
-    end
-  end
-  return nil, ts
-end
-
--- The whole preamble of a fenced write: the namespace (a write from before a recovery goes on to the
--- fence check, which refuses it), then fence_check. K also needs epochs.
-local function fenced(K, A, who, digest, op, check_cancel)
-  local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, who, true)
-  if err then return err end
-  return fence_check(K, A, who, digest, op, check_cancel)
-end
-
--- The arguments every fenced write ends with, after its own (built only by the scripts that use them).
-local function fenced_args()
-  return {
-    {'epoch', 'epoch'},
-    {'min_seq', 'int', 0, MAX_INT},
-    {'proof', 'int?', 1, MAX_INT},
-  }
+  return n .. ':' .. (type(fence) == 'string' and fence or fmt(fence))
 end
 
 -- A script's own argument specs followed by shared lists (fenced_args(), decision_args()): one list.
@@ -407,91 +343,6 @@ local function with(specs, ...)
     for _, s in ipairs(extra) do specs[#specs + 1] = s end
   end
   return specs
-end
-
--- ----------------------------------------------------------------------------------- decisions
-
--- Apply the decision that follows a failed Attempt n, in the same script as the failure:
---   ''/'wait'  the task waits in failed for a person (retry_task);
---   'retry'    Attempt n+1 pending, due after delay_ms (task backoff, or pending when 0);
---   'stop'     the task is blocked and an attention item is recorded;
---   'quarantine' the task is dead-lettered with its history (and an attention item).
--- Returns the task's new state. Callers validate the decision's arguments before their first write.
-local DECISIONS = {[''] = 'failed', wait = 'failed', retry = 'backoff', stop = 'blocked', quarantine = 'quarantined'}
-local function decision_args()
-  return {
-    {'decision', 'enum', '', 'wait', 'retry', 'stop', 'quarantine'},
-    {'why', 'text', 2000},
-    {'next_reason', 'text', 2000},
-    {'next_hypothesis', 'text', 2000},
-    {'delay_ms', 'int', 0, 365 * DAY_MS},
-    {'attention', 'json?', 262144, 'obj'},
-    {'budget', 'enum', '', 'attempts', 'same_fingerprint', 'cost', 'tokens', 'wall_time', 'interruptions',
-     'cost_or_tokens'},
-  }
-end
-
--- A failure record as the Failure model reads it back: its class and fingerprint the ones the
--- script records beside it; nil when fine, else the E_BADARG reply.
-local function failure_error(text, fclass, fingerprint)
-  local fields = {failure_class = 'string', type = 'string', message = 'string', fingerprint = 'string',
-                  retryable = 'boolean'}
-  local f = cjson.decode(text)
-  for k, v in pairs(f) do
-    local want = fields[k]
-    if not want or (type(v) ~= want and v ~= cjson.null) then
-      return {'E_BADARG', 'failure: field ' .. tostring(k) .. ' is not part of a failure record, or has the wrong type'}
-    end
-  end
-  if f.failure_class ~= fclass or f.fingerprint ~= fingerprint or type(f.type) ~= 'string' or f.type == '' then
-    return {'E_BADARG', 'failure: its failure_class, fingerprint and type must be the ones recorded beside it'}
-  end
-  return nil
-end
-
--- The decision's own consistency (after args() checked each field); nil when fine.
-local function decision_error(A)
-  if A.decision == 'retry' and chars(A.next_reason) < 10 then
-    return {'E_BADARG', 'next_reason: a retry decision needs a reason of at least ten characters'}
-  end
-  if (A.decision == 'stop' or A.decision == 'quarantine') and A.attention == '' then
-    return {'E_BADARG', 'attention: a stop or quarantine decision needs an attention item'}
-  end
-  return nil
-end
-
-local function apply_decision(K, task_id, queue, n, from_state, d, actor, ts)
-  local state = DECISIONS[d.decision]
-  if d.decision ~= '' and d.decision ~= 'wait' then
-    redis.call('HINCRBY', K.stats, 'decision:' .. d.decision .. ':' .. (d.fclass or ''), 1)
-  end
-  if d.budget ~= '' then redis.call('HINCRBY', K.stats, 'budget_exhausted:' .. d.budget, 1) end
-  if d.decision == 'retry' then
-    local m = tonumber(n) + 1
-    local due = ts + d.delay_ms
-    if d.delay_ms <= 0 then state = 'pending' end
-    local _, reason = chars(d.next_reason)
-    aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', reason,
-      'hypothesis', d.next_hypothesis, 'manifest', redis.call('HGET', K.task, 'manifest'),
-      'worktree', task_id .. '/' .. m, 'retry_by', actor})
-    redis.call('HSET', K.task, 'state', state, 'attempts', m, 'active', m, 'updated_at', ts)
-    redis.call('ZADD', K.pending, due, task_id)
-    redis.call('ZADD', K.outbox, due, task_id .. '/' .. m)
-    emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', actor, 'reason', reason,
-      'hypothesis', d.next_hypothesis, 'due_at', due, 'delay_ms', d.delay_ms, 'decision', d.why})
-  else
-    redis.call('HSET', K.task, 'state', state, 'active', '', 'updated_at', ts)
-    if d.decision == 'stop' or d.decision == 'quarantine' then
-      redis.call('HSET', K.attention, task_id, d.attention)
-      emit(K.events, 'attention_raised', {'attempt', n, 'actor', actor, 'reason', d.why, 'budget', d.budget})
-    end
-    if d.decision == 'quarantine' then
-      redis.call('ZADD', K.dlq, ts, task_id)
-      emit(K.events, 'task_quarantined', {'attempt', n, 'actor', actor, 'reason', d.why})
-    end
-  end
-  move_count(K.counts, queue, from_state, state)
-  return state
 end
 
 -- An index entry whose task (or attempt) is gone: drop it and say so in the namespace log, so that

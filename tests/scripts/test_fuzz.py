@@ -39,7 +39,7 @@ from mc_queue.testing import RedisServer, unique_prefix
 # JSON fragments and wrong JSON types, invalid UTF-8 (raw bytes and an encoded surrogate), a huge
 # string, a deeply nested JSON, and an injection attempt.
 HOSTILE: tuple[str | bytes, ...] = (
-    "inf", "-inf", "nan", "-1", "0x10", "1e3", "1.5", str(2**53 + 1), str(2**63), "9" * 40,
+    "inf", "-inf", "nan", "-1", "0x10", "1e3", "1.5", "01", str(2**53 + 1), str(2**63), "9" * 40,
     "", " ", "a\nb", "trailing\n", "\x00",
     "{", "}", "[]", "null", '{"a":NaN}',
     b"\xff\xfe", b"\xed\xa0\x80",

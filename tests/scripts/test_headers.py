@@ -1,6 +1,6 @@
 """Each Lua script's header is its contract; these tests fail when the header and the body drift apart.
 
-Static checks read lua/*.lua (and includes/common.lua); the last tests run every client method against
+Static checks read lua/*.lua (and lua/includes/); the last tests run every client method against
 a real redis-server and check that the client passes exactly the names the headers declare, each bound
 to the right key of the namespace.
 """
@@ -22,7 +22,8 @@ from mc_queue.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 LUA = lua_dir()
 SPECS = load_specs()
 NAMES = sorted(SPECS)
-COMMON = (LUA / "includes" / "common.lua").read_text()
+INCLUDES = {p.stem: p.read_text() for p in sorted((LUA / "includes").glob("*.lua"))}
+COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions"))  # every shared helper
 
 # Redis commands the scripts may use, by where their keys are: one key first, or every argument a key.
 SINGLE_KEY_COMMANDS = frozenset({
@@ -240,7 +241,11 @@ def test_every_lua_file_is_loaded_as_a_script() -> None:
 
 # --------------------------------------------------------------------------- headers vs bodies
 
-SPEC_NAME_RE = re.compile(r"\{\s*'([a-z_][a-z0-9_]*)'\s*,\s*'")
+def flat_names(table_literal: str) -> list[str]:
+    """Argument names of a flat spec list '{name, kind, p1, p2, ...}': every fourth entry."""
+    items = [i for i in split_args("(" + table_literal.strip()[1:], 0) if i]
+    assert len(items) % 4 == 0, f"a spec list has {len(items)} entries, not four per argument"
+    return [item.strip("'") for item in items[::4]]
 
 
 def named_lists() -> dict[str, list[str]]:
@@ -248,8 +253,7 @@ def named_lists() -> dict[str, list[str]]:
     src = strip_comments(COMMON)
     out = {}
     for m in re.finditer(r"^local function ([a-z_]+_args)\(\)\s*return \{", src, re.M):
-        body = split_args("(" + src[m.end():], 0)
-        out[m.group(1)] = [n for item in body for n in SPEC_NAME_RE.findall(item)[:1]]
+        out[m.group(1)] = flat_names(src[m.end() - 1:])
     return out
 
 
@@ -259,10 +263,14 @@ NAMED_LISTS = named_lists()
 def declared_in_body(name: str) -> tuple[list[str], list[str]]:
     """The key names given to keys(KEYS, {...}) and the argument names given to args(ARGV, ...), in order."""
     _, body = script(name)
-    km = re.search(r"keys\(\s*KEYS\s*,\s*\{", body)
+    km = re.search(r"local K = \{", body)
     am = re.search(r"args\(\s*ARGV\s*,", body)
-    assert km and am, f"{name}.lua does not start with keys(KEYS, ...) and args(ARGV, ...)"
-    key_names = [a.strip().strip("'") for a in split_args("(" + body[km.end():], 0)]
+    assert km and am, f"{name}.lua does not start with local K = {{...}} and args(ARGV, ...)"
+    key_names = []
+    for i, entry in enumerate(e for e in split_args("(" + body[km.end():], 0) if e):
+        m = re.fullmatch(r"(\w+)\s*=\s*KEYS\[(\d+)\]", entry)
+        assert m and int(m.group(2)) == i + 1, f"{name}.lua: K entry {entry!r} is not '<name> = KEYS[{i + 1}]'"
+        key_names.append(m.group(1))
     spec = split_args(body, am.start() + len("args"))[1]
     arg_names: list[str] = []
 
@@ -275,10 +283,7 @@ def declared_in_body(name: str) -> tuple[list[str], list[str]]:
             arg_names.extend(NAMED_LISTS[expr[:-2]])
         else:
             assert expr.startswith("{"), f"{name}.lua: args() takes a literal list, with(...) or a named list"
-            for item in split_args("(" + expr[1:], 0):
-                found = SPEC_NAME_RE.findall(item)
-                if found:
-                    arg_names.append(found[0])
+            arg_names.extend(flat_names(expr))
 
     walk(spec)
     return key_names, arg_names
@@ -289,6 +294,7 @@ def test_the_lua_reader_reads_keys_and_args_declarations() -> None:
     assert NAMED_LISTS["decision_args"][0] == "decision"
     keys, argv = declared_in_body("fail")
     assert keys[:3] == ["meta", "epochs", "nslog"] and argv[-7:] == NAMED_LISTS["decision_args"]
+    assert declared_in_body("due") == (["index"], ["limit"])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -301,13 +307,14 @@ def test_the_body_declares_exactly_the_header_keys_and_arguments_in_order(name: 
 @pytest.mark.parametrize("name", NAMES)
 def test_keys_and_arguments_are_used_only_by_name(name: str) -> None:
     _, body = script(name)
-    for kind in ("KEYS", "ARGV"):
-        assert not re.search(rf"\b{kind}\[", body), f"{name}.lua indexes {kind} instead of using its names"
-        assert len(re.findall(rf"\b{kind}\b", body)) == 1, f"{name}.lua uses {kind} outside keys()/args()"
     keys, argv = declared_in_body(name)
+    assert len(re.findall(r"\bKEYS\[", body)) == len(keys), f"{name}.lua indexes KEYS outside local K = {{...}}"
+    assert len(re.findall(r"\bKEYS\b", body)) == len(keys), f"{name}.lua uses KEYS as a whole"
+    assert len(re.findall(r"\bARGV\b", body)) == 1, f"{name}.lua uses ARGV outside args()"
     used_keys = set(re.findall(r"\bK\.(\w+)", body))
     assert used_keys <= set(keys), f"{name}.lua uses undeclared keys {sorted(used_keys - set(keys))}"
-    used_args = set(re.findall(r"\bA\.(\w+)", body))
+    used_args = set(re.findall(r"\bA\.(\w+)", body)) | set(re.findall(r"\bA\.raw\.(\w+)", body))
+    used_args.discard("raw")
     assert used_args <= set(argv), f"{name}.lua uses undeclared arguments {sorted(used_args - set(argv))}"
     # every declared key is used by the body or by a helper it hands K to
     reach = set(used_keys)
@@ -341,7 +348,27 @@ def test_header_has_returns_and_idempotent_lines(name: str) -> None:
     assert sum(line.startswith("-- Returns:") for line in header) == 1, f"{name}.lua: no single 'Returns:' line"
     assert sum(line.startswith("-- Idempotent:") for line in header) == 1, f"{name}.lua: no single 'Idempotent:' line"
     assert header_section(header, "Idempotent:").strip(), f"{name}.lua: 'Idempotent:' says nothing"
-    assert "--@include common" in header or "--@include" not in (LUA / f"{name}.lua").read_text()
+    text = (LUA / f"{name}.lua").read_text()
+    assert "--@include common" in header or "--@include" not in text
+    for inc in re.findall(r"^--@include (\w+)", text, re.M):
+        assert inc in INCLUDES, f"{name}.lua includes {inc}, which lua/includes/ lacks"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_helper_a_script_calls_is_in_an_include_it_pulls_in(name: str) -> None:
+    """A helper that is not pasted in is a nil global at run time: a Lua error on the first call."""
+    text = (LUA / f"{name}.lua").read_text()
+    pulled = re.findall(r"^--@include (\w+)", text, re.M)
+    defined = {m for inc in pulled for m in re.findall(r"^local function (\w+)\(|^local ([A-Z_]+) =",
+                                                         INCLUDES[inc], re.M) for m in m if m}
+    everything = {m for src in INCLUDES.values() for t in re.findall(r"^local function (\w+)\(|^local ([A-Z_]+) =",
+                                                                         src, re.M) for m in t if m}
+    _, body = script(name)
+    used = {w for w in re.findall(r"(?<![\w.])([A-Za-z_]\w*)\b", body) if w in everything}
+    for inc in pulled:  # the includes call each other too
+        used |= {w for w in re.findall(r"(?<![\w.])([A-Za-z_]\w*)\b", strip_comments(INCLUDES[inc]))
+                 if w in everything}
+    assert used <= defined, f"{name}.lua uses {sorted(used - defined)} without pulling in their include"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -349,13 +376,13 @@ def test_the_parser_reads_the_header_the_way_these_tests_do(name: str) -> None:
     text = (LUA / f"{name}.lua").read_text()
     assert parse_header(name, text) == (SPECS[name].keys, SPECS[name].argv)
     assert not re.search(r"^--@include", SPECS[name].source, re.M), f"{name}: an include was not expanded"
-    if "--@include common" in text:
-        assert strip_comments(COMMON).strip() in strip_comments(SPECS[name].source)
+    for inc in re.findall(r"^--@include (\w+)", text, re.M):
+        assert strip_comments(INCLUDES[inc]).strip() in strip_comments(SPECS[name].source)
     word = header_section(script(name)[0], "Idempotent:").split()[0].lower()
     assert SPECS[name].idempotent == (word != "no"), f"{name}: the runner reads 'Idempotent: {word}' wrong"
 
 
-@pytest.mark.parametrize("name", [*NAMES, "includes/common"])
+@pytest.mark.parametrize("name", [*NAMES, "includes/common", "includes/fenced", "includes/decisions"])
 def test_no_script_calls_the_keys_command(name: str) -> None:
     src = strip_comments((LUA / f"{name}.lua").read_text())
     for args in redis_calls(src):

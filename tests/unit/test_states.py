@@ -18,7 +18,7 @@ def _body(name: str) -> str:
 
 
 def _helper(name: str) -> str:
-    src = (LUA / "includes" / "common.lua").read_text()
+    src = "\n".join(p.read_text() for p in sorted((LUA / "includes").glob("*.lua")))
     m = re.search(rf"^local function {name}\(.*?^end$", src, re.M | re.S)
     assert m, name
     return m.group(0)
