@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mc_queue.testing import RedisServer, unique_prefix  # noqa: E402
+import redis  # noqa: E402
+
+from mc_queue.embedded import find_redis_server  # noqa: E402
+from mc_queue.testing import RedisServer, free_port, unique_prefix  # noqa: E402
 
 DRIVER = r"""
 import json, sys, time
@@ -82,16 +87,68 @@ def run(tree: Path, url: str, cycles: int) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+CALLGRIND_DRIVER = r"""
+import sys, mc_queue
+url, prefix, n, cycles = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+q = mc_queue.Client(url, prefix=prefix, actor="bench", socket_timeout=120)
+ids = [q.enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
+if cycles:
+    for tid in ids:
+        lease = q.claim_attempt(tid, "bench-worker", 60_000)
+        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
+"""
+
+
+def callgrind_instructions(tree: Path, n: int, cycles: bool, tmp: Path) -> int:
+    """Instructions redis-server executes (under callgrind) from start to shutdown for n enqueues, and
+    the claim+complete cycles when asked; the difference of the two runs is the cycles' cost."""
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    port, out = free_port(), d / "callgrind.out"
+    proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", find_redis_server(),
+                             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    admin = redis.Redis(port=port)
+    try:
+        for _ in range(600):
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        subprocess.run([sys.executable, "-c", CALLGRIND_DRIVER, f"redis://127.0.0.1:{port}/0", "guards", str(n),
+                        "1" if cycles else "0"], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+                       check=True)
+        admin.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    proc.wait()
+    m = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
+    assert m, "callgrind wrote no totals"
+    return int(m.group(1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="40d67ad", help="commit before the guards (default: 40d67ad)")
     ap.add_argument("--cycles", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument("--callgrind", type=int, default=0, metavar="N",
+                    help="instead: count redis-server's instructions per cycle over N cycles (valgrind)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mcq-guards-"))
     try:
         old_tree = export(args.baseline, tmp)
+        if args.callgrind:
+            per = {}
+            for label, tree in (("old", old_tree), ("new", ROOT)):
+                base = callgrind_instructions(tree, args.callgrind, False, tmp)
+                full = callgrind_instructions(tree, args.callgrind, True, tmp)
+                per[label] = (full - base) / args.callgrind
+                print(f"{label} ({args.baseline if label == 'old' else 'this checkout'}): {per[label]:,.0f} "
+                      "redis-server instructions per claim+complete cycle", flush=True)
+            print(f"ratio new/old: {per['new'] / per['old']:.3f}")
+            return 0
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
         results: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
