@@ -24,7 +24,7 @@ import redis
 from .app import HandlerSpec
 from .client import Client
 from .codec import canonical_json, digest
-from .effects import EffectUnknown, Perform, Reconcile, mint_key
+from .effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from .errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
 from .models import Attempt, Manifest, Task
 from .policy import BudgetExceeded
@@ -204,17 +204,33 @@ class Context:
 
     # -- side effects
 
+    @property
+    def work_id(self) -> str:
+        """The identity of the work across resends: derived from the producer's idempotency key when
+        the task has one (so a task re-sent after Redis lost it names the same provider objects),
+        else the task's ULID. Effect keys and names at providers (a branch) should be built from it."""
+        return work_id(self.task.id, self.task.idempotency_key, self.client.keys.prefix)
+
     def effect_key(self, operation: str, identity: str, *, per_attempt: bool = False) -> str:
-        return mint_key(self.task.id, operation, identity, self.attempt.number if per_attempt else None)
+        return mint_key(self.task.id, operation, identity, self.attempt.number if per_attempt else None,
+                        producer_key=self.task.idempotency_key, namespace=self.client.keys.prefix)
 
     def effect(self, operation: str, identity: str, perform: Perform, reconcile: Reconcile | None = None, *,
-               per_attempt: bool = False) -> Any:
+               per_attempt: bool = False, assume: Mapping[str, Any] | None = None) -> Any:
         """Do a side effect at most once per logical operation, and return the provider's receipt.
 
         The intent is persisted (fenced) before ``perform(key)`` is called and the receipt after. A
         replay returns the recorded receipt without calling the provider. An intent left without a
         receipt by an earlier Attempt is reconciled with the provider first: found -> its receipt;
         certainly absent -> performed now; unknown -> :class:`EffectUnknown` (nothing is repeated).
+        A task with a producer idempotency key asks the provider before its first call too: its key
+        comes from the producer's (:attr:`work_id`), so a task re-sent after Redis lost the first one
+        finds the first one's effects instead of repeating them (a failed lookup then fails the
+        Attempt with the lookup's own error, classified as usual; the intent is reconciled later).
+
+        ``assume``: what the call may take for granted, read *before* this call and recorded in the
+        intent under the fence (a git remote's head for ``--force-with-lease``): the provider fences
+        a late call from a worker that lost its lease with it (see the README's provider contract).
         """
         self.check()
         ask = reconcile or self.operations.get(operation)
@@ -222,14 +238,22 @@ class Context:
             raise InvalidArgument(f"operation {operation!r} has no reconcile: pass one, or register it with "
                                   f"app.operation({operation!r}, reconcile) so the sweeper can ask the provider")
         key = self.effect_key(operation, identity, per_attempt=per_attempt)
-        record = {"operation": operation, "identity": identity, "per_attempt": per_attempt}
+        record: dict[str, Any] = {"operation": operation, "identity": identity, "per_attempt": per_attempt}
+        if assume:
+            record["assume"] = dict(assume)
         self.effects_used = True
         status, existing = self._fenced(lambda: self.client.effect_begin(
             self.attempt_id, self.fence, key, record, worker_id=self.worker_id))
         if status == "DONE":
             assert existing is not None
             return existing.receipt
-        if status == "PENDING":
+        if status == "OK" and self.task.idempotency_key:
+            found = ask(key)  # a resend after a loss: the provider may hold the lost task's effect
+            if found is not None:
+                self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", found,
+                                                             source="reconcile", actor=self.worker_id))
+                return found
+        elif status == "PENDING":
             try:
                 found = ask(key)
             except Exception as exc:

@@ -195,11 +195,13 @@ class ProviderEnv:
 
 
 def provider_env(root: Path, *, forge_timeout_s: float = 1.5, extra: Mapping[str, str] | None = None,
-                 export: bool = True) -> ProviderEnv:
+                 export: bool = True, enforce_fence: bool = True, one_pr_per_head: bool = True) -> ProviderEnv:
     """Make the example app's providers under ``root`` (a scratch directory the caller owns and removes):
 
     - a bare git remote, ``root / "remote.git"`` (``mc_queue.testing.bare_git_remote``);
-    - a started ``ForgeServer(one_pr_per_head=True)`` (GitHub's rule: one pull request per head branch);
+    - a started ``ForgeServer`` that refuses a creation with a fence lower than one already seen for
+      its Idempotency-Key (``enforce_fence``) and, with ``one_pr_per_head``, a second pull request
+      for the same head branch (GitHub's rule); either alone stops a zombie's late call;
     - the environment for worker and sweeper processes: this process's, plus ``MCQ_GIT_REMOTE``,
       ``MCQ_FORGE_URL``, ``MCQ_FORGE_TIMEOUT`` (``forge_timeout_s``), ``MCQ_HOME`` (``root / "home"``)
       and ``extra``.
@@ -208,7 +210,7 @@ def provider_env(root: Path, *, forge_timeout_s: float = 1.5, extra: Mapping[str
     is configured the same here (where it enqueues) as in the processes. Stop it with ``stop()``.
     """
     remote = bare_git_remote(root)
-    forge = ForgeServer(one_pr_per_head=True).start()
+    forge = ForgeServer(one_pr_per_head=one_pr_per_head, enforce_fence=enforce_fence).start()
     provider = {"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FORGE_TIMEOUT": f"{forge_timeout_s:g}"}
     env = {**os.environ, **provider, "MCQ_HOME": str(root / "home"), **(extra or {})}
     if export:

@@ -170,18 +170,25 @@ class ForgeServer:
       duplicate pull request, which is what the tests must prove.
     - ``one_pr_per_head=True`` refuses (422) a second pull request for the same repository and head
       branch, as GitHub does: the provider-side fence against a zombie worker's late call.
+    - ``enforce_fence=True`` refuses (409) a creation whose ``Mcq-Fence`` header is lower than a fence
+      already seen for the same ``Idempotency-Key``: Kleppmann's fencing token checked at the storage,
+      which closes the zombie's window even without a uniqueness rule. ``fenced_out`` counts them.
     - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
       for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
     - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
     - ``lookups_unavailable(n)``: the next n lookups answer 503 (the reconciler cannot tell).
     """
 
-    def __init__(self, *, honor_idempotency: bool = False, one_pr_per_head: bool = False) -> None:
+    def __init__(self, *, honor_idempotency: bool = False, one_pr_per_head: bool = False,
+                 enforce_fence: bool = False) -> None:
         import threading
         from http.server import ThreadingHTTPServer
 
         self.honor_idempotency = honor_idempotency
         self.one_pr_per_head = one_pr_per_head
+        self.enforce_fence = enforce_fence
+        self.fences: dict[str, int] = {}  # idempotency key -> highest Mcq-Fence seen
+        self.fenced_out = 0  # creations refused for a stale fence
         self.pulls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self._stall: list[float] = []
@@ -267,7 +274,15 @@ class ForgeServer:
                     return self._send(404, {"error": "not found"})
                 body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 key = self.headers.get("Idempotency-Key", "")
+                fence_header = self.headers.get("Mcq-Fence", "")
                 with forge.lock:
+                    if forge.enforce_fence and key and fence_header.isdigit():
+                        fence, seen = int(fence_header), forge.fences.get(key, 0)
+                        if fence < seen:
+                            forge.fenced_out += 1
+                            return self._send(409, {"error": f"stale fence {fence}: fence {seen} already wrote "
+                                                             f"with this key"})
+                        forge.fences[key] = fence
                     if forge._fail:
                         status, retry_after = forge._fail.pop(0)
                         hdr = {"Retry-After": str(retry_after)} if retry_after is not None else {}

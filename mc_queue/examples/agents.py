@@ -42,7 +42,7 @@ app.operation("open-pr", lambda key: forge().find_pr(key))
 @app.handler("fix-issue", lease_ms=10_000, timeout_s=600)
 def fix_issue(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     repo, issue, base = payload["repository"], int(payload["issue"]), payload.get("base", "main")
-    branch = f"mcq/issue-{issue}-{ctx.task.id.rsplit(':', 1)[1].lower()}"  # one branch per task
+    branch = f"mcq/issue-{issue}-{ctx.work_id.lower()}"  # one branch per piece of work, stable across resends
     change = f"# Issue {issue}\n\n{payload.get('instruction', 'fix it')}\n"
     content_id = hashlib.sha256(change.encode()).hexdigest()[:12]
     scope = {"repository": repo, "base": base, "branch": branch, "generation": 1}
@@ -51,17 +51,23 @@ def fix_issue(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     remote.prepare(workdir, base)
     ctx.checkpoint("workspace_prepared", {"base": base}, scope=scope)
 
+    # What the push may assume is read before its intent and recorded with it: a worker frozen
+    # between the intent and the push resumes with this value, and the remote refuses it once a
+    # replacement moved the branch (--force-with-lease is a fence only with a value read this early).
+    expected = remote.expected_head(branch)
+
     def push(key: str) -> dict[str, Any]:
         return remote.commit_and_push(key, workdir, branch=branch, message=f"Fix issue {issue}",
-                                      files={f"fixes/issue-{issue}.md": change})
+                                      files={f"fixes/issue-{issue}.md": change}, expected=expected)
 
-    pushed = ctx.effect("push", identity(branch, content_id), push)
+    pushed = ctx.effect("push", identity(branch, content_id), push, assume={"remote_head": expected})
     ctx.checkpoint("commit_done", {"sha": pushed["sha"]}, scope=scope)
     time.sleep(float(payload.get("think_s", 0)))  # the agent reviews its change before asking for review
     prs = forge()
     try:
         pr = ctx.effect("open-pr", pushed["sha"],
-                        lambda key: prs.open_pr(key, repo=repo, head=branch, base=base, title=f"Fix issue {issue}"))
+                        lambda key: prs.open_pr(key, repo=repo, head=branch, base=base, title=f"Fix issue {issue}",
+                                                fence=ctx.fence))
     finally:
         prs.close()
     return {"branch": branch, "sha": pushed["sha"], "pull_request": pr["number"], "url": pr["url"]}

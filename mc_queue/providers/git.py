@@ -2,7 +2,11 @@
 
 - The push names the value it expects the remote branch to have (``--force-with-lease=
   refs/heads/B:<expected>``, empty for "must not exist"), so the remote itself refuses a stale or
-  duplicate push.
+  duplicate push. That value is a fence only if it was read *before* the intent was recorded and is
+  recorded with it (``ctx.effect(..., assume={"remote_head": expected})``): a worker frozen between
+  its intent and its push then resumes with the old value, and the remote refuses it once a
+  replacement has moved the branch. Read at call time, it would be the replacement's commit, and the
+  zombie's push would land over it.
 - Every commit carries a trailer ``Mcq-Operation-Key: <key>``; reconciliation lists the remote
   branch (``git ls-remote``), fetches its tip and looks for the trailer in its recent history.
 
@@ -80,12 +84,17 @@ class GitRemote:
         """A fresh clone of ``base`` in ``workdir`` (an Attempt's workspace)."""
         git("clone", "--quiet", "--branch", base, self.url, str(workdir))
 
+    def expected_head(self, branch: str) -> str:
+        """What the remote branch holds now ('' when it does not exist): read it before the effect's
+        intent, record it with the intent, and push with exactly that (``expected=``)."""
+        return self.remote_head(branch) or ""
+
     def commit_and_push(self, key: str, workdir: Path, *, branch: str, message: str,
-                        files: dict[str, str]) -> dict[str, Any]:
-        """Write ``files``, commit with the key's trailer, push with a lease on the expected remote
-        value. Returns the receipt ``{"sha", "branch", "key"}``. A push whose client timed out may
-        still have landed: never call this again for the same key; reconcile with :meth:`find`."""
-        expected = self.remote_head(branch) or ""
+                        files: dict[str, str], expected: str) -> dict[str, Any]:
+        """Write ``files``, commit with the key's trailer, push with a lease on ``expected`` (the
+        remote head recorded in the intent; '' for "the branch must not exist"). Returns the receipt
+        ``{"sha", "branch", "key", "expected"}``. A push whose client timed out may still have landed:
+        never call this again for the same key; reconcile with :meth:`find`."""
         for rel, text in files.items():
             path = workdir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +104,7 @@ class GitRemote:
         sha = git("rev-parse", "HEAD", cwd=workdir).strip()
         git("push", "--quiet", f"--force-with-lease=refs/heads/{branch}:{expected}", self.url,
             f"HEAD:refs/heads/{branch}", cwd=workdir, timeout=self.push_timeout)
-        return {"sha": sha, "branch": branch, "key": key}
+        return {"sha": sha, "branch": branch, "key": key, "expected": expected}
 
     def find(self, key: str) -> dict[str, Any] | None:
         """The receipt of the commit pushed with ``key`` if the remote has it, else None."""

@@ -6,10 +6,14 @@ adapter maps to):
 - ``POST {base}/repos/{repo}/pulls`` with JSON ``{"head", "base", "title", "body"}`` and header
   ``Idempotency-Key: <key>`` -> 201 (or 200 for a replay) ``{"number", "url", "idempotency_key"}``;
 - ``GET {base}/pulls?idempotency_key=<key>`` -> 200 ``{"number", ...}`` or 404 when there is none;
+- every creation also carries ``Mcq-Fence: <fence>``, the fencing generation of the Attempt that
+  makes the call. A provider that keeps the highest fence seen per Idempotency-Key and refuses a
+  lower one (409) stops a zombie worker that resumes between its intent and its call, after
+  reconciliation found nothing and a replacement made the call: Kleppmann's fencing token checked
+  at the storage (``ForgeServer(enforce_fence=True)`` implements it);
 - a forge that allows one open pull request per head branch (GitHub does) answers 422 to a second
-  one: that is the provider-side fence against a zombie worker that resumes between its intent and
-  its call, after reconciliation found nothing. Without it (and without honoring Idempotency-Key)
-  no queue can stop that zombie's call from landing; reconciliation then sees both.
+  one: the same fence by another rule. Without either (and without honoring Idempotency-Key) no
+  queue can stop that zombie's call from landing; reconciliation then sees both.
 
 The key is also written into the PR body, so a provider that ignores the header still lets the
 lookup find it.
@@ -32,10 +36,16 @@ class HttpPullRequests:
     def close(self) -> None:
         self._http.close()
 
-    def open_pr(self, key: str, *, repo: str, head: str, base: str, title: str, body: str = "") -> dict[str, Any]:
-        """Create the pull request; returns the provider's receipt. Raises httpx errors as they come
-        (401/403 authorization, 429/503 capacity, timeouts provider: see mc_queue.policy.classify)."""
-        resp = self._http.post(f"/repos/{repo}/pulls", headers={"Idempotency-Key": key},
+    def open_pr(self, key: str, *, repo: str, head: str, base: str, title: str, body: str = "",
+                fence: int | None = None) -> dict[str, Any]:
+        """Create the pull request; returns the provider's receipt. ``fence``: the calling Attempt's
+        fence (``ctx.fence``), sent as ``Mcq-Fence`` for the provider to check. Raises httpx errors as
+        they come (401/403 authorization, 409 a stale fence, 429/503 capacity, timeouts provider: see
+        mc_queue.policy.classify)."""
+        headers = {"Idempotency-Key": key}
+        if fence is not None:
+            headers["Mcq-Fence"] = str(int(fence))
+        resp = self._http.post(f"/repos/{repo}/pulls", headers=headers,
                                json={"head": head, "base": base, "title": title,
                                      "body": f"{body}\n\nMcq-Operation-Key: {key}"})
         if resp.status_code == 422:

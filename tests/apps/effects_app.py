@@ -17,6 +17,9 @@ Fault points are payload options, so the product code stays as it is:
   (the worker recorded ``result_pending`` and is about to complete: the Runtime's
   ``Client.complete_attempt`` (and the worker's ``complete_quietly``) are replaced in this process by one
   that kills it);
+- ``kill_at="freeze_before_call"``: the process stops itself (SIGSTOP) after the intent, before the
+  provider call (a zombie in the making; the test resumes it); ``late_read`` / ``no_fence`` switch the
+  provider fence off, as controls;
 - ``pidfile``: ``<pidfile>.<attempt>`` gets the pid of the process running the handler;
 - ``gate``: Attempt 1 waits (heartbeating) until this file exists before its effect.
 """
@@ -38,6 +41,7 @@ app = App(name="test-effects", default_queue="effects",
           retry=RetryPolicy(backoff=Backoff(base_s=0.05, max_s=0.2)), lease_ms=1500, timeout_s=60)
 
 KILL_POINTS = ("before_intent", "after_intent", "after_call", "after_receipt", "before_complete")
+FREEZE_POINTS = ("freeze_before_call",)
 
 
 # --------------------------------------------------------------------------- providers from the environment
@@ -82,6 +86,13 @@ def die() -> None:
     time.sleep(60)  # never reached
 
 
+def freeze() -> None:
+    """The process running the handler stops itself (SIGSTOP) between its intent and its provider
+    call: its heartbeats stop with it, its lease runs out, a replacement does the work. The test
+    sends SIGCONT afterwards and counts what reached the provider."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def _write_pid(ctx: Context, payload: dict[str, Any]) -> None:
     if payload.get("pidfile"):
         path = Path(f"{payload['pidfile']}.{ctx.attempt.number}")
@@ -94,7 +105,7 @@ def _kill_point(ctx: Context, payload: dict[str, Any]) -> str | None:
     if ctx.attempt.number != int(payload.get("kill_attempt", 1)):
         return None
     point = payload.get("kill_at")
-    assert point is None or point in KILL_POINTS, point
+    assert point is None or point in KILL_POINTS + FREEZE_POINTS, point
     return point
 
 
@@ -130,8 +141,11 @@ def open_pr(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     def perform(key: str) -> dict[str, Any]:
         if point == "after_intent":
             die()
+        if point == "freeze_before_call":
+            freeze()
         receipt = prs.open_pr(key, repo=payload.get("repo", "example/app"), head=payload["head"], base="main",
-                              title=payload.get("title", f"fix {payload['head']}"))
+                              title=payload.get("title", f"fix {payload['head']}"),
+                              fence=None if payload.get("no_fence") else ctx.fence)
         if point == "after_call":
             die()
         return receipt
@@ -151,13 +165,21 @@ def git_push(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     branch, content = payload["branch"], payload["content"]
     git_remote = remote()
     workdir = ctx.workspace / "repo"
+    point = _kill_point(ctx, payload)
+    expected = git_remote.expected_head(branch)  # read before the intent, recorded with it
 
     def perform(key: str) -> dict[str, Any]:
+        if point == "freeze_before_call":
+            freeze()
         git_remote.prepare(workdir, "main")
+        # late_read (a control): read the lease value at call time, as before the fix
+        lease = git_remote.expected_head(branch) if payload.get("late_read") else expected
         return git_remote.commit_and_push(key, workdir, branch=branch, message=f"fix on {branch}",
-                                          files={"fix.txt": content})
+                                          files={"fix.txt": content + f"\n(attempt {ctx.attempt.number})"},
+                                          expected=lease)
 
-    receipt = ctx.effect("git-push", gitmod.identity(branch, digest(content)[:16]), perform)
+    receipt = ctx.effect("git-push", gitmod.identity(branch, digest(content)[:16]), perform,
+                         assume={"remote_head": expected})
     return {"sha": receipt["sha"], "branch": receipt["branch"], "attempt": ctx.attempt.number}
 
 

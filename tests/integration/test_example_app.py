@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_example_app_commits_pushes_and_opens_one_pr_per_task(
         redis_server: RedisServer, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     remote = bare_git_remote(tmp_path)
-    with ForgeServer() as forge:
+    with ForgeServer(enforce_fence=True) as forge:
         env = {**os.environ, "MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url,
                "MCQ_HOME": str(tmp_path / "home")}
         monkeypatch.setenv("MCQ_GIT_REMOTE", str(remote))

@@ -1,0 +1,164 @@
+"""The fence reaches the provider: a worker frozen between its intent and its call cannot land its call.
+
+A real `mcq worker` process records the intent of its effect, then stops itself (SIGSTOP) before
+calling the provider. Its lease runs out, the sweeper reconciles (the provider has nothing), a
+replacement Attempt in another worker process makes the call, the task succeeds. Then the frozen
+worker is resumed: its late call goes through the shipped provider (`GitRemote.commit_and_push`,
+`HttpPullRequests.open_pr`) and must be refused by the provider itself. Outcomes are counted at the
+provider: the bare repository's history and the forge's pull requests.
+
+Each test has a control that switches the provider fence off (the remote head read at call time; a
+forge that ignores `Mcq-Fence`) and shows the duplicate the fence prevents, so the test can fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mc_queue import TaskState
+from mc_queue.codec import digest
+from mc_queue.effects import mint_key
+from mc_queue.providers import git as gitmod
+from mc_queue.providers.git import TRAILER, git
+from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote
+
+from .test_effects import Harness, explain, make_harness, proc_state, wait_for
+
+
+def _zombie_run(h: Harness, task_id: str, pidfile: Path) -> int:
+    """Attempt 1 freezes between intent and call; Attempt 2 finishes in another worker process.
+    Returns the frozen worker's pid (still stopped)."""
+    h.start_worker("simple")
+    pid_path = Path(f"{pidfile}.1")
+    wait_for(pid_path.exists, 30, "the first worker to start the handler")
+    pid = int(pid_path.read_text())
+    wait_for(lambda: proc_state(pid) in ("T", "t"), 30, "the worker to freeze between intent and call")
+    h.stopped.add(pid)
+    frozen = h.task(task_id)
+    assert [e.type for e in frozen.events].count("effect_intent") == 1, explain(frozen)
+    final = h.drive(task_id, until=lambda t: t.state is TaskState.SUCCEEDED, timeout=60)
+    assert [a.number for a in final.attempts] == [1, 2], explain(final)
+    assert final.attempts[0].state.value == "failed", explain(final)
+    return pid
+
+
+def _resume(h: Harness, pid: int) -> None:
+    """SIGCONT; the zombie makes its late call, is refused by Redis on its next write, and exits."""
+    h.sigcont(pid)
+    wait_for(lambda: proc_state(pid) in ("", "Z"), 60, "the resumed worker to finish")
+    for p in h.procs:
+        p.wait(30)
+
+
+def _commits_with_key(remote: Path, branch: str, key: str) -> list[str]:
+    log = git("log", "--format=%H%x00%B%x01", f"refs/heads/{branch}", cwd=remote)
+    return [e.strip().split("\x00")[0] for e in log.split("\x01") if f"{TRAILER}: {key}" in e]
+
+
+def _reflog_updates(remote: Path, branch: str) -> int:
+    """How many times the remote's branch moved (its reflog: every accepted push is a line)."""
+    out = git("reflog", "show", "--format=%H", f"refs/heads/{branch}", cwd=remote)
+    return len(out.split())
+
+
+@pytest.mark.parametrize("late_read", [False, True], ids=["fenced", "control-head-read-at-call-time"])
+def test_a_zombie_push_is_refused_by_the_remote(redis_server: RedisServer, prefix: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch, late_read: bool) -> None:
+    remote = bare_git_remote(tmp_path / "git")
+    git("config", "core.logAllRefUpdates", "always", cwd=remote)  # a bare repository keeps no reflog otherwise
+    monkeypatch.setenv("MCQ_TEST_GIT_REMOTE", str(remote))
+    with ForgeServer() as forge:
+        monkeypatch.setenv("MCQ_TEST_FORGE", forge.url)
+        h = make_harness(redis_server, prefix, tmp_path, forge, MCQ_TEST_GIT_REMOTE=str(remote))
+        try:
+            branch, content = "fix/zombie", "the fix"
+            task = h.app.enqueue("git-push", {"branch": branch, "content": content,
+                                              "kill_at": "freeze_before_call", "pidfile": str(tmp_path / "pid"),
+                                              "late_read": late_read})
+            pid = _zombie_run(h, task.id, tmp_path / "pid")
+            key = mint_key(task.id, "git-push", gitmod.identity(branch, digest(content)[:16]))
+            receipt = h.client.effects(task.id)[key].receipt
+            _resume(h, pid)
+            after = h.task(task.id)
+        finally:
+            h.close()
+    tip = git("rev-parse", f"refs/heads/{branch}", cwd=remote).strip()
+    commits = _commits_with_key(remote, branch, key)
+    refused = [e for e in after.events if e.type == "stale_write_refused" and e.attempt == 1]
+    if not late_read:
+        # One commit for the key, one update of the branch, the tip is the recorded receipt, and the
+        # zombie's next write to Redis was refused too.
+        assert commits == [receipt["sha"]] and tip == receipt["sha"], explain(after)
+        assert _reflog_updates(remote, branch) == 1
+        assert refused, explain(after)
+        assert after.state is TaskState.SUCCEEDED and after.result["sha"] == tip
+    else:
+        # The control: a lease value read at call time is the replacement's commit, and the zombie's
+        # force-push lands over it: the branch moved twice and the recorded receipt's commit is no
+        # longer on it. This is what the fence above prevents.
+        assert _reflog_updates(remote, branch) == 2 and tip != receipt["sha"], (commits, tip, receipt)
+        assert receipt["sha"] not in commits
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "control-forge-ignores-fence"])
+def test_a_zombie_pull_request_is_refused_by_a_fence_checking_forge(redis_server: RedisServer, prefix: str,
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    fenced: bool) -> None:
+    """No one-PR-per-head rule and no Idempotency-Key dedup at this forge: only the fence stands."""
+    with ForgeServer(enforce_fence=fenced, one_pr_per_head=False) as forge:
+        monkeypatch.setenv("MCQ_TEST_FORGE", forge.url)
+        h = make_harness(redis_server, prefix, tmp_path, forge)
+        try:
+            task = h.app.enqueue("open-pr", {"head": "feedbeef", "kill_at": "freeze_before_call",
+                                              "pidfile": str(tmp_path / "pid")})
+            pid = _zombie_run(h, task.id, tmp_path / "pid")
+            key = mint_key(task.id, "open-pr", "feedbeef")
+            assert forge.count_by_key() == {key: 1}
+            _resume(h, pid)
+            after = h.task(task.id)
+            counts, fenced_out = forge.count_by_key(), forge.fenced_out
+        finally:
+            h.close()
+    if fenced:
+        assert counts == {key: 1} and fenced_out == 1, (counts, explain(after))
+        assert after.state is TaskState.SUCCEEDED and after.result["pull_request"] == 1
+    else:
+        assert counts == {key: 2}, "the control: without the fence the zombie's late call makes a second PR"
+
+
+@pytest.mark.parametrize("operation", ["open-pr", "git-push"])
+def test_a_resend_after_a_loss_finds_the_first_tasks_effects(redis_server: RedisServer, prefix: str,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            operation: str) -> None:
+    """The first task's effect is made; Redis then loses the task (its keys and its producer key) and
+    the producer re-sends with the same idempotency key: the new task's effect key is the first's, the
+    provider is asked before the call, and the first effect's receipt is taken. Counted at the
+    provider; neither provider here deduplicates by key on its own."""
+    remote = bare_git_remote(tmp_path / "git")
+    monkeypatch.setenv("MCQ_TEST_GIT_REMOTE", str(remote))
+    with ForgeServer() as forge:
+        monkeypatch.setenv("MCQ_TEST_FORGE", forge.url)
+        h = make_harness(redis_server, prefix, tmp_path, forge, MCQ_TEST_GIT_REMOTE=str(remote))
+        payload = {"head": "cafe01"} if operation == "open-pr" else {"branch": "fix/resent", "content": "x"}
+        try:
+            first = h.app.enqueue(operation, payload, idempotency_key="issue-7")
+            done = h.drive(first.id)
+            assert done.state is TaskState.SUCCEEDED, explain(done)
+            for k in h.client.redis.scan_iter(match=f"{h.client.keys.task(first.id).task}*"):
+                h.client.redis.delete(k)
+            h.client.redis.hdel(h.client.keys.idem, "issue-7")
+            again = h.app.enqueue(operation, payload, idempotency_key="issue-7")
+            assert again.id != first.id
+            redone = h.drive(again.id)
+        finally:
+            h.close()
+    assert redone.state is TaskState.SUCCEEDED, explain(redone)
+    assert redone.result == done.result, "the re-sent task took another receipt"
+    if operation == "open-pr":
+        assert len(forge.pulls) == 1, "the re-sent task made a second pull request"
+    else:
+        assert len(git("rev-list", "refs/heads/fix/resent", "^refs/heads/main", cwd=remote).split()) == 1
+    events = [e for e in redone.events if e.type == "effect_receipt"]
+    assert len(events) == 1 and events[0].fields.get("source") == "reconcile", explain(redone)
