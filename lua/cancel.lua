@@ -15,6 +15,7 @@
 -- KEYS[9] outbox     attempts waiting to be dispatched to the transport
 -- KEYS[10] cancels   running attempts with a cancel request (attempt id -> deadline ms)
 -- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[12] attention attention items (a blocked task's item is resolved by its cancellation)
 -- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
@@ -28,7 +29,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], cancels = KEYS[10],
-  stats = KEYS[11]}
+  stats = KEYS[11], attention = KEYS[12]}
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'actor', 'id', 200, false,
@@ -64,6 +65,7 @@ end
 redis.call('ZREM', K.pending, task_id)
 redis.call('ZREM', K.outbox, task_id .. '/' .. n)
 redis.call('HSET', K.task, 'state', 'canceled', 'active', '')
+redis.call('HDEL', K.attention, task_id)
 move_count(K.counts, queue, state, 'canceled')
 emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor, 'reason', reason})
 return {'OK', 'canceled'}

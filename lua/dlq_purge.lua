@@ -3,6 +3,9 @@
 -- namespace log keeps a line saying who purged what and why). A tombstone stays for the retention
 -- window the operator chose: the task id (a key with that TTL) and the producer's idempotency key
 -- (its entry marked purged until then) are refused by enqueue, so the same work never runs again.
+-- The task's fence counter is kept (a few bytes): the same task id enqueued again after the window
+-- goes on from the fences it already issued, so a zombie of the purged incarnation holds a stale
+-- fence for the new one, never a current one.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -14,9 +17,8 @@
 -- KEYS[9] attempts   attempts hash
 -- KEYS[10] events    task event stream
 -- KEYS[11] effects   the task's effects
--- KEYS[12] fence     the task's fence counter
--- KEYS[13] tomb      the task's tombstone (JSON, PX the retention window)
--- KEYS[14] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[12] tomb      the task's tombstone (JSON, PX the retention window)
+-- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
 -- ARGV[1] actor
 -- ARGV[2] reason       why its history may go (>= 10 characters)
 -- ARGV[3] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
@@ -30,7 +32,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
-  effects = KEYS[11], fence = KEYS[12], tomb = KEYS[13], stats = KEYS[14]}
+  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13]}
 local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
   'reason', 'text', 2000, false,
@@ -58,7 +60,7 @@ if t[3] ~= 'quarantined' then
 end
 local ts = now_ms()
 local until_ms = ts + A.tombstone_ms
-redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
+redis.call('DEL', K.task, K.attempts, K.events, K.effects)
 redis.call('ZREM', K.dlq, t[1])
 redis.call('HDEL', K.attention, t[1])
 if t[5] and t[5] ~= '' then

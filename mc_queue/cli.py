@@ -230,12 +230,16 @@ def namespace(obj: Ctx, as_json: bool) -> None:
     """The namespace's state (ok | lost | recovering | missing), epoch, claim sequence and fence floor.
     Read only: it never creates a namespace. Exit 3 when the namespace lost state."""
     info = obj.client.namespace()
-    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events(count=1000)}
+    refused = obj.client.refusals(count=100)
+    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events(count=1000), "refused": refused}
     if as_json:
         _emit_json(data)
     else:
         click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch or '-'}, claims {info.seq}, "
                    f"fence floor {info.floor})" + (f": {info.reason}" if info.reason else ""))
+        if refused:
+            click.echo(f"{len(refused)}{'+' if len(refused) == 100 else ''} transport messages refused by workers, "
+                       f"newest: {refused[0].get('reason', refused[0]['type'])}")
     _exit_if_lost(info)
 
 

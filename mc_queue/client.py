@@ -58,6 +58,7 @@ from .scripts import ScriptRunner
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_MAX_LEASE_MS = 3_600_000  # a namespace's lease ceiling unless it was created with another
 DEFAULT_TOMBSTONE_S = 30 * 86_400  # how long a purged task's id and producer key stay refused
+REFUSED_LOG_MAX = 10_000  # about how many entries the refusals log keeps (XADD MAXLEN ~)
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 INDEXES = ("leases", "suspect", "outbox", "cancels")
 
@@ -480,7 +481,15 @@ class Client:
                           {"member": member, "actor": actor, "force": force, "reason": reason, "epoch": epoch}))
         if not calls:
             return report
-        for member, reply in zip(readable, self.runner.run_many("expire", calls), strict=True):
+        replies = self.runner.run_many("expire", calls)
+        stale = [i for i, r in enumerate(replies) if isinstance(r, list) and r and r[0] == Code.E_EPOCH]
+        if stale and recovering_epoch is None:  # a recovery ran elsewhere: reload the epoch once and resend
+            self.ns.forget()
+            epoch = self._epoch()
+            again = self.runner.run_many("expire", [(calls[i][0], {**calls[i][1], "epoch": epoch}) for i in stale])
+            for i, reply in zip(stale, again, strict=True):
+                replies[i] = reply
+        for member, reply in zip(readable, replies, strict=True):
             try:
                 if isinstance(reply, Exception):
                     raise McqError(f"expire of {member} failed: {reply}", attempt_id=member, script="expire")
@@ -586,7 +595,7 @@ class Client:
             return self._run("cancel", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "cancels": self.keys.cancels,
-                "stats": self.keys.stats,
+                "stats": self.keys.stats, "attention": self.keys.attention,
             }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": ack_timeout_ms, "epoch": epoch})
 
         reply = self._with_epoch(call)
@@ -648,7 +657,7 @@ class Client:
             return self._run("dlq_purge", {
                 **self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
-                "effects": tk.effects, "fence": tk.fence, "tomb": tk.tomb, "stats": self.keys.stats,
+                "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats,
             }, {"actor": actor or self.actor, "reason": reason, "tombstone_ms": int(keep_key_s * 1000),
                 "request_id": req, "epoch": epoch})
 
@@ -679,9 +688,20 @@ class Client:
         self.ns.write_witness(epoch)
 
     def audit(self, event: str, fields: Mapping[str, Any]) -> None:
-        """Append an event to the namespace log (transport refusals a worker saw, for the record)."""
+        """Record what a worker refused to act on (a forged or misrouted transport message) in the
+        refusals log, ``P:refused``, capped at about REFUSED_LOG_MAX entries (anyone able to write
+        the transport can make these, so they neither grow Redis without bound nor trim the
+        namespace log), and count it in the stats (``<event>`` there is never trimmed)."""
         entry = {"type": event, **{k: _printable(str(v), 1000) for k, v in fields.items() if v not in (None, "")}}
-        self.redis.xadd(self.keys.nslog, entry)  # type: ignore[arg-type]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(self.keys.refused, entry, maxlen=REFUSED_LOG_MAX, approximate=True)  # type: ignore[arg-type]
+        pipe.hincrby(self.keys.stats, event, 1)
+        pipe.execute()
+
+    def refusals(self, count: int = 100) -> list[dict[str, str]]:
+        """The newest entries of the refusals log (newest first), each with its stream id as ``id``."""
+        entries = cast(list[tuple[str, dict[str, str]]], self.redis.xrevrange(self.keys.refused, count=count))
+        return [dict(f, id=i) for i, f in entries]
 
     # ----------------------------------------------------------------- reads (never create anything)
 
@@ -723,11 +743,14 @@ class Client:
             raise InvalidArgument(f"index must be one of {INDEXES}")
         return [str(m) for m in self.redis.zrange(getattr(self.keys, index), 0, limit - 1)]
 
+    def queues(self) -> list[str]:
+        """The namespace's queue names (every queue a task was ever enqueued on)."""
+        return sorted(cast(set[str], self.redis.smembers(self.keys.queues)))
+
     def status(self) -> dict[str, dict[str, Any]]:
         """Per queue: task counts by state, and the queue age (oldest claimable pending Attempt)."""
         counts = cast(dict[str, str], self.redis.hgetall(self.keys.counts))
-        queues = sorted(cast(set[str], self.redis.smembers(self.keys.queues)))
-        out: dict[str, dict[str, Any]] = {q: {"counts": {}, "queue_age_ms": 0} for q in queues}
+        out: dict[str, dict[str, Any]] = {q: {"counts": {}, "queue_age_ms": 0} for q in self.queues()}
         for name, value in counts.items():
             queue, _, state = name.rpartition("|")
             if int(value):

@@ -8,6 +8,8 @@ Key schema (``P`` = ``{prefix}``)::
 
     P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq
     P:nslog                stream namespace events: creation, state loss detected, recovery
+    P:refused              stream what workers refused to act on (forged or misrouted transport messages),
+                                  capped (XADD MAXLEN ~), so a flood neither grows Redis nor trims P:nslog
     P:epochs               set    epochs retired by ``mcq recover``
     P:idem                 hash   producer idempotency key -> task id
     P:queues               set    queue names seen
@@ -115,6 +117,7 @@ class Keys:
         self.tag = tag
         self.meta = f"{tag}:meta"
         self.nslog = f"{tag}:nslog"
+        self.refused = f"{tag}:refused"
         self.epochs = f"{tag}:epochs"
         self.idem = f"{tag}:idem"
         self.queues = f"{tag}:queues"

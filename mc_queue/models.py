@@ -115,7 +115,7 @@ class Attempt(_Record):
     elapsed_ms: int | None = None
     phase: str | None = None
     checkpoints: dict[str, Any] = Field(default_factory=dict)
-    dispatches: int = 0
+    dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
 
     @property
     def terminal(self) -> bool:

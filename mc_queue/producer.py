@@ -9,13 +9,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
 from .client import DEFAULT_LEASE_MS, Client
 from .config import Budget, RetryPolicy
 from .models import Attempt, AttemptState, Task
-from .transport import ENTRY, job_id, rq_connection, rq_queue_name
+from .transport import ENTRY, clear_job, job_id, rq_connection, rq_queue, waiting
 
 DEFAULT_RECHECK_MS = 60_000
 
@@ -71,12 +69,20 @@ class AppClient:
 
 
 def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
-             recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
-    """Send one Attempt to its RQ queue (record first, then send: the outbox already holds it)."""
+             recheck_ms: int = DEFAULT_RECHECK_MS) -> bool:
+    """Send one Attempt to its RQ queue (record first, then send: the outbox already holds it), unless
+    RQ already holds its job waiting or running: then only the outbox's recheck moves. Returns True
+    when a message was pushed. A job sent again is first cleared from RQ's registries."""
     manifest = attempt.manifest or task.manifest
     timeout = manifest.timeout_s if manifest else None
-    queue = Queue(rq_queue_name(client.keys.prefix, task.queue), connection=rq, serializer=JSONSerializer)
+    queue = rq_queue(rq, client.keys.prefix, task.queue)
+    jid = job_id(client.keys.prefix, attempt.id)
+    if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
+        if waiting(rq, queue, jid):
+            client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+            return False
+        clear_job(rq, queue, jid)
     queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, task.lease_ms or DEFAULT_LEASE_MS),
-                       job_id=job_id(client.keys.prefix, attempt.id), result_ttl=0, failure_ttl=7 * 86400,
-                       timeout=int(timeout) if timeout else None)
+                       job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None)
     client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+    return True

@@ -6,7 +6,11 @@ Each pass:
    voids the leases of executors that did not acknowledge a cancel in time;
 2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
    (with no side effect recorded, a vanished worker's Attempt settles as an executor failure);
-3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over.
+3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over
+   (a job RQ still holds waiting or running is not pushed again);
+4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
+   settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
+   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those).
 
 Every step re-checks its condition inside its script, so two sweepers at once are safe, and a
 sweeper killed mid-pass leaves nothing half-decided (a reconciling Attempt is taken up again).
@@ -31,7 +35,7 @@ from .keys import parse_attempt_id
 from .models import AttemptState
 from .producer import DEFAULT_RECHECK_MS, dispatch
 from .reconcile import Reconciler
-from .transport import rq_connection
+from .transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue
 
 log = logging.getLogger("mc_queue.sweeper")
 
@@ -41,24 +45,29 @@ class SweepReport:
     expired: list[str] = field(default_factory=list)
     reconciled: dict[str, str] = field(default_factory=dict)  # attempt id -> task state after
     dispatched: list[str] = field(default_factory=list)
+    rechecked: list[str] = field(default_factory=list)  # due dispatches RQ still held: not pushed again
+    tidied: list[str] = field(default_factory=list)  # RQ job ids removed from RQ's registries
     dropped: list[str] = field(default_factory=list)  # index entries that named nothing (orphans)
     errors: list[str] = field(default_factory=list)
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
-                "dropped": self.dropped, "errors": self.errors, "namespace": self.namespace}
+                "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
+                "namespace": self.namespace}
 
 
 class Sweeper:
     def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
-                 recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
+                 recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0) -> None:
         self.client = client
         self.actor = actor or f"sweeper@{client.actor}"
         self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
         self.batch = batch
         self.recheck_ms = recheck_ms
+        self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
+        self._tidied_at = float("-inf")
 
     def run_once(self) -> SweepReport:
         report = SweepReport()
@@ -72,6 +81,7 @@ class Sweeper:
             self._expire(report)
             self._reconcile(report)
             self._dispatch(report)
+            self._tidy(report)
         except NamespaceLost as exc:
             report.namespace = "lost"
             log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
@@ -106,7 +116,11 @@ class Sweeper:
                 continue
             try:
                 attempt = self.reconciler.reconcile(aid, apply_policy=True)
-                report.reconciled[aid] = self.client.get_task(attempt.task_id).state.value
+                task = self.client.get_task(attempt.task_id)
+                report.reconciled[aid] = task.state.value
+                clear_job(self.rq, rq_queue(self.rq, self.client.keys.prefix, task.queue),
+                          job_id(self.client.keys.prefix, aid), delete=True)
+                report.tidied.append(job_id(self.client.keys.prefix, aid))
             except TaskNotFound:
                 self._drop("suspect", aid, "no such task", report)
             except TransitionRefused as exc:  # settled meanwhile by another sweeper, or a stale entry
@@ -122,10 +136,6 @@ class Sweeper:
 
     def _dispatch(self, report: SweepReport) -> None:
         due = self.client.due_dispatches(limit=self.batch)
-        if not due:
-            return
-        if self._rq is None:
-            self._rq = rq_connection(self.client)
         for aid in due:
             try:
                 task_id, n = parse_attempt_id(aid)
@@ -138,8 +148,10 @@ class Sweeper:
                 if attempt is None or attempt.state is not AttemptState.PENDING:
                     self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
                     continue
-                dispatch(self.client, self._rq, task, attempt, recheck_ms=self.recheck_ms)
-                report.dispatched.append(aid)
+                if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms):
+                    report.dispatched.append(aid)
+                else:
+                    report.rechecked.append(aid)
             except TaskNotFound:
                 self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
                 report.dropped.append(aid)
@@ -151,6 +163,21 @@ class Sweeper:
                 log.exception("dispatch of %s failed", aid)
                 report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
 
+    @property
+    def rq(self) -> redis.Redis:
+        """The connection to RQ's keys (bytes responses), opened on first use."""
+        if self._rq is None:
+            self._rq = rq_connection(self.client)
+        return self._rq
+
+    def _tidy(self, report: SweepReport) -> None:
+        if time.monotonic() - self._tidied_at < self.tidy_every_s:
+            return
+        self._tidied_at = time.monotonic()
+        for queue in self.client.queues():
+            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, self.client.keys.prefix, queue),
+                                                limit=self.batch))
+
     def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
         """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
         started = time.monotonic()
@@ -158,7 +185,7 @@ class Sweeper:
             t0 = time.monotonic()
             try:
                 r = self.run_once()
-                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped:
+                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

@@ -44,6 +44,14 @@ def long_runner(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"slept": payload["seconds"]}
 
 
+@app.handler("long-first", lease_ms=1500, timeout_s=60)
+def long_first(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Attempt 1 runs for payload["seconds"] (long enough to be killed mid-way); later ones at once."""
+    if ctx.attempt.number == 1:
+        time.sleep(float(payload["seconds"]))
+    return {"attempt": ctx.attempt.number}
+
+
 @app.handler("hangs", lease_ms=1500, timeout_s=2)
 def hangs(ctx: Context, payload: dict[str, Any]) -> None:
     time.sleep(30)

@@ -408,7 +408,7 @@ def test_foreign_rq_job_is_refused_never_imported(h: Harness, kind: str) -> None
         marker.unlink(missing_ok=True)
     assert list(h.home.glob("pwned-*")) == [], "a callback named by a foreign job ran"
     assert h.task(legit.id).state is TaskState.SUCCEEDED
-    refused = [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"]
+    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
     assert [(e["job_id"], e["func_name"]) for e in refused] == [(foreign.id, "os.system")], (
         "the refusal of a foreign job must be recorded in the namespace stream")
 
@@ -432,7 +432,7 @@ def test_transport_messages_a_worker_must_not_act_on_are_refused_and_recorded(h:
     h.run_worker(kind)
     assert h.task(legit.id).state is TaskState.SUCCEEDED
     assert h.task(legit_task.id).state is TaskState.PENDING  # no message ran it
-    refused = [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"]
+    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
     by_job = {e.get("job_id") or e.get("attempt"): e["reason"] for e in refused}
     assert "cannot be decoded" in by_job.get(pickled.id, ""), [dict(e) for e in refused]
     assert "another-namespace" in by_job[aid], refused
@@ -461,7 +461,7 @@ def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
     # os.system(job, connection, result) would raise and fail the RQ job: nothing failed.
     failed = FailedJobRegistry(rq_queue_name(h.prefix, "jobs"), connection=h.rq, serializer=JSONSerializer)
     assert failed.get_job_ids() == []
-    assert [e for e in h.client.namespace_events() if e["type"] == "transport_job_refused"] == []
+    assert [e for e in h.client.refusals() if e["type"] == "transport_job_refused"] == []
 
 
 # --------------------------------------------------------------------------- 8. workspaces and checkpoints

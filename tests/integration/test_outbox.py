@@ -1,0 +1,163 @@
+"""The outbox never floods RQ, and RQ's registries never name a job it no longer holds.
+
+The sweeper re-sends an Attempt whose dispatch was not claimed in time. It used to push the same
+job id again at every recheck (RQ appends it to the queue's list each time: 15 entries for 3 tasks
+after 5 minutes, `rq info` wrong), and a worker killed mid-job left registry entries that made
+`rq requeue --all` crash. Counted where RQ's users see it: the queue's list, RQ's registries, and
+the `rq` command line itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+import mc_queue
+from mc_queue import TaskState
+from mc_queue.producer import AppClient
+from mc_queue.sweeper import Sweeper
+from mc_queue.testing import RedisServer
+from mc_queue.transport import job_id, rq_connection, rq_queue_name
+from tests.apps import basic
+
+REPO = Path(__file__).resolve().parents[2]
+RQ = str(Path(sys.executable).with_name("rq"))
+
+
+class World:
+    def __init__(self, server: RedisServer, prefix: str, home: Path) -> None:
+        self.server, self.prefix, self.home = server, prefix, home
+        home.mkdir(parents=True, exist_ok=True)
+        self.client = mc_queue.connect(server.url, prefix=prefix)
+        self.app = AppClient(basic.app, self.client)
+        self.rq = rq_connection(self.client)
+        self.queue = Queue(rq_queue_name(prefix, "jobs"), connection=self.rq, serializer=JSONSerializer)
+
+    def due_now(self, task: mc_queue.Task) -> None:
+        """Move the outbox's recheck of the task's Attempt to now (as if the 60 s had passed)."""
+        self.client.mark_dispatched(task.attempts[-1].id, recheck_ms=1)
+
+    def sweeper(self, recheck_ms: int = 1) -> Sweeper:
+        return Sweeper(self.client, app=basic.app, recheck_ms=recheck_ms, tidy_every_s=0)
+
+    def listed(self) -> list[str]:
+        return [j.decode() for j in self.rq.lrange(self.queue.key, 0, -1)]
+
+    def rq_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([RQ, *args, "-u", self.server.url, "-S", "json"], capture_output=True, text=True,
+                              timeout=60, cwd=REPO)
+
+    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
+        env["MCQ_HOME"] = str(self.home)
+        return subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix",
+                                 self.prefix, "worker", "--app", "tests.apps.basic:app", *extra], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def close(self) -> None:
+        self.app.close()
+        self.rq.close()
+
+
+@pytest.fixture
+def w(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[World]:
+    world = World(redis_server, prefix, tmp_path / "home")
+    yield world
+    world.close()
+
+
+def test_unclaimed_dispatches_are_rechecked_not_pushed_again(w: World) -> None:
+    tasks = [w.app.enqueue("noop", {"i": i}) for i in range(3)]
+    ids = sorted(job_id(w.prefix, t.attempts[0].id) for t in tasks)
+    for t in tasks:
+        w.due_now(t)
+    sweeper = w.sweeper()
+    rechecked = 0
+    for _ in range(10):  # ten rechecks, as ten minutes of the default 60 s recheck would be
+        time.sleep(0.01)
+        report = sweeper.run_once()
+        assert not report.errors and not report.dispatched, report.as_dict()
+        rechecked += len(report.rechecked)
+    assert rechecked >= 10
+    assert sorted(w.listed()) == ids, "one list entry per waiting Attempt"
+    assert w.queue.count == 3
+    info = w.rq_cli("info", "--only-queues", "--raw", w.queue.name)
+    assert info.returncode == 0 and f"queue {w.queue.name} 3" in info.stdout, info.stdout + info.stderr
+
+
+def test_a_lost_message_is_sent_again_exactly_once(w: World) -> None:
+    task = w.app.enqueue("noop", {})
+    jid = job_id(w.prefix, task.attempts[0].id)
+    w.rq.lrem(w.queue.key, 0, jid)  # RQ lost the list entry (a restart without persistence, a bad LREM)
+    w.due_now(task)
+    sweeper = w.sweeper()
+    time.sleep(0.01)
+    first = sweeper.run_once()
+    assert first.dispatched == [task.attempts[0].id], first.as_dict()
+    for _ in range(3):
+        time.sleep(0.01)
+        assert not sweeper.run_once().dispatched
+    assert w.listed() == [jid]
+
+
+def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
+    """A worker SIGKILLed mid-Attempt; RQ's own maintenance moves its job to the failed registry
+    (abandoned); the sweeper reconciles the Attempt, Attempt 2 succeeds. RQ then holds nothing for
+    the task, and `rq requeue --all` has nothing to requeue."""
+    task = w.app.enqueue("long-first", {"seconds": 30})
+    proc = w.worker("--burst", "--kind", "simple")  # the handler runs in this process: the kill ends it
+    try:
+        deadline = time.monotonic() + 30
+        while w.client.get_task(task.id).attempts[0].state.value != "running":
+            assert time.monotonic() < deadline, "the worker never claimed"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    w.queue.started_job_registry.cleanup(timestamp=time.time() + 86_400)  # what a restarted RQ worker does
+    first = job_id(w.prefix, task.attempts[0].id)
+    assert first in w.queue.failed_job_registry.get_job_ids(), "RQ recorded the abandoned job"
+    sweeper = w.sweeper()
+    deadline = time.monotonic() + 30
+    while True:
+        report = sweeper.run_once()
+        assert not report.errors, report.as_dict()
+        current = w.client.get_task(task.id)
+        if current.state is TaskState.SUCCEEDED:
+            break
+        assert time.monotonic() < deadline, [e.type for e in current.events]
+        if w.queue.count:  # Attempt 2 waits in RQ: a burst worker runs it
+            w.worker("--burst", "--kind", "simple").wait(60)
+        time.sleep(0.1)
+    registries = {name: getattr(w.queue, f"{name}_job_registry").get_job_ids()
+                  for name in ("failed", "started", "finished", "canceled", "deferred", "scheduled")}
+    assert all(not ids for ids in registries.values()), registries
+    assert not Job.exists(first, connection=w.rq)
+    out = w.rq_cli("requeue", "--all", "--queue", w.queue.name)
+    assert out.returncode == 0, out.stderr
+
+
+def test_registry_entries_naming_no_job_are_tidied(w: World) -> None:
+    """An entry in the failed registry whose job is gone (left by versions before this fix, or by a
+    job deleted after it was recorded) makes `rq requeue --all` crash; the sweeper's tidy removes it."""
+    task = w.app.enqueue("noop", {})
+    jid = job_id(w.prefix, task.attempts[0].id)
+    w.rq.zadd(w.queue.failed_job_registry.key, {jid: time.time() + 3600})
+    w.rq.delete(Job.key_for(jid))
+    broken = w.rq_cli("requeue", "--all", "--queue", w.queue.name)
+    assert broken.returncode != 0 and "NoSuchJobError" in broken.stderr + broken.stdout, "the control"
+    report = w.sweeper().run_once()
+    assert jid in report.tidied, report.as_dict()
+    assert w.queue.failed_job_registry.get_job_ids() == []
+    fixed = w.rq_cli("requeue", "--all", "--queue", w.queue.name)
+    assert fixed.returncode == 0, fixed.stderr
