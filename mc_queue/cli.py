@@ -91,15 +91,22 @@ def main(ctx: click.Context, redis_url: str | None, prefix: str, home: str | Non
 
 
 @main.command()
-@click.argument("queue")
 @click.argument("handler")
+@click.option("--app", "app_spec", envvar="MCQ_APP", required=True,
+              help="The handlers' App, as package.module:app (or $MCQ_APP). The task goes through the same path "
+                   "as app.connect().enqueue: an unknown handler is refused, the handler's queue, retry policy, "
+                   "budget, lease and timeout are frozen into the task, and its RQ job gets the handler's timeout.")
 @click.option("--payload", required=True, help="The task's payload: a JSON object.")
+@click.option("--queue", default=None, help="Another queue than the handler's own.")
 @click.option("--idempotency-key", default=None, help="Producer key: the same key returns the same task.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole task as JSON.")
 @click.pass_obj
 @handle_errors
-def enqueue(obj: Ctx, queue: str, handler: str, payload: str, idempotency_key: str | None, as_json: bool) -> None:
-    """Create a task; prints its id."""
+def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | None, idempotency_key: str | None,
+            as_json: bool) -> None:
+    """Create a task of an App's handler and hand it to the workers; prints its id."""
+    from .producer import AppClient
+
     try:
         data = json.loads(payload)
     except RecursionError:
@@ -107,7 +114,11 @@ def enqueue(obj: Ctx, queue: str, handler: str, payload: str, idempotency_key: s
     except ValueError as exc:
         raise click.BadParameter(f"not valid JSON ({exc}); e.g. --payload '{{\"repo\": \"x\"}}'",
                                  param_hint="--payload") from None
-    task = obj.client.enqueue(queue, handler, data, idempotency_key=idempotency_key)
+    producer = AppClient(load_app(app_spec), obj.client)
+    try:
+        task = producer.enqueue(handler, data, idempotency_key=idempotency_key, queue=queue)
+    finally:
+        producer.close()
     if as_json:
         _emit_json(task_json(task))
     else:
@@ -259,6 +270,9 @@ def load_app(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
+    except Exception as exc:  # the app's own module failed while it was imported
+        raise click.BadParameter(f"importing {module_name!r} raised {type(exc).__name__}: {exc}",
+                                 param_hint="--app") from None
     app = getattr(module, attr, None)
     if not isinstance(app, App):
         raise click.BadParameter(f"{spec!r} is not an mc_queue.App", param_hint="--app")

@@ -46,7 +46,8 @@ def test_mcq_env_home_and_server_status(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert str(tmp_path / "e" / "redis") in out.stdout
-        out = subprocess.run([sys.executable, "-m", "mc_queue", "enqueue", "q", "h", "--payload", "{}"], env=env,
+        out = subprocess.run([sys.executable, "-m", "mc_queue", "enqueue", "h", "--app", "tests.apps.cli_app:app",
+                              "--payload", "{}"], env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.startswith("q:")
     finally:
