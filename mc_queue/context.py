@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from . import failpoints
 from .app import HandlerSpec
 from .client import Client
 from .codec import canonical_json, digest
@@ -272,7 +273,9 @@ class Context:
                 raise EffectUnknown(f"effect {key} changed while it was reconciled ({status})",
                                     attempt_id=self.attempt_id, task_id=self.task.id)
         self.check()
+        failpoints.hit("effect.before_call", operation=operation, attempt=self.attempt_id, worker=self.worker_id)
         receipt = perform(key)
+        failpoints.hit("effect.after_call", operation=operation, attempt=self.attempt_id, worker=self.worker_id)
         self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", receipt,
                                                      source="perform", actor=self.worker_id))
         return receipt

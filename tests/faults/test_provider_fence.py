@@ -13,6 +13,10 @@ forge that ignores `Mcq-Fence`) and shows the duplicate the fence prevents, so t
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,8 @@ from mc_queue.providers.git import TRAILER, git
 from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote
 
 from .test_effects import Harness, explain, make_harness, proc_state, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _zombie_run(h: Harness, task_id: str, pidfile: Path) -> int:
@@ -162,3 +168,76 @@ def test_a_resend_after_a_loss_finds_the_first_tasks_effects(redis_server: Redis
         assert len(git("rev-list", "refs/heads/fix/resent", "^refs/heads/main", cwd=remote).split()) == 1
     events = [e for e in redone.events if e.type == "effect_receipt"]
     assert len(events) == 1 and events[0].fields.get("source") == "reconcile", explain(redone)
+
+
+@pytest.mark.parametrize("operation", ["push", "open-pr"])
+def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server: RedisServer, prefix: str,
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   operation: str) -> None:
+    """What ships, end to end: the example app (mc_queue/examples/agents.py) in a real `mcq worker`,
+    frozen by the fail point ``effect.before_call`` on one operation; the sweeper reconciles, a
+    replacement worker finishes the task, the zombie resumes and makes its call. The forge checks
+    fences and has no one-PR-per-head rule, so the fence alone has to hold. Counted at the providers:
+    one commit per push key on the remote, one pull request per key, the branch tip is the receipt."""
+    import mc_queue
+    from mc_queue import failpoints
+    from mc_queue.examples import agents
+    from mc_queue.sweeper import Sweeper
+
+    remote = bare_git_remote(tmp_path / "git")
+    points = tmp_path / "failpoints"
+    points.mkdir()
+    with ForgeServer(enforce_fence=True, one_pr_per_head=False) as forge:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
+        env.update(MCQ_GIT_REMOTE=str(remote), MCQ_FORGE_URL=forge.url, MCQ_HOME=str(tmp_path / "home"),
+                   MCQ_FAILPOINTS_DIR=str(points), MCQ_FORGE_TIMEOUT="5")
+        for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL"):
+            monkeypatch.setenv(k, env[k])
+        producer = agents.app.connect(redis_server.url, prefix=prefix)
+        client: mc_queue.Client = producer.client
+        sweeper = Sweeper(client, app=agents.app)
+
+        def worker() -> subprocess.Popen[bytes]:
+            return subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix",
+                                     prefix, "worker", "--app", "mc_queue.examples.agents:app", "--burst", "--kind",
+                                     "simple"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+
+        failpoints.arm(points, "effect.before_call", operation=operation)
+        task = producer.enqueue("fix-issue", {"repository": "example/app", "issue": 7, "instruction": "fix 7"})
+        zombie = worker()
+        try:
+            record = wait_for(lambda: failpoints.fired(points), 60, "the worker to reach the fail point")[0]
+            wait_for(lambda: proc_state(record["pid"]) in ("T", "t"), 10, "the worker to freeze")
+            assert record["attempt"] == task.attempts[0].id
+
+            def settle() -> bool:
+                sweeper.run_once()
+                current = client.get_task(task.id)
+                if current.state is TaskState.SUCCEEDED:
+                    return True
+                if client.redis.llen(f"rq:queue:mcq:{prefix}:agents"):
+                    worker().wait(120)
+                return False
+
+            wait_for(settle, 90, "a replacement to finish the task", interval=0.3)
+            done = client.get_task(task.id)
+            os.killpg(zombie.pid, signal.SIGCONT)
+            zombie.wait(60)
+            after = client.get_task(task.id)
+        finally:
+            if zombie.poll() is None:
+                os.killpg(zombie.pid, signal.SIGCONT)
+                os.killpg(zombie.pid, signal.SIGKILL)
+                zombie.wait(10)
+            producer.close()
+    assert [a.number for a in done.attempts] == [1, 2], explain(done)
+    assert after.state is TaskState.SUCCEEDED and after.result == done.result, explain(after)
+    branch = done.result["branch"]
+    log = git("log", "--all", "--format=%B", cwd=remote)
+    push_keys = [line.split(":", 1)[1].strip() for line in log.splitlines() if line.startswith(f"{TRAILER}:")]
+    assert len(push_keys) == len(set(push_keys)) == 1, push_keys
+    assert git("rev-parse", f"refs/heads/{branch}", cwd=remote).strip() == done.result["sha"]
+    assert forge.count_by_key() == {k: 1 for k in forge.count_by_key()} and len(forge.pulls) == 1
+    if operation == "open-pr":
+        assert forge.fenced_out == 1, "the zombie's late pull request reached the forge and was refused there"
