@@ -2,7 +2,8 @@
 
 Real processes: a private redis-server (AOF, appendfsync always) in a temp dir, W worker processes
 (``mcq worker --kind simple``) that reach Redis through a TCP proxy this script owns, one sweeper
-process (direct link), a bare git remote and a local pull-request API (ForgeServer). Tasks of
+process (through a second proxy), a bare git remote and a local pull-request API (ForgeServer,
+fence-checking, without GitHub's one-PR-per-head rule). Tasks of
 ``mc_queue.examples.agents`` (push a commit, open a pull request) are enqueued at a steady rate with
 idempotency keys while, every few seconds, the schedule (``random.Random(seed)``, a shuffled bag of
 fault kinds refilled each round) injects one of:
@@ -13,7 +14,14 @@ fault kinds refilled each round) injects one of:
 - ``link_delay``: the worker <-> Redis proxy delays every chunk (both ways) for a few seconds;
 - ``link_cut``: the proxy closes every worker connection and refuses new ones for a few seconds;
 - ``provider_stall``: the next pull request is created, then the answer is held past the client's
-  timeout (``ForgeServer.stall_next``).
+  timeout (``ForgeServer.stall_next``);
+- ``zombie_push`` / ``zombie_pr``: the fail point ``effect.before_call`` is armed for the push or the
+  pull request (``mc_queue.failpoints``): the next worker to reach it freezes itself between its
+  intent and its call; it is resumed after lease + 4 s, when a replacement has usually made the call,
+  and its late call must be refused by the provider (the forge checks ``Mcq-Fence`` and has no
+  one-PR-per-head rule here, so only the fence stands; git refuses a push whose lease value, read
+  before the intent, is stale);
+- ``sweeper_link_cut``: the sweeper's own link to Redis (a second proxy) is cut for a few seconds.
 
 Any worker or sweeper process that exits without being killed by the schedule is restarted (new
 name, 1 s later) and counted. At the end injection stops, a paused worker still gets its full pause,
@@ -48,6 +56,7 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mc_queue import failpoints  # noqa: E402
 from mc_queue.client import Client  # noqa: E402
 from mc_queue.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.keys import parse_attempt_id  # noqa: E402
@@ -58,7 +67,9 @@ from mc_queue.testing import ForgeServer, RedisServer  # noqa: E402
 HANDLER = "fix-issue"
 # At rest: nothing will happen to the task without a person (failed / blocked wait for one).
 AT_REST = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
-KINDS = ["kill", "kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall"]
+KINDS = ["kill", "kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall", "zombie_push",
+         "zombie_pr", "sweeper_link_cut"]
+ZOMBIE_OPERATIONS = {"zombie_push": "push", "zombie_pr": "open-pr"}
 WORKER_WRITES = {"attempt_succeeded", "attempt_failed", "checkpoint_recorded", "effect_intent"}
 
 
@@ -182,6 +193,7 @@ class Run:
     client: Client
     redis_server: RedisServer
     proxy: LinkProxy
+    sweeper_proxy: LinkProxy
     forge: ForgeServer
     fleet: Fleet
     rng: random.Random
@@ -191,6 +203,9 @@ class Run:
     keys: dict[str, str | None] = field(default_factory=dict)  # idempotency key -> task id
     enqueue_errors: int = 0
     bag: list[str] = field(default_factory=list)
+    points: Path = Path(".")  # the fail point directory the workers watch
+    armed: dict[str, Fault] = field(default_factory=dict)  # operation -> the zombie fault waiting to fire
+    seen_fired: int = 0
 
     def enqueue_due(self, due: int, ac: Any) -> None:
         for i in range(due):
@@ -254,9 +269,40 @@ class Run:
         elif kind == "provider_stall":
             self.forge.stall_next(1, 3.0)
             f.detail = "next pull request accepted, answer held 3 s (client timeout 1.5 s)"
+        elif kind in ZOMBIE_OPERATIONS:
+            operation = ZOMBIE_OPERATIONS[kind]
+            if operation in self.armed:
+                return False
+            failpoints.arm(self.points, "effect.before_call", operation=operation)
+            self.armed[operation] = f
+            f.detail = f"armed effect.before_call@{operation}"
+        elif kind == "sweeper_link_cut":
+            secs = self.rng.uniform(1, 4)
+            self.sweeper_proxy.cut(secs)
+            f.detail = f"sweeper link cut for {secs:.1f} s"
         self.bag.pop(0)
         self.faults.append(f)
         return True
+
+    def poll_zombies(self) -> None:
+        """A worker that froze itself at an armed fail point: note which, and let the fleet resume it
+        after lease + 4 s like a paused worker."""
+        records = failpoints.fired(self.points)
+        for rec in records[self.seen_fired:]:
+            f = self.armed.pop(str(rec.get("operation")), None)
+            if f is None:
+                continue
+            f.attempt, f.worker = str(rec.get("attempt")), str(rec.get("worker"))
+            f.detail += f": {f.worker} froze holding {f.attempt}"
+            self.fleet.adopt_pause(f.worker)
+        self.seen_fired = len(records)
+
+    def disarm(self) -> None:
+        """Points armed but never reached are taken back (nothing freezes after the faults end)."""
+        for operation, f in list(self.armed.items()):
+            (self.points / f"effect.before_call@{operation}").unlink(missing_ok=True)
+            f.detail += ": never reached, disarmed"
+            del self.armed[operation]
 
     def at_rest(self) -> tuple[int, int]:
         ids = [t for t in self.keys.values() if t]
@@ -270,17 +316,24 @@ class Run:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
     rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
-    providers = provider_env(tmp, extra={"PYTHONPATH": str(ROOT)})  # git remote, forge (one PR per head), env
+    points = tmp / "failpoints"
+    points.mkdir()
+    # git remote, a forge that checks fences (and has no one-PR-per-head rule: the fence alone stands), env
+    providers = provider_env(tmp, extra={"PYTHONPATH": str(ROOT), failpoints.ENV: str(points)},
+                             enforce_fence=True, one_pr_per_head=False)
     forge, remote = providers.forge, providers.remote
     proxy = LinkProxy(rs.port).start()
+    sweeper_proxy = LinkProxy(rs.port).start()
     from mc_queue.examples.agents import app
     from mc_queue.producer import AppClient
 
     prefix = f"chaos-{args.seed}-{int(time.time())}"
     client = Client(rs.url, prefix=prefix, actor="chaos")
-    # Workers reach Redis through the proxy, the sweeper directly; whatever exits on its own is restarted.
-    fleet = Fleet(prefix, proxy.url, providers.env, tmp, sweeper_url=rs.url, worker_prefix="chaos-w", restart=True)
-    r = Run(args, client, rs, proxy, forge, fleet, random.Random(args.seed), app.spec(HANDLER).lease_ms / 1000)
+    # Workers and the sweeper reach Redis through proxies of their own; whatever exits on its own is restarted.
+    fleet = Fleet(prefix, proxy.url, providers.env, tmp, sweeper_url=sweeper_proxy.url, worker_prefix="chaos-w",
+                  restart=True)
+    r = Run(args, client, rs, proxy, sweeper_proxy, forge, fleet, random.Random(args.seed),
+            app.spec(HANDLER).lease_ms / 1000, points=points)
     ac = AppClient(app, client)
     started = time.monotonic()
     inject_s = args.minutes * 60
@@ -292,6 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         while (now := time.monotonic()) - started < inject_s:
             try:
                 r.enqueue_due(int((now - started) / 60 * args.tasks_per_minute) + 1, ac)
+                r.poll_zombies()
                 fleet.resume_due(r.lease_s + 4)
                 if now >= next_fault:
                     if r.inject():
@@ -306,11 +360,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # Settle: no more faults; resume everyone; finish enqueueing; wait until every task is at rest.
         proxy.delay_s = 0.0
         proxy.cut_until = 0.0
+        sweeper_proxy.cut_until = 0.0
+        r.poll_zombies()
+        r.disarm()
         deadline = time.monotonic() + args.settle_timeout
         rest, total = 0, 0
         while time.monotonic() < deadline:
             try:
                 r.enqueue_due(len(r.keys), ac)
+                r.poll_zombies()  # a point reached just before it was disarmed
                 fleet.resume_due(r.lease_s + 4)  # a worker paused last keeps its full pause
                 fleet.reap("settle")
                 rest, total = r.at_rest()
@@ -326,6 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         fleet.stop_all()
         proxy.stop()
+        sweeper_proxy.stop()
         providers.stop()
         client.close()
         rs.stop(signal.SIGKILL)
@@ -449,6 +508,13 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
     except Exception as exc:
         ns_state = f"unreadable: {exc}"
     refused_events = events["stale_write_refused"]
+    not_succeeded = []
+    for t in tasks:
+        if t.state is not TaskState.SUCCEEDED:
+            why = [f"{a.number}:{a.state.value}" + (
+                f" {a.failure.failure_class.value}/{a.failure.type}: {a.failure.message[:160]}" if a.failure else "")
+                for a in t.attempts]
+            not_succeeded.append(f"{t.id} {t.state.value}: " + "; ".join(why))
     return {
         "seed": r.args.seed, "minutes": r.args.minutes, "workers": r.args.workers,
         "tasks_per_minute": r.args.tasks_per_minute, "injecting_s": round(injected_s, 1),
@@ -458,7 +524,8 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
         "proxy": {"accepted": r.proxy.accepted, "refused": r.proxy.refused, "closed_by_cut": r.proxy.closed_by_cut},
         "tasks": len(r.keys), "states": dict(states),
         "lost": missing + [f"{t.id} ({t.state.value})" for t in not_final],
-        "forge_pulls": len(r.forge.pulls), "forge_duplicates": forge_dups,
+        "forge_pulls": len(r.forge.pulls), "forge_duplicates": forge_dups, "forge_fenced_out": r.forge.fenced_out,
+        "zombies_frozen": sum(1 for f in r.faults if f.kind in ZOMBIE_OPERATIONS and f.worker),
         "push_commits": sum(push_keys.values()), "push_keys": len(push_keys), "git_duplicates": git_dups,
         "stale_accepted": stale_bad,
         "stale_refused_stats": stats.get("stale_write_refused", 0), "stale_refused_events": refused_events,
@@ -468,7 +535,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
         "effects_unknown": unknown, "quarantined": events["task_quarantined"],
         "attention_raised": events["attention_raised"],
         "latency_ms": {k: sorted(v) for k, v in latencies.items()}, "undecided": undecided,
-        "namespace_state": ns_state,
+        "namespace_state": ns_state, "not_succeeded": not_succeeded,
     }
 
 
@@ -491,7 +558,7 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
            f"{a['tasks_per_minute']} tasks/min", "",
            f"Injecting {a['injecting_s']} s, then settling {a['settle_s']} s. Result: **{'PASS' if ok else 'FAIL'}**.",
            "", "| fault | injected |", "|---|---:|"]
-    for kind in ("kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall"):
+    for kind in dict.fromkeys(KINDS):
         out.append(f"| {kind} | {a['faults'].get(kind, 0)} |")
     out.append(f"| processes that died on their own, restarted | {len(a['unexpected_exits'])} |")
     out += ["", "| check | value | must be |", "|---|---:|---|",
@@ -499,6 +566,8 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
             f"| task states | {kv(a['states'])} | |",
             f"| **tasks lost** (missing, or not at rest) | {lost} | 0 |",
             f"| pull requests at the provider / duplicates | {a['forge_pulls']} / {dup_pr} | dup 0 |",
+            f"| zombies frozen between intent and call / late pull requests refused by the forge's fence | "
+            f"{a['zombies_frozen']} / {a['forge_fenced_out']} | |",
             f"| push commits on the remote / push keys / duplicates | {a['push_commits']} / {a['push_keys']} / "
             f"{dup_push} | dup 0 |",
             f"| **stale writes accepted** | {stale} | 0 |",
@@ -527,6 +596,8 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
     for e in a["unexpected_exits"]:
         out.append(f"- {e['process']} exited {e['exit_code']} (last fault: {e['last_fault']}): "
                    f"`{e['last_log_line']}`")
+    for item in a["not_succeeded"][:20]:
+        out.append(f"- at rest, not succeeded: {item}")
     for item in a["lost"][:20]:
         out.append(f"- LOST: {item}")
     for item in a["stale_accepted"][:20]:

@@ -135,6 +135,11 @@ class Fleet:
         self.signal(name, signal.SIGSTOP)
         self.paused[name] = time.monotonic()
 
+    def adopt_pause(self, name: str) -> None:
+        """A process that stopped itself (a fail point): ``resume_due`` resumes it like a paused one."""
+        if name in self.procs:
+            self.paused.setdefault(name, time.monotonic())
+
     def resume_due(self, after_s: float, *, all_now: bool = False) -> None:
         """SIGCONT every process paused for ``after_s`` seconds or more (every paused one if ``all_now``)."""
         now = time.monotonic()
