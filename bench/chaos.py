@@ -342,7 +342,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.workers):
             fleet.worker()
         next_fault = started + r.rng.uniform(args.fault_min, args.fault_max)
-        while (now := time.monotonic()) - started < inject_s:
+        def injecting(now: float) -> bool:
+            if now - started < inject_s:
+                return True
+            # --cover-kinds: go on (up to three times as long) until every kind has been injected once.
+            missing = set(KINDS) - {f.kind for f in r.faults}
+            return bool(args.cover_kinds and missing and now - started < 3 * inject_s)
+
+        while injecting(now := time.monotonic()):
             try:
                 r.enqueue_due(int((now - started) / 60 * args.tasks_per_minute) + 1, ac)
                 r.poll_zombies()
@@ -612,6 +619,8 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=2.0, help="minutes of fault injection")
     p.add_argument("--short", action="store_true", help="CI mode: 0.5 min of faults, settle timeout 50 s")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--cover-kinds", action="store_true",
+                   help="inject until every fault kind happened once (at most 3x --minutes); on with --short")
     p.add_argument("--tasks-per-minute", type=float, default=40.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--think-s", type=float, default=0.5, help="pause in each task between push and pull request")
@@ -623,6 +632,7 @@ def main() -> int:
     args = p.parse_args()
     if args.short:
         args.minutes = 0.5
+        args.cover_kinds = True
     if args.settle_timeout is None:
         args.settle_timeout = 50.0 if args.minutes <= 0.5 else 120.0
     a = run(args)

@@ -86,7 +86,7 @@ local fence = fmt(next_fence(K.meta, K.fence))
 local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
 local ts_s, exp_s = fmt(ts), fmt(exp)
-redis.call('SET', K.lease, n .. ':' .. fence, 'PX', lease_s)
+redis.call('SET', K.lease, n .. ':' .. fence, 'PXAT', exp_s)
 redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts_s)
 aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s, 'hb_at', ts_s,
   'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s})

@@ -1,5 +1,5 @@
 -- mc_queue: renew
--- Extend the lease of a running Attempt (a heartbeat: PEXPIRE of its lease key), and charge cost and
+-- Extend the lease of a running Attempt (a heartbeat: PEXPIREAT of its lease key), and charge cost and
 -- tokens to it: only with the current fence and a live lease.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
@@ -50,7 +50,7 @@ local err, ts = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_m
 if err then return err end
 local lease_ms = A.lease_ms or math.min(tonumber(aget(K.attempts, n, 'lease_ms') or '') or m.max_lease, m.max_lease)
 local exp = ts + lease_ms
-redis.call('PEXPIRE', K.lease, lease_ms)
+redis.call('PEXPIREAT', K.lease, exp)
 aset(K.attempts, n, {'lease_exp', exp, 'hb_at', ts})
 redis.call('ZADD', K.leases, exp, redis.call('HGET', K.task, 'id') .. '/' .. n)
 if (tonumber(A.cost) > 0 or A.tokens > 0) and (A.request_id == '' or aget(K.attempts, n, 'charge_req') ~= A.request_id) then

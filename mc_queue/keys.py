@@ -27,7 +27,7 @@ Key schema (``P`` = ``{prefix}``)::
     P:t:<task id>:ev       stream its append-only event history
     P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
     P:t:<task id>:fence    string its fence counter (INCR at every claim, expiry and cancel acknowledgement)
-    P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PX at claim, PEXPIRE at renew)
+    P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PXAT at claim, PEXPIREAT at renew)
     P:tomb:<task id>       string a purged task's tombstone (JSON), PX the retention the operator chose
 
 Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given

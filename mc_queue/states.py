@@ -55,7 +55,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "-", "pending", "reconcile_settle", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "retry", "operator or policy", "Attempt N+1 with its reason")
     + _edges("attempt", "-", "pending", "dlq_replay", "operator", "Attempt N+1 out of the DLQ")
-    + _edges("attempt", "pending", "running", "claim", "worker", "a new fence (INCR) and a lease key (PX)")
+    + _edges("attempt", "pending", "running", "claim", "worker", "a new fence (INCR) and a lease key (PXAT expiry)")
     + _edges("attempt", "running", "succeeded", "complete", "worker holding the fence and a live lease")
     + _edges("attempt", "running", "failed", "fail", "worker holding the fence and a live lease")
     + _edges("attempt", "running", "suspect", "expire", "sweeper",

@@ -331,8 +331,8 @@ end
 
 -- ----------------------------------------------------------------------------------- fenced writes
 
--- The lease is a key of its own: it exists while the lease is live (PX at claim, PEXPIRE at renew)
--- and holds "<attempt>:<fence>", so a lease of another Attempt or fence is not this one.
+-- The lease is a key of its own: it exists while the lease is live (PXAT at claim, PEXPIREAT at
+-- renew: the key dies at exactly the expiry the lease index holds, never a millisecond later) and holds "<attempt>:<fence>", so a lease of another Attempt or fence is not this one.
 local function lease_value(n, fence)
   return n .. ':' .. (type(fence) == 'string' and fence or fmt(fence))
 end

@@ -123,7 +123,7 @@ time) caught 63 in 3/3 runs, 6 in 2/3 (m31, m48, m53, m68, m70, m71), and missed
 * m48 retry: the new attempt is due at once whatever the delay: caught 3/3
 * m49 dlq_purge: keeps the effects: caught 3/3
 * m50 cancel_ack: keeps the lease key: caught 3/3
-* m51 renew: no PEXPIRE: caught 3/3
+* m51 renew: no PEXPIREAT: caught 3/3
 * m52 cancel: a suspect attempt enters the cancels index: caught 3/3
 * m53 dlq_purge: keep_key_s=0 leaves the producer key: caught 3/3
 * m54 claim: ignores the lease length asked for: caught 3/3

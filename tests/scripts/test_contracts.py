@@ -603,6 +603,19 @@ def test_expire_leases_expires_only_leases_past_their_expiry(q: mc_queue.Client)
     assert len(events(q, dead.id)) == n_events
 
 
+def test_the_lease_key_dies_at_exactly_the_indexed_expiry(q: mc_queue.Client) -> None:
+    """The lease key and the expiry index agree to the millisecond, at claim and at renew: a key that
+    outlived its index entry made expire() answer 'lease is live' for a lease the index called due."""
+    task, lease = claimed(q)
+    tk = q.keys.task(task.id)
+    member = lease.attempt_id
+    assert q.redis.execute_command("PEXPIRETIME", tk.lease) == int(q.redis.zscore(q.keys.leases, member) or 0)
+    assert int(q.redis.zscore(q.keys.leases, member) or 0) == lease.expires_at_ms
+    new_exp = q.renew_lease(lease.attempt_id, lease.fence, worker_id=WORKER, lease_ms=LONG_LEASE_MS + 5000)
+    assert q.redis.execute_command("PEXPIRETIME", tk.lease) == new_exp
+    assert int(q.redis.zscore(q.keys.leases, member) or 0) == new_exp
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_old_holder_is_refused_after_its_lease_expired(q: mc_queue.Client, op: str) -> None:
     task, lease = suspect_task(q)

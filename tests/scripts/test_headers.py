@@ -27,7 +27,7 @@ COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions"))  # ev
 
 # Redis commands the scripts may use, by where their keys are: one key first, or every argument a key.
 SINGLE_KEY_COMMANDS = frozenset({
-    "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PTTL", "TYPE",
+    "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PEXPIREAT", "PTTL", "TYPE",
     "HGET", "HSET", "HSETNX", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HINCRBYFLOAT", "HLEN", "HKEYS",
     "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
     "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",
@@ -625,6 +625,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
     c = q.enqueue("jobs", "h", {"n": 3})
     q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
+    q.assert_lineage()  # the claim sequence seen, presented (a lineage check with evidence)
     recover(q, reason="header test")
     q.get_task(b.id)
     q.status()

@@ -114,7 +114,7 @@ def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.C
     mon_conn = redis.Redis.from_url(q.url, decode_responses=True)
     with mon_conn.monitor() as m:
         lease = q.claim_attempt(task.id, "w1", 30_000)
-        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=20_000)
+        renewed = q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=20_000)
         q.redis.ping()
         for cmd in m.listen():
             seen.append(cmd["command"])
@@ -122,8 +122,9 @@ def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.C
                 break
     mon_conn.close()
     assert f"INCR {tk.fence}" in seen, seen
-    assert f"SET {tk.lease} 1:{lease.fence} PX 30000" in seen, seen
-    assert f"PEXPIRE {tk.lease} 20000" in seen, seen
+    # The key's expiry is the absolute one the lease index holds (one clock reading, never a second one).
+    assert f"SET {tk.lease} 1:{lease.fence} PXAT {lease.expires_at_ms}" in seen, seen
+    assert f"PEXPIREAT {tk.lease} {renewed}" in seen, seen
 
 
 # --------------------------------------------------------------------------- 3. ids that wedge the sweeper
