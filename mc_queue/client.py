@@ -11,7 +11,9 @@ Orchestration lives above: :mod:`mc_queue.reconcile` (reconcile an Attempt with 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import socket
 import uuid
@@ -35,9 +37,10 @@ from .codec import (
     model_json,
 )
 from .config import Budget, Decision, RetryPolicy
-from .errors import Code, InvalidArgument, McqError, NamespaceLost, TaskNotFound, raise_for_reply
+from .errors import Code, ConfigurationError, InvalidArgument, McqError, NamespaceLost, TaskNotFound, raise_for_reply
 from .failures import fingerprint
 from .keys import Keys, TaskKeys, attempt_id, check_queue, new_task_id, parse_attempt_id, parse_task_id
+from .lineage import Replication, SlotStore, Watermark, judge
 from .models import (
     Attempt,
     EffectRecord,
@@ -50,7 +53,8 @@ from .models import (
     Task,
 )
 from .namespace import NamespaceState
-from .scripts import ScriptRunner
+from .scripts import ACKNOWLEDGED, ScriptRunner
+from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, make_redis, parse_url
 
 # The default lease: a heartbeat thread renews it every third (~3.3 s) whatever the handler does,
 # so a long tool call is not expired while its process lives; a vanished worker is noticed within
@@ -61,6 +65,10 @@ DEFAULT_TOMBSTONE_S = 30 * 86_400  # how long a purged task's id and producer ke
 REFUSED_LOG_MAX = 10_000  # about how many entries the refusals log keeps (XADD MAXLEN ~)
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 INDEXES = ("leases", "suspect", "outbox", "cancels")
+log = logging.getLogger("mc_queue.client")
+# No lineage pre-check before these: init (open_namespace checks right after it, and reports a loss as
+# the namespace's state instead of raising) and recovery's own steps (they run on a lost namespace).
+_NO_PRECHECK = frozenset({"init", "recover_begin", "recover_finish"})
 
 
 def quiet_connection_kwargs() -> dict[str, Any]:
@@ -73,6 +81,10 @@ def quiet_connection_kwargs() -> dict[str, Any]:
     return {"lib_name": None, "lib_version": None}
 
 
+def _raw_reply(response: Any, **_options: Any) -> Any:
+    return response
+
+
 def _default_actor() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -81,7 +93,19 @@ class Client:
     """A connection to one mc_queue namespace.
 
     ``redis`` is a redis-py client for reads. ``writer`` runs the transitions with redis-py's own
-    retries off; :attr:`runner` re-sends a script only when its header says that is safe.
+    retries off; :attr:`runner` re-sends a script only when its header says that is safe. Both are
+    built from ``url`` by :func:`mc_queue.urls.make_redis` (a ``redis+sentinel://`` URL follows a
+    failover without a restart).
+
+    ``min_replicas`` / ``replica_timeout_ms`` (or the URL's parameters of those names): an
+    acknowledged transition returns only once ``WAIT`` confirmed it on that many replicas
+    (:class:`~mc_queue.errors.ReplicationUnconfirmed` otherwise). ``track_replication`` (auto | on |
+    off; auto: on with a sentinel URL, min_replicas > 0, or a primary that has replicas or took over
+    another's history) keeps the replication watermark of every acknowledged write, in memory and,
+    with ``state_dir`` (default ``$MCQ_STATE_DIR``), in a slot file a restarted process finds;
+    :meth:`check_lineage` compares it with the primary's history when the client connects, after a
+    connection error and at every sweeper pass, and marks the namespace lost when acknowledged
+    writes are gone.
     """
 
     def __init__(
@@ -94,14 +118,31 @@ class Client:
         socket_timeout: float = 10.0,
         max_lease_ms: int = DEFAULT_MAX_LEASE_MS,
         redis_class: type[redis.Redis] = redis.Redis,
+        min_replicas: int | None = None,
+        replica_timeout_ms: int | None = None,
+        track_replication: str | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.url = url
+        self.target = parse_url(url)
         try:
             self.keys = Keys(prefix)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         self.actor = check_text(actor or _default_actor(), what="actor", max_bytes=200, spaces=False)
         self.max_lease_ms = check_int(max_lease_ms, what="max_lease_ms", low=1000, high=7 * 86_400_000)
+        self.min_replicas = check_int(self.target.min_replicas or 0 if min_replicas is None else min_replicas,
+                                      what="min_replicas", high=MAX_MIN_REPLICAS)
+        self.replica_timeout_ms = check_int(
+            (self.target.replica_timeout_ms or DEFAULT_REPLICA_TIMEOUT_MS) if replica_timeout_ms is None
+            else replica_timeout_ms, what="replica_timeout_ms", low=1, high=60_000)
+        if self.min_replicas and self.replica_timeout_ms >= socket_timeout * 1000:
+            raise ConfigurationError(f"replica_timeout_ms ({self.replica_timeout_ms}) must be below the socket "
+                                     f"timeout ({socket_timeout:g} s): WAIT blocks the connection that long")
+        mode = track_replication or self.target.track_replication or "auto"
+        if mode not in TRACK_MODES:
+            raise ConfigurationError(f"track_replication must be one of {', '.join(TRACK_MODES)}, not {mode!r}")
+        self.track_mode = mode
         self.ns = NamespaceState(prefix, witness_path)
         # surrogateescape: bytes that are not UTF-8 (written by someone else) read back losslessly
         # instead of failing the read, and go back to Redis unchanged (an index member to drop).
@@ -109,9 +150,25 @@ class Client:
                                       socket_timeout=socket_timeout,
                                       socket_connect_timeout=socket_timeout, health_check_interval=30,
                                       **quiet_connection_kwargs())
-        self.redis: redis.Redis = redis_class.from_url(url, **common)
-        self.writer: redis.Redis = redis_class.from_url(url, retry=Retry(NoBackoff(), 0), **common)
-        self.runner = ScriptRunner(self.writer)
+        self.redis: redis.Redis = make_redis(self.target, redis_class=redis_class, **common)
+        self.writer: redis.Redis = make_redis(self.target, redis_class=redis_class, retry=Retry(NoBackoff(), 0),
+                                              redis_connect_func=self._writer_connected, **common)
+        # INFO as the server wrote it: redis-py's parser turns an all-digit replication id into a number
+        # (and '000...0' into 0); lineage.Replication.parse reads the text.
+        self.writer.set_response_callback("INFO", _raw_reply)
+        self.runner = ScriptRunner(self.writer, min_replicas=self.min_replicas,
+                                   replica_timeout_ms=self.replica_timeout_ms, ack_key=self.keys.stats)
+        self.runner.track = mode == "on" or (mode == "auto" and (self.target.sentinel or self.min_replicas > 0))
+        self.runner.on_ack = self._acknowledged
+        self.runner.on_link_error = self._link_error
+        self.runner.before_resend = self._before_resend
+        self.watermark = Watermark()
+        state = state_dir or os.environ.get("MCQ_STATE_DIR") or None
+        self.slots: SlotStore | None = SlotStore(state, prefix) if state and mode != "off" else None
+        self._replid: str | None = None  # the primary's replication id at the last acknowledged write
+        self._lineage_due = False  # check the lineage before the next acknowledged write
+        self._checking = False
+        self.slot_error: str | None = None  # why the slot file could not be written, if it could not
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     # ----------------------------------------------------------------- plumbing
@@ -119,6 +176,8 @@ class Client:
     def close(self) -> None:
         self.redis.close()
         self.writer.close()
+        if self.slots is not None:
+            self.slots.close()
 
     def __enter__(self) -> Client:
         return self
@@ -127,10 +186,138 @@ class Client:
         self.close()
 
     def _run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
+        if name in ACKNOWLEDGED:
+            self._precheck(name)  # the link broke or the primary changed since the last write: judge first
         return self.runner.run(name, keys, argv)
 
+    def _precheck(self, name: str) -> None:
+        """The lineage check due after a broken link, before ``name`` is sent. For init and recovery's
+        steps a loss is not raised here: init reports the namespace's state, recovery runs on a lost one."""
+        if not self._lineage_due or self._checking:
+            return
+        if name in _NO_PRECHECK:
+            with contextlib.suppress(NamespaceLost):
+                self.check_lineage()
+        else:
+            self.check_lineage()
+
+    # ----------------------------------------------------------------- the replication watermark
+
+    @property
+    def tracking(self) -> bool:
+        """True while acknowledged writes record the primary's replication id and offset."""
+        return self.runner.track
+
+    def _writer_connected(self, conn: Any) -> None:
+        """Every new writer connection: when acknowledged writes went to a primary before, make sure this
+        is still that primary's history; else refuse the connection (the runner then checks the lineage
+        before it resends). redis-py reconnects silently to a closed socket's server (a sentinel client
+        to the new primary), so a failover must be caught here, before the next script is sent."""
+        conn.on_connect()
+        if self._replid is None or self._checking or not self.runner.track:
+            return
+        conn.send_command("INFO", "replication")
+        repl = Replication.parse(conn.read_response())
+        if repl.role == "master" and repl.replid != self._replid:
+            self._lineage_due = True
+            raise redis.ConnectionError(
+                f"the primary changed since the last acknowledged write (replication id {self._replid[:12]} -> "
+                f"{repl.replid[:12]}): its history is checked before anything is written there")
+
+    def _link_error(self) -> None:
+        if self.runner.track:  # replication matters here: the link may come back to another primary
+            self._lineage_due = True
+
+    def _before_resend(self, name: str) -> None:
+        """A resend after a broken link may reach another primary (a sentinel client follows a
+        failover): judge its history before the write goes there."""
+        self._precheck(name)
+
+    def _acknowledged(self, name: str, reply: list[Any], repl: Replication) -> None:
+        """After an acknowledged write (tracking on): note the offset the primary held right after it,
+        and the claim sequence a claim was issued at; rewrite this process's slot file."""
+        if repl.role != "master":
+            return
+        if self._replid is not None and repl.replid != self._replid:
+            self._lineage_due = True  # another primary since the last write (a failover): judge it next
+        self._replid = repl.replid
+        epoch = self.ns.epoch
+        if not epoch:
+            return  # init (the epoch is being read) and recovery's steps: nothing acted on yet
+        self.watermark.note(epoch, repl.replid, repl.offset)
+        if name == "claim":
+            self.watermark.note_seq(epoch, int(reply[4]))
+        if self.slots is not None:
+            try:
+                self.slots.write(self.watermark)
+            except OSError as exc:  # the watermark lives on in memory; a restart would not find it
+                if self.slot_error is None:
+                    log.error("cannot write the replication watermark to %s (%s): a restarted process will not "
+                              "find it", self.slots.dir, exc)
+                self.slot_error = str(exc)
+
+    def check_lineage(self) -> str | None:
+        """Compare the acknowledged watermarks (this client's, and every slot file of this namespace
+        under the state dir) with the primary's replication history, and the highest claim sequence
+        seen with the namespace's. When acknowledged writes are gone, mark the namespace lost (with why,
+        and a ``state_loss_detected`` event) and raise :class:`NamespaceLost`; else rebase the watermark
+        onto the current history. Returns None when nothing is missing (or nothing can be judged)."""
+        self._lineage_due = False
+        if self.track_mode == "off" or self._checking:
+            return None
+        self._checking = True
+        try:
+            try:
+                repl = Replication.parse(self.writer.info("replication"))
+            except redis.ResponseError:  # INFO not allowed for this user: replication cannot be judged
+                return None
+            if repl.role != "master":
+                return None  # writes are refused there anyway (READONLY); a sentinel client asks again
+            self._replid = repl.replid  # judged now: new connections to this primary need no other check
+            if self.track_mode == "auto" and not self.runner.track and (repl.replicas > 0 or repl.promoted):
+                self.runner.track = True
+            epoch = self.ns.epoch or ""
+            if not epoch:
+                return None  # no namespace loaded yet: open_namespace checks once it has the epoch
+            seen = Watermark()
+            seen.merge(self.watermark)
+            if self.slots is not None:
+                seen.merge(self.slots.read_all())
+            marks = seen.of_epoch(epoch)
+            why, rebased, _unjudged = judge(marks, repl)
+            min_seq = max(self.ns.seq_seen, seen.seqs.get(epoch, 0))
+            if why is None and not min_seq and not marks:
+                return None  # no evidence to present
+            if not self.assert_lineage(lost_reason=why or "", min_seq=min_seq, epoch=epoch):
+                return None  # a recovery retired our epoch: what we saw belongs to it
+            self.watermark = Watermark({f"{epoch}/{rid}": off for rid, off in rebased.items()},
+                                       {e: q for e, q in seen.seqs.items() if e == epoch})
+            if epoch and min_seq > self.ns.seq_seen:
+                self.ns.seq_seen = min_seq  # the next claim presents it too
+            if self.slots is not None and (rebased or self.watermark.seqs):
+                self.slots.write(self.watermark)
+            return None
+        finally:
+            self._checking = False
+
+    def assert_lineage(self, *, lost_reason: str = "", min_seq: int | None = None, epoch: str | None = None) -> bool:
+        """lineage.lua: present the claim sequence seen (default: this client's) and, when a lineage check
+        found acknowledged writes missing, why; the namespace is marked lost on either evidence
+        (NamespaceLost). False when the epoch presented was retired by a recovery (forgotten here)."""
+        check_text(lost_reason, what="lost_reason", max_bytes=2000)
+        seq = self.ns.seq_seen if min_seq is None else check_int(min_seq, what="min_seq", high=MAX_INT)
+        reply = self._run("lineage", self._ns_keys(), {"epoch": self.ns.epoch or "" if epoch is None else epoch,
+                                                       "min_seq": seq, "actor": self.actor,
+                                                       "lost_reason": lost_reason})
+        if reply[0] == Code.E_EPOCH:
+            self.ns.forget()
+            return False
+        raise_for_reply(reply, script="lineage")
+        return True
+
     def open_namespace(self) -> NamespaceInfo:
-        """Create the namespace on first use (writers only), or load it; remembers its epoch."""
+        """Create the namespace on first use (writers only), or load it; remembers its epoch. Then
+        checks the replication lineage (:meth:`check_lineage`): a namespace found lost is reported so."""
         witness = self.ns.read_witness()
         reply = self._run("init", {"meta": self.keys.meta, "nslog": self.keys.nslog, "queues": self.keys.queues,
                                    "leases": self.keys.leases},
@@ -141,6 +328,11 @@ class Client:
         self.ns.adopt(info.epoch)
         if info.state == "ok" and info.epoch != witness:
             self.ns.write_witness(info.epoch)
+        if info.state == "ok":
+            try:
+                self.check_lineage()
+            except NamespaceLost as exc:
+                return NamespaceInfo(self.keys.prefix, "lost", info.epoch, info.seq, info.floor, exc.message)
         return info
 
     def _epoch(self) -> str:
@@ -517,11 +709,16 @@ class Client:
             tk = self._attempt(member)[2]
         except InvalidArgument:
             tk = self.keys.nowhere()
-        reply = self._run("index_drop", {**self._ns_keys(), "index": getattr(self.keys, index), "task": tk.task,
-                                         "attempts": tk.attempts},
-                          {"kind": index, "member": member.encode("utf-8", "surrogateescape"),
-                           "actor": actor or self.actor,
-                           "reason": _printable(reason, 2000), "epoch": recovering_epoch or self._epoch()})
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("index_drop", {**self._ns_keys(), "index": getattr(self.keys, index), "task": tk.task,
+                                            "attempts": tk.attempts},
+                             {"kind": index, "member": member.encode("utf-8", "surrogateescape"),
+                              "actor": actor or self.actor, "reason": _printable(reason, 2000), "epoch": epoch})
+
+        # Recovery presents the epoch it recovers to; anyone else presents the one it knows, reloaded
+        # once after a recovery elsewhere (as every other call does).
+        reply = call(recovering_epoch) if recovering_epoch else self._with_epoch(call)
         raise_for_reply(reply, script="index_drop", attempt_id=member)
         return 1 if reply[0] == Code.OK else 0
 

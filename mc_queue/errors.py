@@ -95,6 +95,12 @@ class TaskPurged(TransitionRefused):
     """The task this id or producer key names was purged: it does not run again until its tombstone expires."""
 
 
+class EffectNotBegun(TransitionRefused, InvalidArgument):
+    """A receipt for an effect with no intent on file (``effect_begin`` must come first): refused and
+    recorded as an ``effect_refused`` event on the task. An InvalidArgument too: the caller's order
+    of calls was wrong, nothing was written."""
+
+
 class WriteRefused(McqError):
     """A fenced write (renew, complete, fail) was refused and kept as a stale_write_refused event.
 
@@ -146,6 +152,54 @@ class ConfigurationError(McqError):
 class OutcomeUnknown(McqError):
     """The connection failed after a script that is not safe to resend was sent: it may or may not
     have run. Read the state back before doing anything else."""
+
+
+class ReplicationUnconfirmed(WriteRefused, OutcomeUnknown):
+    """The write is applied on the primary, but ``WAIT`` did not confirm it on ``min_replicas``
+    replicas within ``replica_timeout_ms``: a failover now could lose it. Its fate is reconciled,
+    never assumed: a producer resends with the same idempotency key (the same task comes back); a
+    worker does not go on with the Attempt (no side effect, no further write): its lease runs out
+    and the sweeper reconciles what was done.
+
+    A :class:`WriteRefused` for the worker's code paths (the handler's context turns it into
+    ``LeaseLost``, the worker stops the Attempt without recording a decision), and an
+    :class:`OutcomeUnknown` for everyone else: what was acknowledged is not yet durable.
+    ``acked`` is how many replicas confirmed, ``wanted`` the policy's ``min_replicas``.
+    """
+
+    def __init__(self, message: str, *, acked: int = 0, wanted: int = 0, timeout_ms: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.acked = acked
+        self.wanted = wanted
+        self.timeout_ms = timeout_ms
+
+
+# What a caller does after ReplicationUnconfirmed, per script (the write is on the primary only).
+_UNCONFIRMED_ADVICE: dict[str, str] = {
+    "enqueue": "resend it with the same idempotency key (the same task comes back, dispatched once); without a "
+               "key a resend makes a second task, so read it back with get_task first",
+    "claim": "do not run the Attempt: its lease runs out and the sweeper reconciles it (nothing was done)",
+    "effect_begin": "do not call the provider: stop the Attempt; its lease runs out and the sweeper reconciles "
+                    "the intent with the provider",
+    "effect_done": "the provider did the effect; stop the Attempt: the sweeper finds the receipt, or asks the "
+                   "provider by key",
+    "checkpoint": "stop the Attempt: its lease runs out and the sweeper reconciles it",
+    "complete": "stop here: if a failover loses the completion, the lease runs out and the sweeper settles the "
+                "Attempt from its recorded result and receipts",
+    "fail": "stop here: if a failover loses the failure, the lease runs out and the sweeper reconciles the Attempt",
+    "cancel_ack": "stop here: if a failover loses it, the sweeper voids the lease after the cancel timeout",
+}
+
+
+def replication_unconfirmed(script: str, *, acked: int, wanted: int, timeout_ms: int) -> ReplicationUnconfirmed:
+    """The exception for a write WAIT did not confirm on enough replicas, with what to do next."""
+    advice = _UNCONFIRMED_ADVICE.get(script, "read the state back before acting on it; a sweeper pass or the "
+                                             "same call again (with the same request id) reconciles it")
+    return ReplicationUnconfirmed(
+        f"{script}: the write is applied on the primary but only {acked} of {wanted} replica(s) confirmed it "
+        f"within {timeout_ms} ms (min_replicas={wanted}); a failover now could lose it. Its fate is reconciled, "
+        f"never assumed: {advice}", acked=acked, wanted=wanted, timeout_ms=timeout_ms, script=script,
+        code="UNCONFIRMED")
 
 
 _FENCED_SCRIPTS = frozenset({"renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack"})
@@ -225,7 +279,8 @@ def raise_for_reply(
     if code is Code.E_NOTASK:
         raise TaskNotFound(f"no task {task_id or where!s} in this namespace", **ctx)
     if code is Code.E_NOEFFECT:
-        raise InvalidArgument(f"no intent on file for this effect ({first})", **ctx)
+        raise EffectNotBegun(f"effect_done of {where} refused: no intent on file for this effect ({first}); "
+                             "call effect_begin first (Context.effect does both)", **ctx)
     if code is Code.E_RETRY:
         raise RetryRefused(f"retry of {where} refused: {first}", **ctx)
     if code is Code.E_NSLOST:

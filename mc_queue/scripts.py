@@ -9,6 +9,14 @@ reaches Redis, so the header and the code cannot drift apart silently.
 would re-send a command after a timeout without saying so: a claim ran 11 times here). After a
 connection error or a timeout it re-sends a script only when the script's header says a resend is
 safe; otherwise it raises :class:`~mc_queue.errors.OutcomeUnknown`.
+
+Acknowledged writes (:data:`ACKNOWLEDGED`: the transitions a caller acts on) can be made durable on
+replicas: with ``min_replicas`` N > 0 the script is sent in one pipeline with a counter increment
+(so the connection's replication offset covers everything the primary holds, a resend that
+answers DUP included) and ``WAIT N timeout``, all on one connection; fewer than N confirmations
+raise :class:`~mc_queue.errors.ReplicationUnconfirmed` (the write is applied on the primary only).
+With tracking on, ``INFO replication`` rides in the same pipeline and ``on_ack`` gets the primary's
+replication id and offset after the write (the client's watermark, :mod:`mc_queue.lineage`).
 """
 
 from __future__ import annotations
@@ -22,13 +30,27 @@ from typing import Any, Protocol
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
-from .errors import OutcomeUnknown
+from .errors import SUCCESS_CODES, OutcomeUnknown, replication_unconfirmed
+from .lineage import Replication
 
 _HEADER_RE = re.compile(r"^--\s+(KEYS|ARGV)\[(\d+)\]\s+(\w+)")
 _IDEMPOTENT_RE = re.compile(r"^--\s+Idempotent:\s*(\S+)", re.M)
 _INCLUDE_RE = re.compile(r"^--@include\s+(\w+)\s*$", re.M)
 RESENDS = 3  # resends of an idempotent script after a connection error or a timeout
+
+# Transitions a caller acts on once they are acknowledged (a producer forgets its work, a worker runs
+# an Attempt or calls a provider, an operator is told it is done): with min_replicas > 0 they return
+# only after WAIT confirmed them, and they advance the replication watermark.
+ACKNOWLEDGED = frozenset({
+    "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
+    "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
+})
+# Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
+# (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
+# again by the next sweep; lineage records a loss that is found again. And one read-only script.
+REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due"})
 
 
 def lua_dir() -> Path:
@@ -115,7 +137,8 @@ class ScriptRunner:
     """The scripts bound to one redis-py client (EVALSHA, loading the script on NOSCRIPT)."""
 
     def __init__(self, client: redis.Redis, *, resends: int = RESENDS,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, min_replicas: int = 0,
+                 replica_timeout_ms: int = 1000, ack_key: str | None = None) -> None:
         self._client = client
         self._resends = resends
         self._sleep = sleep
@@ -123,6 +146,15 @@ class ScriptRunner:
             name: (spec, Script(client, spec.source)) for name, spec in specs().items()
         }
         self.observers: list[Observer] = []
+        if min_replicas and not ack_key:
+            raise ValueError("min_replicas needs ack_key: a hash the runner may increment before WAIT")
+        self.min_replicas = min_replicas
+        self.replica_timeout_ms = replica_timeout_ms
+        self.ack_key = ack_key
+        self.track = False  # read INFO replication with every acknowledged write (the watermark)
+        self.on_ack: Callable[[str, list[Any], Replication], None] | None = None
+        self.on_link_error: Callable[[], None] | None = None  # a connection error or timeout was seen
+        self.before_resend: Callable[[str], None] | None = None  # before a resend after one (a lineage check)
 
     def spec(self, name: str) -> ScriptSpec:
         return self._scripts[name][0]
@@ -141,22 +173,63 @@ class ScriptRunner:
         k, a = self._args(name, keys, argv)
         return self._scripts[name][1](keys=k, args=a, client=client or self._client)
 
+    def _acknowledged(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> tuple[Any, int, Any]:
+        """One pipeline on one connection: EVALSHA, then (min_replicas) a counter increment, (tracking)
+        INFO replication, (min_replicas) WAIT. Returns (script reply, replicas that confirmed, INFO)."""
+        spec, script = self._scripts[name]
+        k, a = self._args(name, keys, argv)
+        for _ in range(2):
+            pipe: Any = self._client.pipeline(transaction=False)  # execute_command is untyped
+            pipe.execute_command("EVALSHA", script.sha, len(k), *k, *a)
+            if self.min_replicas:
+                # Any write moves this connection's replication offset to the primary's: WAIT then
+                # covers everything the primary holds, the original write of a resend that answers DUP too.
+                pipe.execute_command("HINCRBY", self.ack_key, "replication_waits", 1)
+            if self.track:
+                pipe.execute_command("INFO", "replication")
+            if self.min_replicas:
+                pipe.execute_command("WAIT", self.min_replicas, self.replica_timeout_ms)
+            replies = pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], NoScriptError):  # the script did not run: loading it and resending is safe
+                script.sha = self._client.script_load(spec.source)
+                continue
+            break
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        info = replies[-2 if self.min_replicas else -1] if self.track else None
+        acked = replies[-1] if self.min_replicas else 0
+        return replies[0], (acked if isinstance(acked, int) else -1), info
+
     def run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
         """Run a script; after a connection error or timeout, resend it only if its header says that is safe."""
         tokens = [o.before(name, keys, argv) for o in self.observers]
         attempts = (self._resends if self.spec(name).idempotent else 0) + 1
+        acknowledged = name in ACKNOWLEDGED and (self.min_replicas > 0 or self.track)
         last: Exception | None = None
         for i in range(attempts):
             try:
-                reply = self.call(name, keys, argv)
+                if i and self.before_resend is not None:
+                    self.before_resend(name)  # the link broke: maybe another primary now (raises to stop the resend)
+                if acknowledged:
+                    reply, acked, info = self._acknowledged(name, keys, argv)
+                else:
+                    reply, acked, info = self.call(name, keys, argv), 0, None
                 out = reply if isinstance(reply, list) else [reply]
                 for o, t in zip(self.observers, tokens, strict=True):
                     o.after(t, out)
+                if acknowledged and str(out[0]) in SUCCESS_CODES:
+                    if self.min_replicas and acked < self.min_replicas:
+                        raise replication_unconfirmed(name, acked=max(acked, 0), wanted=self.min_replicas,
+                                                      timeout_ms=self.replica_timeout_ms)
+                    if info is not None and self.on_ack is not None:
+                        self.on_ack(name, out, Replication.parse(info))
                 return out
             except redis.AuthenticationError:
                 raise  # wrong credentials: resending cannot help
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 last = exc
+                if self.on_link_error is not None:
+                    self.on_link_error()
                 if i + 1 < attempts:
                     self._sleep(min(0.05 * (2**i), 1.0))
         assert last is not None
@@ -179,6 +252,8 @@ class ScriptRunner:
                 replies = pipe.execute(raise_on_error=False)
                 break
             except (redis.ConnectionError, redis.TimeoutError):
+                if self.on_link_error is not None:
+                    self.on_link_error()
                 if i == self._resends:
                     raise
                 self._sleep(min(0.05 * (2**i), 1.0))

@@ -18,6 +18,9 @@ Its cost grows with what is due (expired leases, suspects, due dispatches), not 
 tasks in Redis. One bad index entry never stops a batch: an entry whose task is gone or that cannot
 be read is dropped and logged (``orphan_index_entry``), any other error is reported and the pass
 goes on. On a namespace that lost state the sweeper decides nothing and says so at every pass.
+Every pass starts with the client's replication lineage check (:meth:`Client.check_lineage`), so a
+failover that lost acknowledged writes is found within one pass of the sweeper reaching the new
+primary.
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ class Sweeper:
 
     def run_once(self) -> SweepReport:
         report = SweepReport()
+        try:
+            # The replication lineage first: a failover that lost acknowledged writes marks the namespace
+            # lost here (the watermark of this host's processes against the primary's history).
+            self.client.check_lineage()
+        except NamespaceLost as exc:
+            log.error("namespace %r: %s", self.client.keys.prefix, exc)
         info = self.client.namespace()
         if not info.usable:
             report.namespace = info.state

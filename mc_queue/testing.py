@@ -7,6 +7,7 @@ tests need. It never touches the machine's shared Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -340,3 +341,317 @@ def bare_git_remote(root: str | os.PathLike[str], *, branch: str = "main") -> Pa
     git("push", "--quiet", str(remote), branch, cwd=seed)
     shutil.rmtree(seed)
     return remote
+
+
+# ---------------------------------------------------------------------- replication and Sentinel
+
+
+class PausableProxy:
+    """A TCP proxy on a free loopback port in front of ``upstream`` (host, port) that can hold back
+    what flows through it: ``pause()`` stops relaying in both directions (what arrives meanwhile waits
+    in the proxy and the kernel's buffers), ``resume()`` relays it, ``cut()`` closes every connection
+    and throws away whatever was not relayed yet. Put on a replica's replication link, it makes
+    replication lag on demand, and ``cut()`` after killing the primary makes the lagging bytes lost.
+
+    ``hold_only``: pause only the connections whose client sent these bytes (``b"REPLCONF"``: the
+    replication link), and let every other connection through the same port flow."""
+
+    def __init__(self, upstream: tuple[str, int], *, hold_only: bytes | None = None) -> None:
+        import threading
+
+        self.upstream = upstream
+        self.hold_only = hold_only.upper() if hold_only else None
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._generation = 0  # bumped by cut(): a pump of an older generation never relays again
+        self._closed = False
+        self.relayed = 0  # bytes relayed from upstream to the client
+        self._thread = threading.Thread(target=self._accept, name="pausable-proxy", daemon=True)
+
+    def start(self) -> PausableProxy:
+        self._thread.start()
+        return self
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._flowing.is_set()
+
+    def cut(self) -> None:
+        """Close every connection now; nothing held back is relayed."""
+        with self._lock:
+            self._generation += 1
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.cut()
+        self._flowing.set()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                gen = self._generation
+                self._socks += [client, upstream]
+            held = [self.hold_only is None]  # shared by the connection's two pumps
+            threading.Thread(target=self._pump, args=(client, upstream, gen, False, held), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, gen, True, held), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, gen: int, downstream: bool, held: list[bool]) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not held[0] and not downstream and self.hold_only and self.hold_only in data.upper():
+                    held[0] = True
+                if held[0]:
+                    self._flowing.wait()
+                if gen != self._generation:
+                    break  # cut while held back: thrown away
+                dst.sendall(data)
+                if downstream:
+                    self.relayed += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class SentinelServer:
+    """One redis-sentinel process (``redis-server <conf> --sentinel``) monitoring ``service``."""
+
+    def __init__(self, directory: str | os.PathLike[str], master: tuple[str, int], *, service: str = "mcq",
+                 quorum: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
+                 port: int | None = None) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.service = service
+        self.conf = self.dir / "sentinel.conf"
+        self.conf.write_text("\n".join([
+            f"port {self.port}", "bind 127.0.0.1", "daemonize no", f"dir {self.dir}",
+            f"logfile {self.dir / 'sentinel.log'}",
+            f"sentinel monitor {service} {master[0]} {master[1]} {quorum}",
+            f"sentinel down-after-milliseconds {service} {down_after_ms}",
+            f"sentinel failover-timeout {service} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {service} 1", "",
+        ]))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> SentinelServer:
+        self.proc = subprocess.Popen([find_redis_server(), str(self.conf), "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-sentinel exited with {self.proc.returncode}; see {self.dir}/sentinel.log")
+            try:
+                c = self.client()
+                c.ping()
+                c.close()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-sentinel on port {self.port} did not start within {timeout}s")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
+
+    def master(self) -> dict[str, Any]:
+        c = self.client()
+        try:
+            return cast(dict[str, Any], c.execute_command("SENTINEL", "MASTER", self.service))  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+
+    def master_address(self) -> tuple[str, int] | None:
+        c = self.client()
+        try:
+            addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+        return (str(addr[0]), int(addr[1])) if addr else None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+class FailoverCluster:
+    """A primary (AOF, ``appendfsync always``) and one replica whose replication link runs through a
+    :class:`PausableProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
+    short ``down_after_ms`` and ``failover_timeout_ms``, so a failover takes a few seconds).
+
+    ``lag()`` holds the replication stream back, ``catch_up()`` lets it flow, ``kill_primary()``
+    SIGKILLs the primary and cuts the proxy (what was held back is lost, as with a replica that lagged
+    behind a dead primary), ``wait_failover()`` waits until the sentinels name the replica as the
+    primary, ``restart_old_primary()`` starts the old primary again on its own data (the sentinels
+    turn it into a replica of the new one). ``url()`` is the ``redis+sentinel://`` URL of the service.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, service: str = "mcq", sentinels: int = 3,
+                 quorum: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
+                 appendfsync: str = "always") -> None:
+        self.dir = Path(directory)
+        self.service = service
+        fast = ["--repl-diskless-sync-delay", "0"]  # a full sync starts at once (default: waits 5 s)
+        self.primary = RedisServer(self.dir / "primary", appendfsync=appendfsync, extra=fast)
+        # The sentinels know the primary by the proxy's address too: they repoint a replica whose master
+        # address differs from theirs (+fix-slave-config) straight to the primary, past the proxy. Only
+        # the replication connection (it sends REPLCONF) is held back; the sentinels' and clients' flow.
+        self.proxy = PausableProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
+        self.replica = RedisServer(self.dir / "replica", appendfsync=appendfsync,
+                                   extra=[*fast, "--replicaof", "127.0.0.1", str(self.proxy.port)])
+        self.sentinels = [SentinelServer(self.dir / f"sentinel{i}", ("127.0.0.1", self.proxy.port), service=service,
+                                         quorum=quorum, down_after_ms=down_after_ms,
+                                         failover_timeout_ms=failover_timeout_ms) for i in range(sentinels)]
+        self.old_primary: RedisServer | None = None
+
+    def start(self, timeout: float = 30.0) -> FailoverCluster:
+        self.primary.start()
+        self.proxy.start()
+        self.replica.start()
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.replica_info().get("master_link_status") == "up", deadline, "the replica to sync")
+        for s in self.sentinels:
+            s.start()
+        want_others = len(self.sentinels) - 1
+
+        def ready() -> bool:
+            for s in self.sentinels:
+                m = s.master()
+                if int(m.get("num-slaves", 0)) < 1 or int(m.get("num-other-sentinels", 0)) < want_others:
+                    return False
+            return True
+
+        self._wait(ready, deadline, "the sentinels to see the replica and each other")
+        return self
+
+    @staticmethod
+    def _wait(cond: Any, deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"timed out waiting for {what}")
+
+    def url(self, **params: Any) -> str:
+        from .urls import sentinel_url
+
+        return sentinel_url([("127.0.0.1", s.port) for s in self.sentinels], self.service, **params)
+
+    def replica_info(self) -> dict[str, Any]:
+        c = self.replica.client(socket_timeout=2)
+        try:
+            return c.info("replication")
+        finally:
+            c.close()
+
+    def primary_info(self) -> dict[str, Any]:
+        c = self.primary.client(socket_timeout=2)
+        try:
+            return c.info("replication")
+        finally:
+            c.close()
+
+    def lag(self) -> None:
+        """Hold the replication stream back (the replica falls behind from now on)."""
+        self.proxy.pause()
+
+    def catch_up(self, timeout: float = 10.0) -> None:
+        """Let the stream flow and wait until the replica acknowledged the primary's offset."""
+        self.proxy.resume()
+        target = int(self.primary_info()["master_repl_offset"])
+        self._wait(lambda: int(self.replica_info().get("master_repl_offset", 0)) >= target,
+                   time.monotonic() + timeout, "the replica to catch up")
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary and cut every connection through the proxy (the replication link among
+        them): what the replica had not received is gone."""
+        self.primary.kill()
+        self.proxy.cut()
+
+    def wait_failover(self, timeout: float = 30.0) -> tuple[str, int]:
+        """Wait until every sentinel names the replica as the primary, and it says so."""
+        want = ("127.0.0.1", self.replica.port)
+
+        def switched() -> bool:
+            named = [s.master_address() for s in self.sentinels]
+            return all(a == want for a in named) and self.replica_info().get("role") == "master"
+
+        self._wait(switched, time.monotonic() + timeout, "the sentinels to promote the replica")
+        return want
+
+    def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
+        """Start the killed primary again on its own data; wait until the sentinels made it a replica
+        of the new primary and it is in sync."""
+        self.old_primary = self.primary
+        self.old_primary.start()
+        new = self.replica
+        deadline = time.monotonic() + timeout
+
+        def synced() -> bool:
+            c = self.old_primary.client(socket_timeout=2) if self.old_primary else None
+            assert c is not None
+            try:
+                info = c.info("replication")
+            finally:
+                c.close()
+            return bool(info.get("role") == "slave" and info.get("master_port") == new.port
+                        and info.get("master_link_status") == "up")
+
+        self._wait(synced, deadline, "the old primary to rejoin as a replica of the new one")
+        return self.old_primary
+
+    def stop(self) -> None:
+        for s in self.sentinels:
+            s.stop()
+        self.proxy.close()
+        for r in (self.replica, self.primary):
+            r.kill()
+
+    def __enter__(self) -> FailoverCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

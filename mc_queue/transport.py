@@ -19,6 +19,7 @@ from rq.serializers import JSONSerializer
 
 from .client import Client, quiet_connection_kwargs
 from .keys import parse_attempt_id
+from .urls import make_redis
 
 ENTRY = "mc_queue.worker.run_attempt"
 
@@ -36,9 +37,9 @@ def job_id(prefix: str, attempt_id: str) -> str:
 
 
 def rq_connection(client: Client) -> redis.Redis:
-    """RQ needs bytes responses; same server and credentials as the client."""
-    return redis.Redis.from_url(client.url, socket_timeout=30, socket_connect_timeout=10,
-                                **quiet_connection_kwargs())
+    """RQ needs bytes responses; same server and credentials as the client, built by the same factory
+    (a sentinel URL follows a failover here too)."""
+    return make_redis(client.target, socket_timeout=30, socket_connect_timeout=10, **quiet_connection_kwargs())
 
 
 def rq_queue(rq: redis.Redis, prefix: str, queue: str) -> Queue:

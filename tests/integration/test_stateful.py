@@ -168,6 +168,7 @@ from mc_queue.errors import (
     AttemptNotRunning,
     CancelRequested,
     ClaimRejected,
+    EffectNotBegun,
     IdempotencyConflict,
     InvalidArgument,
     LeaseExpired,
@@ -745,7 +746,7 @@ class QueueMachine(RuleBasedStateMachine):
             if expected is not None:
                 t.events["late_receipt"] += 1
             elif key not in t.effects:
-                expected = InvalidArgument  # E_NOEFFECT: no intent on file (refused, and recorded)
+                expected = EffectNotBegun  # E_NOEFFECT: no intent on file (refused, and recorded)
                 t.events["effect_refused"] += 1
             elif t.effects[key].state == "done" and t.effects[key].receipt != variant:
                 expected = ResultConflict

@@ -51,7 +51,7 @@ SUCCESS = {c.value for c in (Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDI
 # E_EPOCH is the client's cue to reload, E_NSLOST is recorded once, when the loss is detected).
 AUDITED = {"E_STALE", "E_STATE", "E_EXPIRED", "E_CLAIM", "E_RETRY", "E_CONFLICT", "E_PHASE", "E_CANCELED",
            "E_CANCEL", "E_NOEFFECT", "E_PURGED"}
-SIGNALS = {"epoch", "min_seq", "proof"}  # arguments whose well-formed values are loss evidence
+SIGNALS = {"epoch", "min_seq", "proof", "lost_reason"}  # arguments whose well-formed values are loss evidence
 KNOWN_DISAGREEMENTS: dict[tuple[str, str, str], str] = {}  # (script, arg, value repr) -> why
 FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
 REASON = "a reason that is long enough"
@@ -148,6 +148,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "index_drop": lambda: q.drop_index_entry("suspect", "not-an-attempt", reason="fuzz drops"),
         "recover_begin": lambda: q.begin_recovery(reason="fuzz recovers"),
         "recover_finish": lambda: q.finish_recovery(str(q.namespace().epoch), voided=0),
+        "lineage": lambda: q.assert_lineage(),
     }
 
 

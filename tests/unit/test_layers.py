@@ -17,7 +17,7 @@ PKG = Path(mc_queue.__file__).resolve().parent
 LAYERS: dict[str, int] = {
     # 0. contracts: keys, records, errors, the script runner, the state table, the namespace memory
     "errors": 0, "keys": 0, "codec": 0, "models": 0, "config": 0, "failures": 0, "scripts": 0,
-    "states": 0, "namespace": 0, "embedded": 0, "failpoints": 0,
+    "states": 0, "namespace": 0, "embedded": 0, "urls": 0, "lineage": 0, "failpoints": 0,
     # 1. the typed contract calls
     "client": 1, "connection": 1,
     # 2. policy, effects, reconciliation, recovery
