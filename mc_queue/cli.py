@@ -279,6 +279,9 @@ def load_app(spec: str) -> Any:
     return app
 
 
+EXIT_STOPPED_MIDWAY = 5  # `mcq worker` only: stopped before its Attempt finished (see its help)
+
+
 @main.command()
 @click.option("--app", "app_spec", required=True, help="The handlers' App, as package.module:app.")
 @click.option("--queue", "queues", multiple=True, help="Queue(s) to serve (default: every queue of the app).")
@@ -287,18 +290,47 @@ def load_app(spec: str) -> Any:
 @click.option("--kind", type=click.Choice(["fork", "simple"]), default="fork", show_default=True,
               help="fork: each Attempt in a fresh child process; simple: in the worker process.")
 @click.option("--name", default=None, help="Worker name (default host.pid).")
-@click.option("--workspace-root", default=None, help="Root of per-Attempt workspaces (default $MCQ_HOME/workspaces).")
+@click.option("--workspace-root", default=None,
+              help="Root of per-Attempt workspaces (default <home>/workspaces/<prefix>, home: --home / $MCQ_HOME). "
+                   "Several namespaces may share one: workspace names carry the namespace.")
+@click.option("--grace", "grace_s", type=click.FloatRange(0, 86_400), default=30.0, show_default=True,
+              help="Seconds a worker asked to stop (SIGTERM, SIGINT) gives its current Attempt to finish; then, or "
+                   "at a second signal, it stops at once and leaves the Attempt to its lease and the sweeper.")
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.pass_obj
 @handle_errors
 def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: int | None, kind: str,
-           name: str | None, workspace_root: str | None, log_level: str) -> None:
-    """Run Attempts of an app's handlers from RQ."""
+           name: str | None, workspace_root: str | None, grace_s: float, log_level: str) -> None:
+    """Run Attempts of an app's handlers from RQ.
+
+    SIGTERM or SIGINT stops an idle worker at once; a busy one first finishes its Attempt, for at
+    most --grace seconds. A second signal, or the end of the grace period, stops it at once: the
+    Attempt is not failed, its lease runs out and the sweeper reconciles it. Without --burst, a
+    worker that loses Redis waits for it and comes back.
+
+    \b
+    Exit codes:
+      0  stopped on request (SIGTERM/SIGINT) with no Attempt left running, or --burst
+         and its queues are empty
+      1  refused by a contract
+      2  bad input: --app, --queue, --workspace-root, or a home folder (--home,
+         $MCQ_HOME) that is not private
+      3  the namespace lost state: run `mcq recover`
+      4  Redis cannot be reached (with --burst; without it the worker waits)
+      5  stopped before its Attempt finished (a second signal, or --grace over):
+         its lease runs out and the sweeper reconciles it
+    """
     import logging
+    import os
+    import signal
+    import socket
     import time
 
+    import redis as redis_errors
+    from rq.exceptions import StopRequested
+
     from .transport import rq_connection, rq_queue_name
-    from .worker import WORKER_CLASSES, McqJob, configure, make_worker
+    from .worker import WORKER_CLASSES, McqBaseWorker, McqJob, configure, make_worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = load_app(app_spec)
@@ -306,41 +338,74 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     if not names:
         raise click.BadParameter("the app registers no handler and no --queue was given", param_hint="--app")
     client = obj.client
+    configure(app, client, workspace_root, home=obj.home, grace_s=grace_s)  # refuses a home others can write
     if pool:
         from rq.serializers import JSONSerializer
         from rq.worker_pool import WorkerPool
 
-        configure(app, client, workspace_root)
         wp = WorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], connection=rq_connection(client),
                         num_workers=pool, worker_class=WORKER_CLASSES[kind], serializer=JSONSerializer,
                         job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
         return
-    import os
-    import socket
 
-    import redis as redis_errors
+    wlog = logging.getLogger("mc_queue.worker")
+
+    class Stop(Exception):
+        """A stop request while no RQ worker loop runs (building a worker, waiting to reconnect)."""
+
+    def stop_now(signum: int, frame: Any) -> None:
+        raise Stop(signum)
+
+    def reachable() -> bool:
+        try:
+            return bool(client.redis.ping())
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+            return False
 
     base = name or f"{socket.gethostname()}.{os.getpid()}"
     delay, round_ = 0.5, 0
     while True:
+        # RQ's loop installs its own handlers and leaves them behind when it returns: ours are back here.
+        signal.signal(signal.SIGTERM, stop_now)
+        signal.signal(signal.SIGINT, stop_now)
         # A reconnecting worker takes a new name: RQ may still hold the old one's registration.
         current = base if round_ == 0 else f"{base}.r{round_}"
         round_ += 1
+        w: McqBaseWorker | None = None
+        worked = False
         try:
-            w = make_worker(app, client, names, kind=kind, name=current, workspace_root=workspace_root)
+            w = make_worker(app, client, names, kind=kind, name=current, workspace_root=workspace_root,
+                            home=obj.home, grace_s=grace_s)
             worked = w.work(burst=burst, logging_level=log_level.upper())
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            w, worked = None, False
-            logging.getLogger("mc_queue.worker").warning("Redis unreachable (%s)", exc)
-        # RQ's loop returns on a stop request, at the end of a burst, or after a Redis error. Only the
-        # last is not an exit: the worker comes back once Redis answers (its leases are safe meanwhile:
-        # an Attempt it held simply expires and is reconciled).
-        if burst or (w is not None and getattr(w, "_stop_requested", False)):
+        except (Stop, StopRequested):
             return
-        logging.getLogger("mc_queue.worker").warning("worker loop ended without a stop request; reconnecting in "
-                                                     "%.1fs", delay)
-        time.sleep(delay)
+        except SystemExit:
+            if w is not None and w.forced:
+                _fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                      EXIT_STOPPED_MIDWAY)
+            raise
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            if burst:
+                raise  # exit 4
+            wlog.warning("Redis unreachable (%s)", exc)
+        if w is not None:
+            if w.forced:
+                _fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                      EXIT_STOPPED_MIDWAY)
+            if w.stop_signal is not None:
+                return
+            if burst and w.drained:
+                return
+            if burst and (w.redis_error or not reachable()):
+                _fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
+        # RQ's loop also returns after a Redis error or an unexpected one: the worker comes back once
+        # Redis answers (its leases are safe meanwhile: an Attempt it held expires and is reconciled).
+        wlog.warning("worker loop ended without a stop request; reconnecting in %.1fs", delay)
+        try:
+            time.sleep(delay)
+        except (Stop, StopRequested):
+            return
         delay = min(delay * 2, 10.0) if not worked else 0.5
 
 

@@ -1,9 +1,14 @@
 """The embedded default: a private redis-server with its data under a local folder.
 
 With no Redis URL, mc_queue starts (or reuses) a redis-server listening only on a unix socket in
-the data folder (mode 700), with AOF on and ``appendfsync always``, so an acknowledged transition
-survives a crash of the server. The folder also keeps the namespace witness, which lets mc_queue
-notice when the server came back without its data.
+the data folder, with AOF on and ``appendfsync always``, so an acknowledged transition survives a
+crash of the server. The folder also keeps the namespace witness, which lets mc_queue notice when the
+server came back without its data, and the workers' default workspace root.
+
+The home folder (``--home``, ``$MCQ_HOME``, default ``./.mcq``) is created with mode 700 when
+mc_queue creates it. An existing one is used as it is (never chmodded), unless its group or others
+may write to it (``/tmp``, a shared folder): then it is refused, since whoever can write there could
+replace the server's configuration, its socket or a worker's workspace.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -76,14 +82,68 @@ def home_dir(home: str | os.PathLike[str] | None = None) -> Path:
     return Path(home or os.environ.get("MCQ_HOME") or DEFAULT_HOME).resolve()
 
 
+def prepare_home(home: str | os.PathLike[str] | None = None) -> Path:
+    """The home folder, ready to use: created with mode 700 when it does not exist; an existing one
+    is left as it is, and refused when it is not a directory or its group or others may write to it."""
+    root = home_dir(home)
+    try:
+        root.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(root, 0o700)  # ours: exactly 700, whatever the umask
+        return root
+    try:
+        st = root.stat()
+    except OSError as exc:
+        raise ConfigurationError(f"MCQ_HOME {root} cannot be used: {exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigurationError(f"MCQ_HOME {root} exists and is not a directory: give a directory "
+                                 "(--home DIR or MCQ_HOME=DIR)")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        who = " and ".join(w for w, bit in (("its group", 0o020), ("others", 0o002)) if mode & bit)
+        raise ConfigurationError(
+            f"MCQ_HOME {root} is writable by {who} (mode {mode:o}): mc_queue keeps its Redis data, socket and "
+            f"workspaces there and will not use a folder others can change. Give a private folder (--home DIR or "
+            f"MCQ_HOME=DIR; mc_queue creates a missing one with mode 700), or, if {root} is yours alone, "
+            f"`chmod go-w {root}`.")
+    return root
+
+
+def _conf_value(value: str | Path, what: str) -> str:
+    """A value for redis.conf, double-quoted (spaces, quotes and backslashes escaped); a control
+    character cannot be written there and is refused."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(f"the {what} {text!r} is not valid UTF-8, which redis.conf cannot hold: choose "
+                                 "another MCQ_HOME (--home DIR)") from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ConfigurationError(f"the {what} {text!r} contains a control character (a newline?) that redis.conf "
+                                 "cannot hold: choose another MCQ_HOME (--home DIR)")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_SOCKET_PATH_MAX = 107  # sockaddr_un holds 108 bytes with the terminating NUL
+
+
 def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float = 15.0) -> EmbeddedServer:
     """Start the private redis-server for ``home`` (default ``$MCQ_HOME`` or ``./.mcq``), or reuse it."""
     root = home_dir(home)
     data = root / "redis"
-    data.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(root, 0o700)
     sock = root / "redis.sock"
     pidfile = root / "redis.pid"
+    conf_paths = {"unixsocket": (sock, "socket path"), "dir": (data, "data folder"),
+                  "pidfile": (pidfile, "pid file"), "logfile": (root / "redis.log", "log file")}
+    quoted = {name: _conf_value(path, what) for name, (path, what) in conf_paths.items()}  # before any write
+    if len(os.fsencode(sock)) > _SOCKET_PATH_MAX:
+        raise ConfigurationError(f"the embedded server's socket path {sock} is {len(os.fsencode(sock))} bytes, more "
+                                 f"than a unix socket allows ({_SOCKET_PATH_MAX}): choose a shorter MCQ_HOME "
+                                 "(--home DIR)")
+    prepare_home(root)
+    data.mkdir(exist_ok=True, mode=0o700)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _alive(sock):
@@ -93,9 +153,9 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
         conf.write_text(
             "\n".join([
                 "port 0",
-                f"unixsocket {sock}",
+                f"unixsocket {quoted['unixsocket']}",
                 "unixsocketperm 700",
-                f"dir {data}",
+                f"dir {quoted['dir']}",
                 "appendonly yes",
                 "appendfsync always",
                 'save ""',
@@ -104,12 +164,16 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
                 # keep both compact (listpack) instead of Redis's defaults for big values.
                 "hash-max-listpack-value 1024",
                 "stream-node-max-bytes 1024",
-                f"pidfile {pidfile}",
-                f"logfile {root / 'redis.log'}",
+                f"pidfile {quoted['pidfile']}",
+                f"logfile {quoted['logfile']}",
                 "",
             ])
         )
-        subprocess.run([exe, str(conf)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started = subprocess.run([exe, str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if started.returncode != 0:
+            said = started.stdout.decode(errors="replace").strip()[-1500:]
+            raise ConfigurationError(f"redis-server refused to start with {conf} (exit {started.returncode}): "
+                                     f"{said or 'no output'}; see {root / 'redis.log'}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if _alive(sock):

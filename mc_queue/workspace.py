@@ -1,14 +1,22 @@
-"""Per-Attempt workspaces under one root, and the crash cleanup that never leaves the root.
+"""Per-Attempt workspaces, owned per namespace, and the crash cleanup that never leaves its root.
 
-Each Attempt gets a fresh directory ``<root>/task-<ulid>-<n>``. When a worker starts, stale
-``task-*`` workspaces of its root (left by a crash) are removed before it polls for work. The
-boundary is checked on the real path, symlinks are never followed: a ``task-*`` entry that is a
-symlink is refused and reported, never deleted through, and ``shutil.rmtree`` removes links found
-inside a workspace without following them.
+Each Attempt gets a fresh directory ``<root>/task-<ns>-<ulid>-<n>``, where ``<ns>`` is a digest of
+the namespace (key prefix): two namespaces may share one root and still never name, nor remove, each
+other's workspaces. The default root is ``<home>/workspaces/<prefix>`` (``<home>``: ``--home`` or
+``$MCQ_HOME``, the embedded server's folder).
+
+When a worker starts, stale workspaces (left by a crash) are removed before it polls for work. A
+directory is removed only when it is provably this namespace's stale workspace: its name is one
+this namespace makes, and its Attempt holds no lease (asked again right before each removal). Any
+other ``task-*`` entry (another namespace's, an older unnamespaced name, a symlink, a file) is left
+where it is. The boundary is checked on the real path, symlinks are never followed: a ``task-*``
+entry that is a symlink is refused and reported, never deleted through, and ``shutil.rmtree``
+removes links found inside a workspace without following them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -16,9 +24,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .keys import parse_attempt_id
+from .embedded import prepare_home
+from .keys import PREFIX_RE, parse_attempt_id
 
-_NAME_RE = re.compile(r"task-[0-9A-Z]{26}-[0-9]+")
+_ULID = r"[0-9A-HJKMNP-TV-Z]{26}"
+_ANY_NAME_RE = re.compile(rf"task-(?:([0-9a-f]{{12}})-)?{_ULID}-[0-9]+")
+
+
+def namespace_tag(prefix: str) -> str:
+    """The part of a workspace name that says which namespace (key prefix) it belongs to."""
+    return hashlib.sha256(f"mc_queue workspace\0{prefix}".encode()).hexdigest()[:12]
+
+
+def default_root(prefix: str, home: str | os.PathLike[str] | None = None) -> Path:
+    """``<home>/workspaces/<prefix>``: the home is created private (700) or refused when others may
+    write to it (see :func:`mc_queue.embedded.prepare_home`)."""
+    if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):
+        raise WorkspaceError(f"invalid namespace {prefix!r} for a workspace root")
+    return prepare_home(home) / "workspaces" / prefix
 
 
 def _gone_is_fine(func: Callable[..., object], path: str,
@@ -36,19 +59,31 @@ class WorkspaceError(Exception):
 class CleanupReport:
     removed: list[str] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (entry, why)
+    others: list[str] = field(default_factory=list)  # other namespaces' workspaces: never touched
 
 
 class WorkspaceRoot:
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    """The workspaces of one namespace under ``root`` (a root may be shared by several namespaces)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, namespace: str) -> None:
+        if not isinstance(namespace, str) or not PREFIX_RE.fullmatch(namespace):
+            raise WorkspaceError(f"invalid namespace {namespace!r} for a workspace root")
         path = Path(root)
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         if path.is_symlink():
             raise WorkspaceError(f"workspace root {path} is a symlink: give the real directory")
         self.root = path.resolve(strict=True)
+        self.namespace = namespace
+        self.tag = namespace_tag(namespace)
+        self._mine = re.compile(rf"task-{self.tag}-{_ULID}-[0-9]+")
 
     def name_for(self, attempt_id: str) -> str:
         task_id, n = parse_attempt_id(attempt_id)
-        return f"task-{task_id.rsplit(':', 1)[1]}-{n}"
+        return f"task-{self.tag}-{task_id.rsplit(':', 1)[1]}-{n}"
+
+    def owns(self, name: str) -> bool:
+        """Whether ``name`` is a workspace name this namespace makes."""
+        return bool(self._mine.fullmatch(name))
 
     def _inside(self, path: Path) -> bool:
         real = Path(os.path.realpath(path))
@@ -71,31 +106,45 @@ class WorkspaceRoot:
             raise WorkspaceError(f"{path} is a symlink; refusing to delete through it")
         if not self._inside(path):
             raise WorkspaceError(f"{path} is not directly inside the workspace root {self.root}")
+        if not self.owns(path.name):
+            raise WorkspaceError(f"{path.name} is not a workspace of namespace {self.namespace!r}")
         shutil.rmtree(path)
 
     def cleanup_stale(self, keep: set[str] | Callable[[], set[str]] | None = None) -> CleanupReport:
-        """Remove every ``task-*`` workspace of this root except those named in ``keep``. Call before
-        polling. ``keep`` may be a function: it is asked again right before each removal, so a
-        workspace another worker created meanwhile for a live Attempt is not taken from under it."""
+        """Remove this namespace's workspaces except those named in ``keep`` (the workspaces of
+        Attempts holding a lease). Call before polling. ``keep`` may be a function: it is asked again
+        right before each removal, so a workspace created meanwhile for a live Attempt is kept (an
+        Attempt's lease exists before its workspace does). Other namespaces' workspaces are listed in
+        ``others`` and never touched; any other ``task-*`` entry is refused and reported."""
         report = CleanupReport()
         current: Callable[[], set[str]] = keep if callable(keep) else (lambda: keep or set())
         with os.scandir(self.root) as entries:
             for entry in entries:
-                if not entry.name.startswith("task-") or entry.name in current():
+                name = entry.name
+                if not name.startswith("task-"):
                     continue
                 if entry.is_symlink():
-                    report.refused.append((entry.name, "a symlink: never followed, never deleted through"))
+                    report.refused.append((name, "a symlink: never followed, never deleted through"))
+                    continue
+                if not self.owns(name):
+                    found = _ANY_NAME_RE.fullmatch(name)
+                    if found and found.group(1):
+                        report.others.append(name)  # another namespace's: its own workers clean it
+                    elif found:
+                        report.refused.append((name, "a workspace name without a namespace: it cannot be proven "
+                                                     "to be this namespace's; remove it by hand when unused"))
+                    else:
+                        report.refused.append((name, "not a workspace name mc_queue makes"))
                     continue
                 if not entry.is_dir(follow_symlinks=False):
-                    report.refused.append((entry.name, "not a directory"))
+                    report.refused.append((name, "not a directory"))
                     continue
-                if not _NAME_RE.fullmatch(entry.name):
-                    report.refused.append((entry.name, "not a workspace name mc_queue makes"))
-                    continue
+                if name in current():
+                    continue  # its Attempt holds a lease
                 path = Path(entry.path)
                 if not self._inside(path):
-                    report.refused.append((entry.name, "resolves outside the root"))
+                    report.refused.append((name, "resolves outside the root"))
                     continue
                 shutil.rmtree(path, onerror=_gone_is_fine)  # another worker may be removing it too
-                report.removed.append(entry.name)
+                report.removed.append(name)
         return report

@@ -83,7 +83,7 @@ class Harness:
         self.server = server
         self.prefix = prefix
         self.home = home
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)  # a home others may write to is refused
         self.client = mc_queue.connect(server.url, prefix=prefix)
         self.basic = AppClient(basic.app, self.client)
         self.faulty = AppClient(faulty.app, self.client)
@@ -433,19 +433,20 @@ def test_transport_messages_a_worker_must_not_act_on_are_refused_and_recorded(h:
     assert h.task(legit.id).state is TaskState.SUCCEEDED
     assert h.task(legit_task.id).state is TaskState.PENDING  # no message ran it
     refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
-    by_job = {e.get("job_id") or e.get("attempt"): e["reason"] for e in refused}
+    by_job = {e["job_id"]: e["reason"] for e in refused}
     assert "cannot be decoded" in by_job.get(pickled.id, ""), [dict(e) for e in refused]
-    assert "another-namespace" in by_job[aid], refused
-    assert any("invalid attempt id" in why for key, why in by_job.items() if key and key.startswith(aid + "?")), refused
+    assert "another-namespace" in by_job[foreign.id], refused
+    assert "invalid attempt id" in by_job[newline.id], refused
     assert "arguments" in by_job[arity.id], refused
     assert len(refused) == 4, refused
-    assert foreign.id and newline.id
+    assert {e["attempt"] for e in refused if e["job_id"] == foreign.id} == {aid}
 
 
 @pytest.mark.parametrize("kind", ["fork", "simple"])
 def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
     """A job that does name mc_queue's entry, with success callbacks naming os.system or a function
-    that would leave a file: the Attempt runs; neither callback does."""
+    that would leave a file: refused before it runs (mc_queue never sets a callback), the task
+    untouched; neither callback runs. A proper message then runs the Attempt once."""
     tasks = {}
     for cb in ("os.system", "tests.apps.faulty.touch_marker"):
         task = h.enqueue_undispatched(h.basic, "noop", {"cb": cb})
@@ -455,13 +456,21 @@ def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
         tasks[cb] = task
     h.run_worker(kind)
     for task in tasks.values():
+        after = h.task(task.id)
+        assert after.state is TaskState.PENDING and events(after, "attempt_claimed") == []
+    assert list(h.home.glob("pwned-*")) == [], "a success callback named in Redis ran"
+    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
+    assert sorted(e["attempt"] for e in refused) == sorted(t.attempts[0].id for t in tasks.values())
+    assert all("success_callback_name" in e["reason"] for e in refused), refused
+    for task in tasks.values():
+        h.basic.dispatch(task, task.attempts[0])
+    h.run_worker(kind)
+    for task in tasks.values():
         final = h.task(task.id)
         assert final.state is TaskState.SUCCEEDED and len(final.attempts) == 1
-    assert list(h.home.glob("pwned-*")) == [], "a success callback named in Redis ran"
-    # os.system(job, connection, result) would raise and fail the RQ job: nothing failed.
+    assert list(h.home.glob("pwned-*")) == []
     failed = FailedJobRegistry(rq_queue_name(h.prefix, "jobs"), connection=h.rq, serializer=JSONSerializer)
     assert failed.get_job_ids() == []
-    assert [e for e in h.client.refusals() if e["type"] == "transport_job_refused"] == []
 
 
 # --------------------------------------------------------------------------- 8. workspaces and checkpoints
@@ -469,19 +478,19 @@ def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
 
 def test_cleanup_stale_removes_stale_refuses_symlinks_keeps_named(tmp_path: Path) -> None:
     root = tmp_path / "ws"
-    ws = WorkspaceRoot(root)
+    ws = WorkspaceRoot(root, namespace="ns-one")
     outside = tmp_path / "outside"
     (outside / "deep").mkdir(parents=True)
     (outside / "precious.txt").write_text("keep me")
     (outside / "deep" / "also.txt").write_text("keep me too")
 
-    stale = root / f"task-{new_ulid()}-1"
+    stale = root / ws.name_for(f"q:{new_ulid()}/1")
     (stale / "sub").mkdir(parents=True)
     (stale / "sub" / "f.txt").write_text("x")
     (stale / "link-out").symlink_to(outside, target_is_directory=True)  # a link inside a stale workspace
-    link = root / f"task-{new_ulid()}-2"
+    link = root / ws.name_for(f"q:{new_ulid()}/2")
     link.symlink_to(outside, target_is_directory=True)
-    kept = root / f"task-{new_ulid()}-3"
+    kept = root / ws.name_for(f"q:{new_ulid()}/3")
     kept.mkdir()
     (kept / "f.txt").write_text("live")
     odd = root / "task-not-a-workspace"
@@ -512,8 +521,8 @@ def test_cleanup_stale_removes_stale_refuses_symlinks_keeps_named(tmp_path: Path
 
 def test_worker_cleans_stale_workspaces_before_polling_but_keeps_a_live_leases(h: Harness) -> None:
     root = h.home / "wsroot"
-    ws = WorkspaceRoot(root)
-    stale = root / f"task-{new_ulid()}-1"
+    ws = WorkspaceRoot(root, namespace=h.prefix)
+    stale = root / ws.name_for(f"jobs:{new_ulid()}/1")
     stale.mkdir()
     (stale / "left-by-a-crash.txt").write_text("x")
 
