@@ -86,6 +86,11 @@ EXIT_STOPPED_MIDWAY = 5  # `mcq worker`'s exit code when it stopped before its A
 RESULT_TTL = 0  # what mc_queue.producer.dispatch sets: no RQ result is kept (mc_queue records it)
 FAILURE_TTL_S = 7 * 86_400  # what mc_queue.producer.dispatch sets for a failed RQ job
 RQ_DEFAULT_TIMEOUT_S = int(Queue.DEFAULT_TIMEOUT)  # RQ's timeout for a job sent without one
+# RQ's worker_ttl: an idle worker's blocking dequeue lasts worker_ttl - 15 s and its socket times out
+# 10 s later. RQ's default (420: a 405 s BLMOVE) left workers blocked for minutes on a connection to a
+# primary that had failed over (bench/failover.py); with 35 an idle worker re-asks where the primary
+# is within ~30 s, at the cost of one BLMOVE every 20 s.
+WORKER_TTL_S = 35
 
 # The fields of an RQ job hash mc_queue's producer writes, and those RQ's bookkeeping adds while it
 # runs or fails one. Anything else is an option mc_queue never sets.
@@ -540,6 +545,7 @@ class McqBaseWorker(BaseWorker):
     recorded for the exit code (``stop_signal``, ``forced``, ``drained``, ``redis_error``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("worker_ttl", WORKER_TTL_S)
         super().__init__(*args, **kwargs)
         rt = _install_runtime(self.name)
         self.grace_s = rt.grace_s
