@@ -29,8 +29,34 @@ and the run waits until every
 task is at rest (or ``--settle-timeout``), then audits records and providers and prints ONE markdown
 report. Exit 0 only if no task is lost, no duplicate effect and no stale write accepted.
 
+Failover mode (``--failover``, with ``--min-replicas N``, default 1): Redis is a
+``mc_queue.testing.RepeatableFailoverCluster`` (a primary with AOF, one replica, three sentinels
+with down-after 3 s and failover-timeout 10 s; each node behind a pausable proxy of its own, which
+also carries the replication link when the other node replicates from it). The producer, the
+workers and the sweeper use the cluster's ``redis+sentinel://`` URL with ``min_replicas=N`` and
+``replica_timeout_ms=1000``, and one state dir (``MCQ_STATE_DIR``: the sweeper judges every
+process's replication watermark). Sentinels hand out the nodes' own addresses, so the link faults
+cannot apply: ``redis_restart``, ``link_delay``, ``link_cut`` and ``sweeper_link_cut`` are replaced by
+
+- ``failover``: the replication link is held back for 1-2 s of work (``lag()``), the primary is
+  SIGKILLed, the sentinels promote the replica, and the old primary is started again on its data
+  (the sentinels make it a replica of the new one, through the new primary's proxy); repeated
+  during the run, each time on the node that is the primary then, and each one lagged.
+
+The producer resends an enqueue that raised ``ReplicationUnconfirmed`` (or lost its link) with the
+same key. When the namespace turns ``lost`` (a failover dropped acknowledged writes: possible with
+``--min-replicas 0``), the run does what an operator does: ``mcq recover``, then the producer
+resends every key it holds. The report adds the failovers, kill -> promotion seconds, acknowledged
+tasks missing on the new primary, the ``ReplicationUnconfirmed`` errors the producer saw, whether a
+loss was detected and the namespace's state at the end. On top of the checks above, it passes only
+if at least one failover was injected and every one completed, and the namespace ends ``ok``; with
+``--min-replicas`` >= 1, no acknowledged task went missing and no loss was detected; with 0, every
+failover that dropped acknowledged tasks was followed by a ``state_loss_detected`` before the next one.
+
     .venv/bin/python bench/chaos.py --short --seed 1
     .venv/bin/python bench/chaos.py --minutes 3 --seed 7 --json chaos.json
+    .venv/bin/python bench/chaos.py --failover --minutes 1 --seed 5 --json chaos_fo.json
+    .venv/bin/python bench/chaos.py --failover --min-replicas 0 --minutes 1 --seed 5
 """
 
 from __future__ import annotations
@@ -42,6 +68,7 @@ import shutil
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -58,18 +85,25 @@ sys.path.insert(0, str(ROOT))
 
 from mc_queue import failpoints  # noqa: E402
 from mc_queue.client import Client  # noqa: E402
+from mc_queue.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
 from mc_queue.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.keys import parse_attempt_id  # noqa: E402
 from mc_queue.models import Task, TaskState  # noqa: E402
 from mc_queue.providers.git import TRAILER, git  # noqa: E402
-from mc_queue.testing import ForgeServer, RedisServer  # noqa: E402
+from mc_queue.testing import ForgeServer, RedisServer, RepeatableFailoverCluster  # noqa: E402
 
 HANDLER = "fix-issue"
 # At rest: nothing will happen to the task without a person (failed / blocked wait for one).
 AT_REST = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
 KINDS = ["kill", "kill", "pause", "redis_restart", "link_delay", "link_cut", "provider_stall", "zombie_push",
          "zombie_pr", "sweeper_link_cut"]
+# --failover: the link faults cannot apply (sentinels hand out the nodes' own addresses); failovers instead,
+# two a bag, so that a one-minute run sees the roles swapped and swapped back.
+FAILOVER_KINDS = ["kill", "kill", "pause", "failover", "failover", "provider_stall", "zombie_push", "zombie_pr"]
 ZOMBIE_OPERATIONS = {"zombie_push": "push", "zombie_pr": "open-pr"}
+TRANSIENT: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+# --failover: what a producer and the run's own reads meet while the primary changes (or after a loss).
+FAILOVER_TRANSIENT: tuple[type[Exception], ...] = (*TRANSIENT, OutcomeUnknown, NamespaceLost)
 WORKER_WRITES = {"attempt_succeeded", "attempt_failed", "checkpoint_recorded", "effect_intent"}
 
 
@@ -191,9 +225,9 @@ class Fault:
 class Run:
     args: argparse.Namespace
     client: Client
-    redis_server: RedisServer
-    proxy: LinkProxy
-    sweeper_proxy: LinkProxy
+    redis_server: RedisServer | None  # None with --failover (the cluster instead)
+    proxy: LinkProxy | None  # None with --failover (no proxies on the data link)
+    sweeper_proxy: LinkProxy | None
     forge: ForgeServer
     fleet: Fleet
     rng: random.Random
@@ -206,6 +240,23 @@ class Run:
     points: Path = Path(".")  # the fail point directory the workers watch
     armed: dict[str, Fault] = field(default_factory=dict)  # operation -> the zombie fault waiting to fire
     seen_fired: int = 0
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))
+    transient: tuple[type[Exception], ...] = TRANSIENT  # what a tick of the loop shrugs off
+    # --failover only
+    cluster: RepeatableFailoverCluster | None = None
+    url: str = ""  # the sentinel URL (mcq recover gets it)
+    unconfirmed: int = 0  # enqueues that raised ReplicationUnconfirmed (resent with the same key)
+    outcome_unknown: int = 0  # other OutcomeUnknown on enqueue (resent with the same key)
+    namespace_lost_errors: int = 0  # enqueues refused with NamespaceLost (resent after the recovery)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
+    failover_thread: threading.Thread | None = None
+    failover_ready_at: float = 0.0  # monotonic: no new failover before
+    failover_broken: str | None = None  # a failover that did not complete: no more of them
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    resent_after_recovery: int = 0
+    ns_state: str = ""
+    next_ns_check: float = 0.0
+    loop_errors: Counter[str] = field(default_factory=Counter)
 
     def enqueue_due(self, due: int, ac: Any) -> None:
         for i in range(due):
@@ -216,9 +267,15 @@ class Run:
                        "instruction": f"make test_{i} pass"}
             try:
                 self.keys[key] = ac.enqueue(HANDLER, payload, idempotency_key=key).id
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            except self.transient as exc:
                 self.keys.setdefault(key, None)  # resent with the same key next tick
                 self.enqueue_errors += 1
+                if isinstance(exc, ReplicationUnconfirmed):  # on the primary only: not acknowledged
+                    self.unconfirmed += 1
+                elif isinstance(exc, OutcomeUnknown):
+                    self.outcome_unknown += 1
+                elif isinstance(exc, NamespaceLost):
+                    self.namespace_lost_errors += 1
                 return
 
     def leased_victim(self) -> tuple[str, str] | None:
@@ -236,11 +293,19 @@ class Run:
     def inject(self) -> bool:
         """Inject the next fault of the bag; False when its precondition does not hold yet."""
         if not self.bag:
-            self.bag = list(KINDS)
+            self.bag = list(self.kinds)
             self.rng.shuffle(self.bag)
         kind = self.bag[0]
         f = Fault(kind, time.time())
-        if kind in ("kill", "pause"):
+        if kind == "failover":
+            if self.failover_broken:  # the cluster did not come back from the last one: no more
+                self.skipped[kind] += 1
+                self.bag.pop(0)
+                return True
+            if self.failover_busy() or time.monotonic() < self.failover_ready_at:
+                return False
+            self.start_failover(f)
+        elif kind in ("kill", "pause"):
             if kind == "pause" and self.fleet.paused:
                 return False
             victim = self.leased_victim()
@@ -254,15 +319,18 @@ class Run:
                 self.fleet.pause(f.worker)
             f.detail = f"{f.worker} holding {f.attempt}"
         elif kind == "redis_restart":
+            assert self.redis_server is not None
             t0 = time.monotonic()
             self.redis_server.restart(keep_data=True, sig=signal.SIGKILL)
             f.detail = f"down {1000 * (time.monotonic() - t0):.0f} ms"
         elif kind == "link_delay":
+            assert self.proxy is not None
             d, secs = self.rng.uniform(0.05, 0.4), self.rng.uniform(3, 6)
             self.proxy.delay_s = d
             threading.Timer(secs, lambda: setattr(self.proxy, "delay_s", 0.0)).start()
             f.detail = f"+{1000 * d:.0f} ms per chunk for {secs:.1f} s"
         elif kind == "link_cut":
+            assert self.proxy is not None
             secs = self.rng.uniform(1, 4)
             self.proxy.cut(secs)
             f.detail = f"cut for {secs:.1f} s"
@@ -277,12 +345,98 @@ class Run:
             self.armed[operation] = f
             f.detail = f"armed effect.before_call@{operation}"
         elif kind == "sweeper_link_cut":
+            assert self.sweeper_proxy is not None
             secs = self.rng.uniform(1, 4)
             self.sweeper_proxy.cut(secs)
             f.detail = f"sweeper link cut for {secs:.1f} s"
         self.bag.pop(0)
         self.faults.append(f)
         return True
+
+    # ------------------------------------------------------------------ --failover
+
+    def failover_busy(self) -> bool:
+        return self.failover_thread is not None and self.failover_thread.is_alive()
+
+    def start_failover(self, f: Fault) -> None:
+        """Start one failover in a thread of its own (the producer, the other faults and the fleet's
+        bookkeeping go on meanwhile): lag, kill, promotion, rejoin."""
+        lag_s = self.rng.uniform(1.0, 2.0)
+        rec: dict[str, Any] = {"n": len(self.failovers) + 1, "lag_s": round(lag_s, 2)}
+        self.failovers.append(rec)
+        f.detail = f"lag {lag_s:.1f} s, then SIGKILL of the primary"
+        self.failover_thread = threading.Thread(target=self._failover, args=(rec, lag_s, f), name="failover",
+                                                daemon=True)
+        self.failover_thread.start()
+
+    def _failover(self, rec: dict[str, Any], lag_s: float, f: Fault) -> None:
+        cl = self.cluster
+        assert cl is not None
+        try:
+            rec["primary_port"], rec["replica_port"] = cl.primary.port, cl.replica.port
+            cl.lag()  # the replica falls behind while tasks run
+            time.sleep(lag_s)
+            try:
+                rec["lag_bytes"] = (int(cl.primary_info()["master_repl_offset"])
+                                    - int(cl.replica_info().get("master_repl_offset", 0)))
+            except (redis.RedisError, KeyError, ValueError):
+                rec["lag_bytes"] = None
+            acked = {k: t for k, t in dict(self.keys).items() if t}  # acknowledged to the producer so far
+            t_kill = time.monotonic()
+            rec["killed_at"] = time.time()
+            cl.kill_primary()
+            cl.wait_failover(timeout=120)
+            rec["kill_to_promotion_s"] = round(time.monotonic() - t_kill, 2)
+            new = cl.replica.client(socket_timeout=5)  # the promoted node, read straight
+            try:
+                pipe = new.pipeline(transaction=False)
+                for tid in acked.values():
+                    pipe.exists(self.client.keys.task(tid).task)
+                there = pipe.execute()
+            finally:
+                new.close()
+            rec["acknowledged_before_kill"] = len(acked)
+            rec["acknowledged_missing"] = sorted(k for (k, _), ok in zip(acked.items(), there, strict=True) if not ok)
+            t0 = time.monotonic()
+            cl.restart_old_primary(timeout=120)
+            rec["rejoin_s"] = round(time.monotonic() - t0, 2)
+            f.detail = (f"lag {lag_s:.1f} s ({rec['lag_bytes']} bytes behind), kill -> promotion "
+                        f"{rec['kill_to_promotion_s']:.1f} s, old primary rejoined {rec['rejoin_s']:.1f} s later, "
+                        f"{len(rec['acknowledged_missing'])} acknowledged task(s) missing on the new primary")
+        except Exception as exc:  # the cluster did not come back: reported, and no further failover
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            f.detail += f": FAILED {rec['error']}"
+            self.failover_broken = rec["error"]
+        finally:
+            self.failover_ready_at = time.monotonic() + 3.0
+
+    def operate(self) -> None:
+        """What an operator does (about once a second): a namespace found lost (a failover dropped
+        acknowledged writes) gets ``mcq recover``, then the producer resends every key it holds."""
+        now = time.monotonic()
+        if now < self.next_ns_check:
+            return
+        self.next_ns_check = now + 1.0
+        self.ns_state = self.client.namespace().state
+        if self.ns_state not in ("lost", "recovering") or self.failover_busy():
+            return
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", self.url, "--prefix",
+                                   self.client.keys.prefix, "recover", "--reason",
+                                   "chaos: a failover lost acknowledged writes"],
+                                  env=self.fleet.env, capture_output=True, text=True, timeout=180)
+            code: int | None = proc.returncode
+            out = (proc.stdout + proc.stderr).strip()
+        except subprocess.TimeoutExpired:
+            code, out = None, "timed out after 180 s"
+        self.recoveries.append({"at": time.time(), "found": self.ns_state, "exit_code": code,
+                                "seconds": round(time.monotonic() - t0, 1), "output": out[-400:]})
+        if code == 0:
+            self.next_ns_check = 0.0  # read the state again next tick
+            for key in self.keys:  # the producer resends every key it holds, with that key
+                self.keys[key] = None
+            self.resent_after_recovery += len(self.keys)
 
     def poll_zombies(self) -> None:
         """A worker that froze itself at an armed fail point: note which, and let the fleet resume it
@@ -315,25 +469,42 @@ class Run:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
-    rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
+    rs: RedisServer | None = None
+    cluster: RepeatableFailoverCluster | None = None
+    proxy: LinkProxy | None = None
+    sweeper_proxy: LinkProxy | None = None
+    extra = {"PYTHONPATH": str(ROOT)}
+    if args.failover:
+        # down-after 3 s: with 1 s a sentinel on a loaded 2-core machine took a freshly promoted
+        # replica for dead and failed back (bench/failover.py).
+        cluster = RepeatableFailoverCluster(tmp / "cluster", down_after_ms=3000, failover_timeout_ms=10000).start()
+        url = cluster.url(min_replicas=args.min_replicas, replica_timeout_ms=args.replica_timeout_ms)
+        extra["MCQ_STATE_DIR"] = str(tmp / "state")  # every process's watermark where the sweeper finds it
+    else:
+        rs = RedisServer(tmp / "redis", appendonly=True, appendfsync="always").start()
+        url = rs.url
     points = tmp / "failpoints"
     points.mkdir()
     # git remote, a forge that checks fences (and has no one-PR-per-head rule: the fence alone stands), env
-    providers = provider_env(tmp, extra={"PYTHONPATH": str(ROOT), failpoints.ENV: str(points)},
+    providers = provider_env(tmp, extra={**extra, failpoints.ENV: str(points)},
                              enforce_fence=True, one_pr_per_head=False)
     forge, remote = providers.forge, providers.remote
-    proxy = LinkProxy(rs.port).start()
-    sweeper_proxy = LinkProxy(rs.port).start()
+    if rs is not None:
+        proxy = LinkProxy(rs.port).start()
+        sweeper_proxy = LinkProxy(rs.port).start()
     from mc_queue.examples.agents import app
     from mc_queue.producer import AppClient
 
     prefix = f"chaos-{args.seed}-{int(time.time())}"
-    client = Client(rs.url, prefix=prefix, actor="chaos")
-    # Workers and the sweeper reach Redis through proxies of their own; whatever exits on its own is restarted.
-    fleet = Fleet(prefix, proxy.url, providers.env, tmp, sweeper_url=sweeper_proxy.url, worker_prefix="chaos-w",
-                  restart=True)
+    client = Client(url, prefix=prefix, actor="chaos", state_dir=extra.get("MCQ_STATE_DIR"))
+    # Workers and the sweeper reach Redis through proxies of their own (with --failover: the sentinel
+    # URL); whatever exits on its own is restarted.
+    fleet = Fleet(prefix, proxy.url if proxy else url, providers.env, tmp,
+                  sweeper_url=sweeper_proxy.url if sweeper_proxy else url, worker_prefix="chaos-w", restart=True)
     r = Run(args, client, rs, proxy, sweeper_proxy, forge, fleet, random.Random(args.seed),
             app.spec(HANDLER).lease_ms / 1000, points=points)
+    if cluster is not None:
+        r.cluster, r.url, r.kinds, r.transient = cluster, url, list(FAILOVER_KINDS), FAILOVER_TRANSIENT
     ac = AppClient(app, client)
     started = time.monotonic()
     inject_s = args.minutes * 60
@@ -346,7 +517,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if now - started < inject_s:
                 return True
             # --cover-kinds: go on (up to three times as long) until every kind has been injected once.
-            missing = set(KINDS) - {f.kind for f in r.faults}
+            missing = set(r.kinds) - {f.kind for f in r.faults}
             return bool(args.cover_kinds and missing and now - started < 3 * inject_s)
 
         while injecting(now := time.monotonic()):
@@ -360,29 +531,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     else:
                         next_fault = now + 0.5
                 fleet.reap(r.faults[-1].kind if r.faults else "")
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-                pass
+                if cluster is not None:
+                    r.operate()
+            except r.transient as exc:
+                r.loop_errors[type(exc).__name__] += 1
+            except McqError as exc:  # --failover: a read of a task lost with its primary, ...; counted
+                if cluster is None:
+                    raise
+                r.loop_errors[type(exc).__name__] += 1
             time.sleep(0.2)
         injected_s = time.monotonic() - started
         # Settle: no more faults; resume everyone; finish enqueueing; wait until every task is at rest.
-        proxy.delay_s = 0.0
-        proxy.cut_until = 0.0
-        sweeper_proxy.cut_until = 0.0
+        if proxy is not None and sweeper_proxy is not None:
+            proxy.delay_s = 0.0
+            proxy.cut_until = 0.0
+            sweeper_proxy.cut_until = 0.0
         r.poll_zombies()
         r.disarm()
         deadline = time.monotonic() + args.settle_timeout
         rest, total = 0, 0
+        settle_transient = (redis.ConnectionError, redis.TimeoutError) if cluster is None else r.transient
         while time.monotonic() < deadline:
             try:
                 r.enqueue_due(len(r.keys), ac)
                 r.poll_zombies()  # a point reached just before it was disarmed
                 fleet.resume_due(r.lease_s + 4)  # a worker paused last keeps its full pause
                 fleet.reap("settle")
+                if cluster is not None:
+                    r.operate()  # a loss found late is recovered (the producer resends) before the end
                 rest, total = r.at_rest()
-                if rest == total and all(r.keys.values()) and not fleet.paused:
+                if rest == total and all(r.keys.values()) and not fleet.paused and (
+                        cluster is None or (not r.failover_busy() and r.ns_state == "ok")):
                     break
-            except (redis.ConnectionError, redis.TimeoutError):
-                pass
+            except settle_transient as exc:
+                r.loop_errors[type(exc).__name__] += 1
+            except McqError as exc:
+                if cluster is None:
+                    raise
+                r.loop_errors[type(exc).__name__] += 1
             time.sleep(0.5)
         settle_s = time.monotonic() - started - injected_s
         time.sleep(1.0)  # the last refused writes of resumed workers land
@@ -390,11 +576,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return audit(r, remote, injected_s, settle_s)
     finally:
         fleet.stop_all()
-        proxy.stop()
-        sweeper_proxy.stop()
+        if proxy is not None and sweeper_proxy is not None:
+            proxy.stop()
+            sweeper_proxy.stop()
         providers.stop()
         client.close()
-        rs.stop(signal.SIGKILL)
+        if rs is not None:
+            rs.stop(signal.SIGKILL)
+        if cluster is not None:
+            if r.failover_thread is not None:
+                r.failover_thread.join(timeout=1)
+            cluster.stop()
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:
@@ -515,6 +707,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
     except Exception as exc:
         ns_state = f"unreadable: {exc}"
     refused_events = events["stale_write_refused"]
+    proxy = r.proxy
     not_succeeded = []
     for t in tasks:
         if t.state is not TaskState.SUCCEEDED:
@@ -528,7 +721,8 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
         "settle_s": round(settle_s, 1),
         "faults": Counter(f.kind for f in r.faults), "fault_log": [f.__dict__ for f in r.faults],
         "unexpected_exits": r.fleet.unexpected_exits, "enqueue_errors": r.enqueue_errors,
-        "proxy": {"accepted": r.proxy.accepted, "refused": r.proxy.refused, "closed_by_cut": r.proxy.closed_by_cut},
+        "proxy": {"accepted": proxy.accepted, "refused": proxy.refused, "closed_by_cut": proxy.closed_by_cut}
+        if proxy else None,
         "tasks": len(r.keys), "states": dict(states),
         "lost": missing + [f"{t.id} ({t.state.value})" for t in not_final],
         "forge_pulls": len(r.forge.pulls), "forge_duplicates": forge_dups, "forge_fenced_out": r.forge.fenced_out,
@@ -543,7 +737,43 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
         "attention_raised": events["attention_raised"],
         "latency_ms": {k: sorted(v) for k, v in latencies.items()}, "undecided": undecided,
         "namespace_state": ns_state, "not_succeeded": not_succeeded,
-    }
+    } | (failover_figures(r) if r.cluster is not None else {})
+
+
+def failover_figures(r: Run) -> dict[str, Any]:
+    """--failover: what the failovers did, what the producer saw, whether a loss was detected."""
+    try:
+        losses = [{"at": e.get("id", ""), "actor": e.get("actor", ""), "reason": e.get("reason", "")[:300]}
+                  for e in r.client.namespace_events() if e.get("type") == "state_loss_detected"]
+    except Exception as exc:
+        losses = [{"at": "", "actor": "", "reason": f"namespace log unreadable: {exc}"}]
+    done = [f for f in r.failovers if "kill_to_promotion_s" in f]
+    # The event id is Redis TIME in ms (same host clock as time.time()): the first loss recorded between
+    # a failover's kill and the next one's, and each failover that dropped acknowledged tasks without one.
+    loss_ms = sorted(int(str(e["at"]).split("-")[0]) for e in losses if str(e["at"])[:1].isdigit())
+    undetected = []
+    for i, f in enumerate(done):
+        promoted_ms = 1000 * (f["killed_at"] + f["kill_to_promotion_s"])
+        until_ms = 1000 * done[i + 1]["killed_at"] if i + 1 < len(done) else float("inf")
+        after = [ms for ms in loss_ms if 1000 * f["killed_at"] <= ms < until_ms]
+        f["loss_detected_s_after_promotion"] = round((after[0] - promoted_ms) / 1000, 1) if after else None
+        if f.get("acknowledged_missing") and not after:
+            undetected.append(f["n"])
+    return {"failover": {
+        "min_replicas": r.args.min_replicas, "replica_timeout_ms": r.args.replica_timeout_ms,
+        "failovers_injected": len(r.failovers), "failovers_completed": sum(1 for f in r.failovers if "rejoin_s" in f),
+        "failovers_lagged": sum(1 for f in r.failovers if f.get("lag_s")),
+        "failover_errors": [f["error"] for f in r.failovers if "error" in f],
+        "failovers_skipped": r.skipped.get("failover", 0),
+        "kill_to_promotion_s": [f["kill_to_promotion_s"] for f in done],
+        "acknowledged_missing": sorted({k for f in r.failovers for k in f.get("acknowledged_missing", [])}),
+        "replication_unconfirmed": r.unconfirmed, "outcome_unknown": r.outcome_unknown,
+        "namespace_lost_errors": r.namespace_lost_errors,
+        "loss_detected": bool(losses), "state_loss_events": losses, "undetected_losses": undetected,
+        "recoveries": r.recoveries,
+        "resent_after_recovery": r.resent_after_recovery, "loop_errors": dict(r.loop_errors),
+        "failovers": r.failovers,
+    }}
 
 
 def kv(d: dict[str, int]) -> str:
@@ -561,11 +791,18 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
     stale = len(a["stale_accepted"])
     counts_agree = a["stale_refused_stats"] == a["stale_refused_events"]
     ok = lost == 0 and dup_pr == 0 and dup_push == 0 and stale == 0 and counts_agree
+    fo = a.get("failover")
+    fo_rows: list[str] = []
+    fo_notes: list[str] = []
+    if fo:
+        fo_rows, fo_notes, fo_ok = failover_report(a, fo)
+        ok = ok and fo_ok
+    mode = f", failover mode (min_replicas={fo['min_replicas']})" if fo else ""
     out = [f"## Chaos run: seed {a['seed']}, {a['minutes']} min of faults, {a['workers']} workers, "
-           f"{a['tasks_per_minute']} tasks/min", "",
+           f"{a['tasks_per_minute']} tasks/min{mode}", "",
            f"Injecting {a['injecting_s']} s, then settling {a['settle_s']} s. Result: **{'PASS' if ok else 'FAIL'}**.",
            "", "| fault | injected |", "|---|---:|"]
-    for kind in dict.fromkeys(KINDS):
+    for kind in dict.fromkeys(FAILOVER_KINDS if fo else KINDS):
         out.append(f"| {kind} | {a['faults'].get(kind, 0)} |")
     out.append(f"| processes that died on their own, restarted | {len(a['unexpected_exits'])} |")
     out += ["", "| check | value | must be |", "|---|---:|---|",
@@ -590,6 +827,7 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
             f"| quarantined / attention items raised | {a['quarantined']} / {a['attention_raised']} | |",
             f"| enqueue calls that failed and were resent with the same key | {a['enqueue_errors']} | |",
             f"| namespace state at the end | {a['namespace_state']} | ok |",
+            *fo_rows,
             "", "| fault -> attempt_reconciled of the victim's Attempt | n | p50 ms | p95 ms | max ms |",
             "|---|---:|---:|---:|---:|"]
     for kind, vals in sorted(a["latency_ms"].items()):
@@ -611,7 +849,52 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
         out.append(f"- STALE WRITE ACCEPTED: {item}")
     if not counts_agree:
         out.append("- the stats counter and the audited events disagree")
+    out += fo_notes
     return "\n".join(out), ok
+
+
+def failover_report(a: dict[str, Any], fo: dict[str, Any]) -> tuple[list[str], list[str], bool]:
+    """--failover: the rows of the check table, the notes below it, and whether the promise held:
+    at least one failover, each one completed, the namespace ok at the end, and with min_replicas >= 1
+    no acknowledged task missing and no loss detected; with 0, every loss detected (and recovered)."""
+    secs = fo["kill_to_promotion_s"]
+    missing = len(fo["acknowledged_missing"])
+    detected = fo["loss_detected"]
+    strict = fo["min_replicas"] >= 1
+    ok = (fo["failovers_injected"] >= 1 and not fo["failover_errors"] and a["namespace_state"] == "ok"
+          and ((missing == 0 and not detected) if strict else not fo["undetected_losses"]))
+    recs = fo["recoveries"]
+    rows = [
+        f"| **failovers injected** / completed (old primary rejoined) / lagged | {fo['failovers_injected']} / "
+        f"{fo['failovers_completed']} / {fo['failovers_lagged']} | >= 1, all completed |",
+        f"| kill -> promotion, s (each failover) | {', '.join(f'{v:.1f}' for v in secs) or '-'} | |",
+        f"| **acknowledged tasks missing on the new primary** (right after promotion) | {missing} | "
+        f"{'0' if strict else 'detected if > 0'} |",
+        f"| enqueues refused with `ReplicationUnconfirmed` (resent with the same key) | "
+        f"{fo['replication_unconfirmed']} | |",
+        f"| other `OutcomeUnknown` / `NamespaceLost` on enqueue (resent) | {fo['outcome_unknown']} / "
+        f"{fo['namespace_lost_errors']} | |",
+        f"| **loss detected** (`state_loss_detected` in the namespace log) | "
+        f"{'yes' if detected else 'no'} ({len(fo['state_loss_events'])} events) | "
+        f"{'no' if strict else 'yes after each failover that dropped acknowledged tasks'} |",
+        f"| failovers that dropped acknowledged tasks with no loss detected after them | "
+        f"{len(fo['undetected_losses'])} | 0 |",
+        f"| `mcq recover` runs (exit codes) / keys resent after a recovery | {len(recs)} "
+        f"({', '.join(str(x['exit_code']) for x in recs) or '-'}) / {fo['resent_after_recovery']} | |",
+    ]
+    notes = [f"- failover {f['n']}: " + (f"ERROR {f['error']}" if "error" in f else
+             f"lag {f['lag_s']:.1f} s ({f.get('lag_bytes')} bytes behind), kill -> promotion "
+             f"{f['kill_to_promotion_s']:.1f} s, rejoin {f['rejoin_s']:.1f} s, acknowledged before the kill "
+             f"{f['acknowledged_before_kill']}, missing after {len(f['acknowledged_missing'])}"
+             + ("" if f.get("loss_detected_s_after_promotion") is None else
+                f", loss detected {f['loss_detected_s_after_promotion']} s after the promotion"))
+             for f in fo["failovers"]]
+    notes += [f"- LOSS DETECTED by {e['actor']}: {e['reason']}" for e in fo["state_loss_events"]]
+    notes += [f"- mcq recover (found {x['found']}) exit {x['exit_code']} in {x['seconds']} s: `{x['output'][-160:]}`"
+              for x in recs]
+    if fo["loop_errors"]:
+        notes.append(f"- errors the run's own loop met and went on: {kv(fo['loop_errors'])}")
+    return rows, notes, ok
 
 
 def main() -> int:
@@ -629,6 +912,10 @@ def main() -> int:
     p.add_argument("--settle-timeout", type=float, default=None, help="seconds (default 50 short, 120 else)")
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, Redis data, git remote)")
+    p.add_argument("--failover", action="store_true",
+                   help="Redis is a primary + replica + 3 sentinels; the link faults are replaced by failovers")
+    p.add_argument("--min-replicas", type=int, default=1, help="--failover: min_replicas of every process's URL")
+    p.add_argument("--replica-timeout-ms", type=int, default=1000, help="--failover: replica_timeout_ms of the URL")
     args = p.parse_args()
     if args.short:
         args.minutes = 0.5

@@ -655,3 +655,83 @@ class FailoverCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RepeatableFailoverCluster(FailoverCluster):
+    """A :class:`FailoverCluster` whose failover can be repeated: ``lag()``, ``kill_primary()``,
+    ``wait_failover()``, ``restart_old_primary()`` again and again, each time on the node that holds
+    the role now.
+
+    Each node sits behind a :class:`PausableProxy` of its own (``hold_only=b"REPLCONF"``) and
+    announces the proxy's address as its own (``replica-announce-ip`` / ``replica-announce-port``),
+    so the sentinels, the clients of the ``redis+sentinel://`` URL and the replication link of
+    whichever node is the replica reach a node through its proxy, whatever its role: after a
+    failover the sentinels name the promoted node by its proxy's address and point the restarted old
+    primary at it, so its replication link goes through the new primary's proxy and ``lag()`` holds
+    it back as before.
+
+    ``primary`` / ``proxy`` always name the node that is the primary now and its proxy, ``replica`` /
+    ``replica_proxy`` the other node: ``restart_old_primary()`` swaps them once the old primary
+    replicates from the new one. ``kill_primary()`` also resumes the dead primary's proxy after cutting
+    it (what was held back is thrown away), so that it relays again when that node is the primary
+    next. ``failovers`` counts the completed role swaps.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], **kw: Any) -> None:
+        super().__init__(directory, **kw)
+        self.replica_proxy = PausableProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
+        for node, proxy in ((self.primary, self.proxy), (self.replica, self.replica_proxy)):
+            node.extra += ["--replica-announce-ip", "127.0.0.1", "--replica-announce-port", str(proxy.port)]
+        self.failovers = 0
+
+    def start(self, timeout: float = 30.0) -> RepeatableFailoverCluster:
+        self.replica_proxy.start()
+        super().start(timeout)
+        return self
+
+    @property
+    def primary_address(self) -> tuple[str, int]:
+        """The address the sentinels give for the primary now (its proxy's)."""
+        return ("127.0.0.1", self.proxy.port)
+
+    def kill_primary(self) -> None:
+        super().kill_primary()
+        self.proxy.resume()  # the cut threw the held bytes away; relay again when this node is primary next
+
+    def wait_failover(self, timeout: float = 30.0) -> tuple[str, int]:
+        """Wait until every sentinel names the replica (by its proxy's address) as the primary, and it
+        says so."""
+        want = ("127.0.0.1", self.replica_proxy.port)
+
+        def switched() -> bool:
+            named = [s.master_address() for s in self.sentinels]
+            return all(a == want for a in named) and self.replica_info().get("role") == "master"
+
+        self._wait(switched, time.monotonic() + timeout, "the sentinels to promote the replica")
+        return want
+
+    def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
+        """Start the killed primary again on its own data; wait until the sentinels made it a replica
+        of the new primary (through the new primary's proxy) and it is in sync; then swap the roles."""
+        old, new_proxy = self.primary, self.replica_proxy
+        self.old_primary = old
+        old.start()
+
+        def synced() -> bool:
+            c = old.client(socket_timeout=2)
+            try:
+                info = c.info("replication")
+            finally:
+                c.close()
+            return bool(info.get("role") == "slave" and info.get("master_port") == new_proxy.port
+                        and info.get("master_link_status") == "up")
+
+        self._wait(synced, time.monotonic() + timeout, "the old primary to rejoin as a replica of the new one")
+        self.primary, self.replica = self.replica, old
+        self.proxy, self.replica_proxy = self.replica_proxy, self.proxy
+        self.failovers += 1
+        return old
+
+    def stop(self) -> None:
+        super().stop()
+        self.replica_proxy.close()
