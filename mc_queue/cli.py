@@ -23,6 +23,7 @@ from .errors import (
     InvalidArgument,
     McqError,
     NamespaceLost,
+    ReplicationUnconfirmed,
     TaskNotFound,
 )
 from .models import NamespaceInfo
@@ -389,6 +390,12 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
             if burst:
                 raise  # exit 4
             wlog.warning("Redis unreachable (%s)", exc)
+        except ReplicationUnconfirmed as exc:
+            # Starting up while the primary has fewer replicas than min_replicas (right after a
+            # failover, before the old primary rejoins): wait for them like for Redis itself.
+            if burst:
+                raise
+            wlog.warning("waiting for replicas: %s", exc.message)
         if w is not None:
             if w.forced:
                 _fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",

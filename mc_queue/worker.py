@@ -71,7 +71,7 @@ from rq.worker import BaseWorker
 from .app import App
 from .client import Client
 from .context import Context, LeaseLost
-from .errors import CancelRequested, McqError, TransitionRefused, WriteRefused
+from .errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from .failures import make_failure
 from .keys import parse_attempt_id
 from .models import Attempt, FailureClass, Manifest, Task
@@ -213,6 +213,13 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
         log.info("attempt %s: not claimed: %s", attempt_id, exc.message)
         return {"skipped": exc.message}
+    except ReplicationUnconfirmed as exc:
+        # The claim is on the primary only: a failover could forget it while the handler acts. The
+        # Attempt does not run; its lease is given up (or runs out) and the sweeper reconciles it.
+        with contextlib.suppress(McqError, redis.RedisError):
+            client.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
+        log.warning("attempt %s: not run: %s", attempt_id, exc.message)
+        return {"unconfirmed": exc.message}
     task = client.get_task(task_id)
     attempt = task.attempts[n - 1]
     spec = rt.app.handlers.get(task.handler)
