@@ -611,9 +611,13 @@ class FailoverCluster:
         self.primary.kill()
         self.proxy.cut()
 
+    def promoted_address(self) -> tuple[str, int]:
+        """The address the sentinels give for the replica once it is promoted."""
+        return ("127.0.0.1", self.replica.port)
+
     def wait_failover(self, timeout: float = 30.0) -> tuple[str, int]:
         """Wait until every sentinel names the replica as the primary, and it says so."""
-        want = ("127.0.0.1", self.replica.port)
+        want = self.promoted_address()
 
         def switched() -> bool:
             named = [s.master_address() for s in self.sentinels]
@@ -625,23 +629,21 @@ class FailoverCluster:
     def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
         """Start the killed primary again on its own data; wait until the sentinels made it a replica
         of the new primary and it is in sync."""
-        self.old_primary = self.primary
-        self.old_primary.start()
-        new = self.replica
-        deadline = time.monotonic() + timeout
+        old = self.old_primary = self.primary
+        old.start()
+        master_port = self.promoted_address()[1]  # the address the old primary replicates from
 
         def synced() -> bool:
-            c = self.old_primary.client(socket_timeout=2) if self.old_primary else None
-            assert c is not None
+            c = old.client(socket_timeout=2)
             try:
                 info = c.info("replication")
             finally:
                 c.close()
-            return bool(info.get("role") == "slave" and info.get("master_port") == new.port
+            return bool(info.get("role") == "slave" and info.get("master_port") == master_port
                         and info.get("master_link_status") == "up")
 
-        self._wait(synced, deadline, "the old primary to rejoin as a replica of the new one")
-        return self.old_primary
+        self._wait(synced, time.monotonic() + timeout, "the old primary to rejoin as a replica of the new one")
+        return old
 
     def stop(self) -> None:
         for s in self.sentinels:
@@ -698,35 +700,14 @@ class RepeatableFailoverCluster(FailoverCluster):
         super().kill_primary()
         self.proxy.resume()  # the cut threw the held bytes away; relay again when this node is primary next
 
-    def wait_failover(self, timeout: float = 30.0) -> tuple[str, int]:
-        """Wait until every sentinel names the replica (by its proxy's address) as the primary, and it
-        says so."""
-        want = ("127.0.0.1", self.replica_proxy.port)
-
-        def switched() -> bool:
-            named = [s.master_address() for s in self.sentinels]
-            return all(a == want for a in named) and self.replica_info().get("role") == "master"
-
-        self._wait(switched, time.monotonic() + timeout, "the sentinels to promote the replica")
-        return want
+    def promoted_address(self) -> tuple[str, int]:
+        """The replica is named by its proxy's address."""
+        return ("127.0.0.1", self.replica_proxy.port)
 
     def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
         """Start the killed primary again on its own data; wait until the sentinels made it a replica
         of the new primary (through the new primary's proxy) and it is in sync; then swap the roles."""
-        old, new_proxy = self.primary, self.replica_proxy
-        self.old_primary = old
-        old.start()
-
-        def synced() -> bool:
-            c = old.client(socket_timeout=2)
-            try:
-                info = c.info("replication")
-            finally:
-                c.close()
-            return bool(info.get("role") == "slave" and info.get("master_port") == new_proxy.port
-                        and info.get("master_link_status") == "up")
-
-        self._wait(synced, time.monotonic() + timeout, "the old primary to rejoin as a replica of the new one")
+        old = super().restart_old_primary(timeout)
         self.primary, self.replica = self.replica, old
         self.proxy, self.replica_proxy = self.replica_proxy, self.proxy
         self.failovers += 1
