@@ -23,6 +23,7 @@ from .errors import (
     InvalidArgument,
     McqError,
     NamespaceLost,
+    Overloaded,
     ReplicationUnconfirmed,
     TaskNotFound,
 )
@@ -50,6 +51,7 @@ def _fail(message: str, code: int) -> None:
 
 
 EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_LOST, EXIT_UNREACHABLE = 1, 2, 3, 4
+EXIT_OVERLOADED = 6  # Redis memory above the enqueue high-water mark: retry later (5 is `mcq worker`'s)
 
 
 def handle_errors(fn: F) -> F:
@@ -61,6 +63,8 @@ def handle_errors(fn: F) -> F:
             _fail(str(exc), EXIT_BAD_INPUT)
         except NamespaceLost as exc:
             _fail(str(exc), EXIT_LOST)
+        except Overloaded as exc:
+            _fail(str(exc), EXIT_OVERLOADED)
         except McqError as exc:  # a contract refused (IdempotencyConflict, TaskPurged, a stale fence ...)
             _fail(str(exc), EXIT_REFUSED)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -579,15 +583,20 @@ def workers(obj: Ctx, as_json: bool) -> None:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (localhost by default).")
 @click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True)
+@click.option("--app", "app_spec", default=None,
+              help="The handlers' App (package.module:app, or MCQ_APP): every (queue, handler) series is then "
+                   "exported at 0 from the first scrape, before its first Attempt.")
 @click.pass_obj
 @handle_errors
-def metrics(obj: Ctx, host: str, port: int) -> None:
+def metrics(obj: Ctx, host: str, port: int, app_spec: str | None) -> None:
     """Serve Prometheus metrics of this namespace at http://HOST:PORT/metrics."""
+    import os
     import time
 
     from .metrics import serve
 
-    serve(obj.client, host=host, port=port)
+    spec = app_spec or os.environ.get("MCQ_APP")
+    serve(obj.client, host=host, port=port, app=load_app(spec) if spec else None)
     click.echo(f"serving metrics of namespace {obj.client.keys.prefix!r} at http://{host}:{port}/metrics", err=True)
     while True:
         time.sleep(3600)
@@ -634,3 +643,48 @@ def demo(obj: Ctx, tasks: int, workers: int, contracts: bool, keep_server: bool)
     from .factory_demo import run_factory_demo
 
     sys.exit(run_factory_demo(obj.redis_url, obj.home, tasks=tasks, workers=workers, keep_server=keep_server))
+
+
+@main.group()
+def health() -> None:
+    """Health checks for a container's HEALTHCHECK: exit 0 healthy, 1 not (3: the namespace lost
+    state, 4: Redis cannot be reached)."""
+
+
+@health.command("worker")
+@click.option("--host", "hostname", default=None,
+              help="The workers' host name as RQ records it (default: this host's, i.e. the container's own).")
+@click.pass_obj
+@handle_errors
+def health_worker(obj: Ctx, hostname: str | None) -> None:
+    """Healthy when at least one worker of this namespace on this host has a recent RQ heartbeat (and,
+    on this host, its process is alive): what `mcq workers` shows, read from mc_queue's and RQ's records."""
+    import os
+    import socket
+
+    from .worker import live_workers
+
+    local = socket.gethostname()
+    host = hostname or local
+
+    def alive(pid: int | None) -> bool:
+        if host != local:
+            return True  # another host's process cannot be checked from here
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    rows = [r for r in live_workers(obj.client) if r["hostname"] == host]
+    healthy = [r for r in rows if r["healthy"] and alive(r["pid"])]
+    _exit_if_lost(obj.client.namespace())
+    if not healthy:
+        _fail(f"no live worker of namespace {obj.client.keys.prefix!r} on host {host!r} "
+              f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
+    click.echo(f"{len(healthy)} healthy worker(s) of namespace {obj.client.keys.prefix!r} on {host}: "
+               + ", ".join(str(r["worker"]) for r in healthy))
