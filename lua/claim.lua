@@ -3,7 +3,7 @@
 -- above the namespace floor), and take the lease: a key of its own set with PX from Redis's clock
 -- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
 -- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
--- for one (never above the namespace ceiling).
+-- for one (never above the namespace ceiling). Counts the Attempt's wait (due time to claim) in stats.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -14,7 +14,8 @@
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
 -- KEYS[10] outbox    attempts waiting to be dispatched to the transport
--- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[11] stats     counters for metrics (refusals, expiries, decisions; here also the wait histogram:
+--                    wait|<queue>|<handler>|<bucket>, wait_ms|<queue>|<handler>)
 -- KEYS[12] fence     the task's fence counter
 -- KEYS[13] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
 -- ARGV[1] worker     worker id
@@ -96,4 +97,5 @@ redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
 emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'lease_ms', lease_s})
+observe(K.stats, K.task, 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
 return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s}

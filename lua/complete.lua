@@ -1,7 +1,7 @@
 -- mc_queue: complete
 -- Record a running Attempt's success: only with the current fence and a live lease. The same
 -- completion sent again (same fence, same result) is a no-op success; a different result with
--- the same fence is a conflict.
+-- the same fence is a conflict. Counts the finished Attempt (claim to end) in stats.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -10,7 +10,8 @@
 -- KEYS[6] task       task hash
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
--- KEYS[9] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[9] stats      counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
+--                    fin|<queue>|<handler>|succeeded|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[10] fence     the task's fence counter
 -- KEYS[11] lease     the task's lease key
 -- ARGV[1] n              attempt number
@@ -73,4 +74,5 @@ redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')
 emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
+observe(K.stats, K.task, 'fin', t[1], 'succeeded', ts - started)
 return {'OK', ts_s, attempt_snapshot(K.attempts)}

@@ -29,6 +29,8 @@
 -- Returns: {'OK', task_id} | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
+--          {'E_OVERLOADED', why} (used memory above 90% of maxmemory: new work refused, nothing written;
+--          a resend of work already admitted still answers DUP)
 --          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_created, attempt_created | enqueue_refused (in the task's stream, or the namespace log
 --         when the refused key names another task)
@@ -105,6 +107,9 @@ if tomb then
       {'task', A.task_id, 'reason', 'this task id was purged', 'actor', A.actor})
   end
 end
+
+local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE)
+if pressure then return {'E_OVERLOADED', pressure} end
 
 if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,

@@ -3,7 +3,7 @@
 -- The Attempt becomes failed (terminal) and, in the same step, the policy's decision is applied:
 -- wait (task failed until a person retries), retry (Attempt N+1 after a backoff), stop (task
 -- blocked, attention item) or quarantine (dead-lettered). The same failure sent again (same fence,
--- same failure digest) is a no-op success.
+-- same failure digest) is a no-op success. Counts the finished Attempt (claim to end) in stats.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -16,7 +16,8 @@
 -- KEYS[10] attention attention items (task id -> JSON)
 -- KEYS[11] dlq       quarantined tasks (task id -> time)
 -- KEYS[12] outbox    attempts waiting to be dispatched to the transport
--- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[13] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
+--                    fin|<queue>|<handler>|failed|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[14] fence     the task's fence counter
 -- KEYS[15] lease     the task's lease key
 -- ARGV[1] n               attempt number
@@ -94,4 +95,5 @@ redis.call('DEL', K.lease)
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
+observe(K.stats, K.task, 'fin', t[1], 'failed', ts - started)
 return {'OK', ts, attempt_snapshot(K.attempts), state}

@@ -3,6 +3,7 @@
 -- work is proven done, the task succeeds. failed: the policy's decision is applied in the same
 -- step (wait for a person, retry as Attempt N+1, stop with an attention item, or quarantine).
 -- canceled: the last step of the cancellation protocol; the Attempt and the task end canceled.
+-- Counts the finished Attempt (claim to settlement) in stats.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -15,7 +16,8 @@
 -- KEYS[10] outbox    attempts waiting to be dispatched to the transport
 -- KEYS[11] attention attention items (task id -> JSON)
 -- KEYS[12] dlq       quarantined tasks (task id -> time)
--- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[13] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
+--                    fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|<queue>|<handler>)
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -107,4 +109,5 @@ else
   aset(K.attempts, n, {'failure', A.failure, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
   state = apply_decision(K, t[1], t[2], n, t[3], A, A.actor, ts)
 end
+observe(K.stats, K.task, 'fin', t[2], A.outcome, ts - started)
 return {'OK', ts, attempt_snapshot(K.attempts), state}

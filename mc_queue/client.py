@@ -122,6 +122,7 @@ class Client:
         replica_timeout_ms: int | None = None,
         track_replication: str | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        allow_eviction: bool | None = None,
     ) -> None:
         self.url = url
         self.target = parse_url(url)
@@ -143,6 +144,10 @@ class Client:
         if mode not in TRACK_MODES:
             raise ConfigurationError(f"track_replication must be one of {', '.join(TRACK_MODES)}, not {mode!r}")
         self.track_mode = mode
+        # An evicting maxmemory-policy drops fences, leases and records: refused at open_namespace
+        # unless the operator says otherwise (allow_eviction=True or MCQ_ALLOW_EVICTION=1), loudly.
+        self.allow_eviction = (os.environ.get("MCQ_ALLOW_EVICTION", "") == "1") if allow_eviction is None \
+            else bool(allow_eviction)
         self.ns = NamespaceState(prefix, witness_path)
         # surrogateescape: bytes that are not UTF-8 (written by someone else) read back losslessly
         # instead of failing the read, and go back to Redis unchanged (an index member to drop).
@@ -318,6 +323,7 @@ class Client:
     def open_namespace(self) -> NamespaceInfo:
         """Create the namespace on first use (writers only), or load it; remembers its epoch. Then
         checks the replication lineage (:meth:`check_lineage`): a namespace found lost is reported so."""
+        self.check_memory_policy()
         witness = self.ns.read_witness()
         reply = self._run("init", {"meta": self.keys.meta, "nslog": self.keys.nslog, "queues": self.keys.queues,
                                    "leases": self.keys.leases},
@@ -334,6 +340,24 @@ class Client:
             except NamespaceLost as exc:
                 return NamespaceInfo(self.keys.prefix, "lost", info.epoch, info.seq, info.floor, exc.message)
         return info
+
+    def check_memory_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy`` (None when INFO is not allowed). Anything but ``noeviction``
+        lets Redis delete keys under memory pressure: fences, leases, tasks and idempotency entries
+        would vanish without a trace, so it is refused (ConfigurationError) unless ``allow_eviction``."""
+        try:
+            policy = str(self.redis.info("memory").get("maxmemory_policy") or "")
+        except redis.ResponseError:  # INFO not allowed for this ACL user: the operator's responsibility
+            return None
+        if policy and policy != "noeviction":
+            why = (f"Redis's maxmemory-policy is {policy!r}: under memory pressure Redis would delete mc_queue's "
+                   "fences, leases and task records without a trace")
+            if not self.allow_eviction:
+                raise ConfigurationError(f"{why}. Set `maxmemory-policy noeviction` on this Redis (CONFIG SET "
+                                         "maxmemory-policy noeviction, and in redis.conf), or, knowing the risk, "
+                                         "allow it with MCQ_ALLOW_EVICTION=1 (Client(allow_eviction=True))")
+            log.warning("%s; allowed by MCQ_ALLOW_EVICTION / allow_eviction", why)
+        return policy or None
 
     def _epoch(self) -> str:
         """The namespace epoch, creating the namespace on first use."""

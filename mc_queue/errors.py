@@ -36,6 +36,7 @@ class Code(StrEnum):
     E_PHASE = "E_PHASE"      # a checkpoint out of order
     E_NOEFFECT = "E_NOEFFECT"  # a receipt for an effect with no intent on file
     E_PURGED = "E_PURGED"    # the task (of this id or producer key) was purged
+    E_OVERLOADED = "E_OVERLOADED"  # Redis memory above the enqueue high-water mark: new work refused
 
 
 SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
@@ -99,6 +100,12 @@ class EffectNotBegun(TransitionRefused, InvalidArgument):
     """A receipt for an effect with no intent on file (``effect_begin`` must come first): refused and
     recorded as an ``effect_refused`` event on the task. An InvalidArgument too: the caller's order
     of calls was wrong, nothing was written."""
+
+
+class Overloaded(McqError):
+    """Redis's used memory is above the enqueue high-water mark (90% of ``maxmemory``): new work is
+    refused, nothing was written, work already admitted goes on. Retry later (with the same
+    idempotency key), or free memory: purge finished tasks, raise ``maxmemory``."""
 
 
 class WriteRefused(McqError):
@@ -289,6 +296,8 @@ def raise_for_reply(
         raise ConfigurationError(
             f"the namespace was created by another version of mc_queue (schema {first}); drain it with that "
             "version or use a new --prefix", **ctx)
+    if code is Code.E_OVERLOADED:
+        raise Overloaded(f"{script} refused: {first}", **ctx)
     if code is Code.E_BADARG:
         raise InvalidArgument(f"{script}: {first}", **ctx)
     raise McqError(f"{script} of {where} failed with {code.value}: {' '.join(detail)}", **ctx)  # E_EPOCH: internal

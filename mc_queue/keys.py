@@ -20,7 +20,10 @@ Key schema (``P`` = ``{prefix}``)::
     P:dlq                  zset   task id -> time it was quarantined
     P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
     P:cancels              zset   attempt id -> deadline for the executor to acknowledge a cancel (ms)
-    P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions
+    P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions, and
+                                  the Attempt histograms (wait|<queue>|<handler>|<bucket>, wait_ms|..., at
+                                  claim; fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|..., at the end)
+    P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass)
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
     P:t:<task id>          hash   the Task
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
@@ -129,6 +132,7 @@ class Keys:
         self.outbox = f"{tag}:outbox"
         self.cancels = f"{tag}:cancels"
         self.stats = f"{tag}:stats"
+        self.sweeper = f"{tag}:sweeper"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

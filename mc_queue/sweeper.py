@@ -73,6 +73,7 @@ class Sweeper:
         self._tidied_at = float("-inf")
 
     def run_once(self) -> SweepReport:
+        started = time.monotonic()
         report = SweepReport()
         try:
             # The replication lineage first: a failover that lost acknowledged writes marks the namespace
@@ -95,6 +96,16 @@ class Sweeper:
             report.namespace = "lost"
             log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
                       "`mcq recover` has run", self.client.keys.prefix, exc)
+        # Liveness for metrics (mcq_sweeper_*): when the last pass ended (this host's clock), how long it
+        # took, how many passes. A refused write (Redis out of memory) costs the record, not the pass.
+        pipe = self.client.redis.pipeline(transaction=True)
+        pipe.hset(self.client.keys.sweeper, mapping={"last_pass_ms": int(time.time() * 1000),
+                                                     "pass_ms": round((time.monotonic() - started) * 1000, 3)})
+        pipe.hincrby(self.client.keys.sweeper, "passes", 1)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            log.warning("sweeper pass not recorded for metrics: %s", exc)
         return report
 
     def _expire(self, report: SweepReport) -> None:

@@ -239,6 +239,43 @@ local function move_count(k_counts, queue, from, to)
   if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, 1) end
 end
 
+-- Histogram buckets of the Attempt metrics in ms (mc_queue.metrics.BUCKETS_S reads them back): bucket i
+-- counts values <= bound i, bucket #bounds + 1 the values above every bound.
+local METRIC_BUCKETS_MS = {100, 500, 1000, 5000, 15000, 30000, 60000, 120000, 300000, 600000, 1800000,
+  3600000, 7200000, 14400000}
+
+-- Count one Attempt observation in the stats hash, called by the script that makes the move after all its
+-- checks: kind 'wait' (claim: due time to claim) or 'fin' (claim to end, by outcome). The handler is the
+-- task's. Two HINCRBYs: '<kind>|<queue>|<handler>[|<outcome>]|<bucket>' += 1, '<kind>_ms|<queue>|<handler>' += ms.
+local function observe(k_stats, k_task, kind, queue, outcome, ms)
+  if ms < 0 then ms = 0 end  -- Redis's clock went back
+  local i = 1
+  while METRIC_BUCKETS_MS[i] and ms > METRIC_BUCKETS_MS[i] do i = i + 1 end
+  local qh = (queue or '') .. '|' .. (redis.call('HGET', k_task, 'handler') or '')
+  redis.call('HINCRBY', k_stats, kind .. '|' .. qh .. (outcome and ('|' .. outcome) or '') .. '|' .. i, 1)
+  redis.call('HINCRBY', k_stats, kind .. '_ms|' .. qh, fmt(ms))
+end
+
+-- ----------------------------------------------------------------------------------- memory
+
+-- Past this share of `maxmemory`, new work is refused (enqueue answers E_OVERLOADED): the rest is
+-- headroom for the claims, completions and reconciliations of work already admitted. Redis itself
+-- refuses every write script at 100% (noeviction).
+local ENQUEUE_MEMORY_SHARE = 0.9
+
+-- nil when Redis has no maxmemory or is below the share, else why new work is refused.
+local function memory_pressure(share)
+  local info = redis.pcall('INFO', 'memory')
+  if type(info) ~= 'string' then return nil end
+  local maxm = tonumber(string.match(info, '\nmaxmemory:(%d+)'))
+  if not maxm or maxm == 0 then return nil end
+  local used = tonumber(string.match(info, 'used_memory:(%d+)'))
+  if not used or used <= maxm * share then return nil end
+  return 'Redis uses ' .. fmt(used) .. ' of its maxmemory of ' .. fmt(maxm) .. ' bytes (above ' ..
+    fmt(share * 100) .. '%): new work is refused until memory is freed (finished tasks purged, maxmemory ' ..
+    'raised); work already admitted goes on'
+end
+
 -- ----------------------------------------------------------------------------------- namespace
 
 -- The run id of this redis-server process (a new one at every start), or nil if INFO is not allowed.

@@ -16,7 +16,7 @@ EXPECTED = {
     "Sweeper", "ValidationFailure", "classify",
     "CancelRequested", "EffectRecord", "EffectUnknown", "mint_key",
     "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
-    "EffectNotBegun", "ReplicationUnconfirmed",
+    "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded",
 }
 
 

@@ -1,0 +1,110 @@
+"""Memory safety on a real redis-server: an evicting maxmemory-policy is refused at connect, and
+enqueue sheds load above 90% of maxmemory while work already admitted goes on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import mc_queue
+from mc_queue.testing import RedisServer, unique_prefix
+from tests.integration.test_cli import APP, mcq
+
+
+def namespace_keys(server: RedisServer, prefix: str) -> dict[str, Any]:
+    """Every key of the namespace and its DUMP (streams and hashes alike)."""
+    r = server.client()
+    try:
+        return {k: r.dump(k) for k in sorted(r.scan_iter(match=f"{{{prefix}}}*", count=1000))}
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "allkeys-random", "volatile-ttl"])
+def test_an_evicting_policy_is_refused_at_connect_and_nothing_is_written(own_redis: RedisServer,
+                                                                          policy: str) -> None:
+    r = own_redis.client()
+    r.config_set("maxmemory-policy", policy)
+    prefix = unique_prefix()
+    q = mc_queue.Client(own_redis.url, prefix=prefix)
+    try:
+        with pytest.raises(mc_queue.ConfigurationError, match=f"maxmemory-policy is '{policy}'.*noeviction"):
+            q.enqueue("jobs", "h", {"n": 1})
+        assert namespace_keys(own_redis, prefix) == {}
+    finally:
+        q.close()
+    out = mcq(own_redis, prefix, "enqueue", "fix-issue", *APP, "--payload", "{}")
+    assert out.returncode == 2 and "maxmemory-policy" in out.stderr and "Traceback" not in out.stderr
+    # The operator may allow it, knowingly.
+    allowed = mc_queue.Client(own_redis.url, prefix=prefix, allow_eviction=True)
+    try:
+        assert allowed.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING
+    finally:
+        allowed.close()
+    r.config_set("maxmemory-policy", "noeviction")
+    ok = mc_queue.Client(own_redis.url, prefix=prefix)
+    try:
+        assert ok.check_memory_policy() == "noeviction"
+    finally:
+        ok.close()
+        r.close()
+
+
+@pytest.fixture
+def crowded(own_redis: RedisServer) -> Iterator[tuple[RedisServer, mc_queue.Client, Any]]:
+    q = mc_queue.Client(own_redis.url, prefix=unique_prefix())
+    r = own_redis.client()
+    # Ballast: with ~20 MB in use, the 5-10% between the mark and maxmemory is room enough for the
+    # transient buffers of a test (a bare server's 1 MB would leave only tens of KB).
+    r.setrange("ballast", 20_000_000, "x")  # allocated by Redis (no 20 MB query buffer to free later)
+    yield own_redis, q, r
+    r.config_set("maxmemory", 0)
+    q.close()
+    r.close()
+
+
+def squeeze(r: Any, share: float) -> None:
+    """Set maxmemory so that what Redis uses now is ``share`` of it."""
+    used = int(r.info("memory")["used_memory"])
+    r.config_set("maxmemory", int(used / share))
+
+
+def test_enqueue_sheds_load_above_the_high_water_mark_and_admitted_work_goes_on(crowded: Any) -> None:
+    server, q, r = crowded
+    admitted = q.enqueue("jobs", "h", {"n": 1}, "key-1")
+    waiting = q.enqueue("jobs", "h", {"n": 2}, "key-2")
+    lease = q.claim_attempt(admitted.id, "w1", 60_000)
+    squeeze(r, 0.95)
+
+    before = namespace_keys(server, q.keys.prefix)
+    with pytest.raises(mc_queue.Overloaded, match=r"maxmemory.*new work is refused"):
+        q.enqueue("jobs", "h", {"n": 3}, "key-3")
+    with pytest.raises(mc_queue.Overloaded):
+        q.enqueue("jobs", "h", {"n": 4})
+    assert namespace_keys(server, q.keys.prefix) == before, "a refused enqueue wrote something"
+
+    # A resend of work already admitted still answers with its task; admitted work goes on.
+    assert q.enqueue("jobs", "h", {"n": 2}, "key-2").id == waiting.id
+    done = q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    assert done.state is mc_queue.AttemptState.SUCCEEDED
+    second = q.claim_attempt(waiting.id, "w1", 60_000)
+    assert q.complete_attempt(second.attempt_id, second.fence, {"ok": 2}, worker_id="w1").state.value == "succeeded"
+
+    # The CLI says so with an exit code of its own, in one line.
+    squeeze(r, 0.95)  # (what Redis uses moves a little with every call)
+    out = mcq(server, q.keys.prefix, "enqueue", "fix-issue", *APP, "--payload", '{"issue": 1}')
+    assert out.returncode == 6, (out.returncode, out.stderr)
+    assert "new work is refused" in out.stderr and "Traceback" not in out.stderr
+
+    # Below the mark again (the operator raised maxmemory): new work is admitted.
+    squeeze(r, 0.5)
+    assert q.enqueue("jobs", "h", {"n": 3}, "key-3").state is mc_queue.TaskState.PENDING
+
+
+def test_below_the_mark_and_without_maxmemory_enqueue_is_admitted(crowded: Any) -> None:
+    _server, q, r = crowded
+    assert q.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING  # maxmemory 0: no limit
+    squeeze(r, 0.8)
+    assert q.enqueue("jobs", "h", {"n": 2}).state is mc_queue.TaskState.PENDING

@@ -1,0 +1,419 @@
+"""Metrics an alerting Prometheus can use (issue 10): counters from 0, state gauges for empty states,
+finished Attempts and the duration / wait histograms recorded by the scripts, Redis down answered with
+HTTP 200 and mcq_redis_up 0, sweeper liveness, live workers, and the example alert rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from rq import Worker
+
+import mc_queue
+from mc_queue import FailureClass, make_failure, reconcile_attempt
+from mc_queue.metrics import (
+    ACTIONS,
+    BUCKETS_S,
+    BUDGETS,
+    OUTCOMES,
+    RECONCILED,
+    REFUSALS,
+    NamespaceCollector,
+    serve,
+)
+from mc_queue.models import TaskState
+from mc_queue.scripts import lua_dir
+from mc_queue.sweeper import Sweeper
+from mc_queue.testing import RedisServer, free_port
+from mc_queue.transport import rq_connection, rq_queue_name
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERTS = ROOT / "ops" / "alerts.yml"
+LE = [*(repr(float(b)) for b in BUCKETS_S), "+Inf"]
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> tuple[Samples, dict[str, str]]:
+    """Every sample (name, labels) -> value, and every family's type, read by prometheus-client's parser."""
+    samples: Samples = {}
+    types: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for s in family.samples:
+            samples[s.name, frozenset(s.labels.items())] = s.value
+    return samples, types
+
+
+def scrape(collector: NamespaceCollector) -> tuple[Samples, dict[str, str]]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return parse(generate_latest(registry).decode())
+
+
+def v(samples: Samples, name: str, **labels: str) -> float:
+    return samples[name, frozenset(labels.items())]
+
+
+def app_with(*handlers: str, queue: str = "jobs") -> mc_queue.App:
+    app = mc_queue.App(name="metrics-test", default_queue=queue)
+    for h in handlers:
+        app.handler(h)(lambda ctx, payload: None)
+    return app
+
+
+def counter_keys(samples: Samples, types: dict[str, str]) -> set[tuple[str, frozenset[tuple[str, str]]]]:
+    """The samples of counters and histograms (what rate() and increase() read)."""
+    out = set()
+    for name, labels in samples:
+        family = re.sub(r"(_total|_bucket|_count|_sum)$", "", name)
+        if types.get(family) in ("counter", "histogram"):
+            out.add((name, labels))
+    return out
+
+
+def test_every_counter_is_exported_at_zero_before_its_first_event_and_empty_states_read_zero(
+        q: mc_queue.Client) -> None:
+    a = q.enqueue("jobs", "h", {"n": 1})
+    collector = NamespaceCollector(q, app=app_with("h"))
+    before, types = scrape(collector)
+
+    # the state gauges: every task state of every known queue, 0 when empty
+    for state in TaskState:
+        assert v(before, "mcq_tasks", queue="jobs", state=state.value) == (1 if state is TaskState.PENDING else 0)
+    assert v(before, "mcq_queue_depth", queue="jobs") == 1 and v(before, "mcq_workers_live", queue="jobs") == 0
+    # every counter of a known kind, at 0
+    assert v(before, "mcq_claims_refused_total") == 0 and v(before, "mcq_stale_writes_refused_total") == 0
+    for kind in REFUSALS:
+        assert v(before, "mcq_refusals_total", kind=kind) == 0
+    for kind in ("expired", "voided"):
+        assert v(before, "mcq_leases_expired_total", kind=kind) == 0
+    for outcome in RECONCILED:
+        assert v(before, "mcq_reconciliations_total", outcome=outcome) == 0
+    for action in ACTIONS:
+        for fclass in FailureClass:
+            assert v(before, "mcq_decisions_total", action=action, failure_class=fclass.value) == 0
+    for budget in BUDGETS:
+        assert v(before, "mcq_budget_exhaustions_total", budget=budget) == 0
+    for outcome in OUTCOMES:
+        assert v(before, "mcq_attempts_finished_total", queue="jobs", handler="h", outcome=outcome) == 0
+    for hist in ("mcq_attempt_duration_seconds", "mcq_queue_wait_seconds"):
+        assert v(before, f"{hist}_count", queue="jobs", handler="h") == 0
+        assert v(before, f"{hist}_bucket", queue="jobs", handler="h", le="+Inf") == 0
+    assert v(before, "mcq_sweeper_passes_total") == 0 and v(before, "mcq_redis_up") == 1
+
+    # the first event of each kind moves its series from 0 to 1: increase() over the two scrapes is 1
+    lease = q.claim_attempt(a.id, "w1", lease_ms=100)
+    with pytest.raises(mc_queue.ClaimRejected):
+        q.claim_attempt(a.id, "w2")
+    deadline = time.monotonic() + 5
+    while not q.expire_leases():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    reconcile_attempt(q, lease.attempt_id, apply_policy=True)
+    after, _ = scrape(collector)
+    assert v(after, "mcq_claims_refused_total") == 1 and v(after, "mcq_refusals_total", kind="claim_refused") == 1
+    assert v(after, "mcq_leases_expired_total", kind="expired") == 1
+    assert v(after, "mcq_reconciliations_total", outcome="failed") == 1
+    assert v(after, "mcq_decisions_total", action="retry", failure_class="executor") == 1
+    assert v(after, "mcq_attempts_finished_total", queue="jobs", handler="h", outcome="failed") == 1
+    assert v(after, "mcq_queue_wait_seconds_count", queue="jobs", handler="h") == 1
+    assert v(after, "mcq_tasks", queue="jobs", state="running") == 0
+    # no counter or histogram series appeared with the events: each was there, at 0, before them
+    assert counter_keys(after, types) == counter_keys(before, types)
+
+
+def _histogram(samples: Samples, name: str, **labels: str) -> tuple[list[float], float, float]:
+    buckets = [v(samples, f"{name}_bucket", le=le, **labels) for le in LE]
+    return buckets, v(samples, f"{name}_count", **labels), v(samples, f"{name}_sum", **labels)
+
+
+def _expected(values_ms: list[int]) -> list[float]:
+    return [float(sum(1 for ms in values_ms if ms <= b * 1000)) for b in BUCKETS_S] + [float(len(values_ms))]
+
+
+def _ms(dt: Any) -> int:
+    return round(dt.timestamp() * 1000)
+
+
+def test_finished_attempts_and_the_duration_and_wait_histograms_follow_real_transitions(
+        q: mc_queue.Client) -> None:
+    failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
+    t1 = q.enqueue("jobs", "h", {"n": 1})
+    time.sleep(0.6)  # a wait above the 0.5 s bucket
+    l1 = q.claim_attempt(t1.id, "w")
+    time.sleep(0.2)  # a duration above the 0.1 s bucket
+    q.complete_attempt(l1.attempt_id, l1.fence, {"ok": True}, worker_id="w")
+    t2 = q.enqueue("jobs", "h", {"n": 2})
+    l2 = q.claim_attempt(t2.id, "w")
+    q.fail_attempt(l2.attempt_id, l2.fence, failure, worker_id="w")
+    t3 = q.enqueue("jobs", "h", {"n": 3})  # lease runs out: reconciled as failed
+    l3 = q.claim_attempt(t3.id, "w", lease_ms=100)
+    deadline = time.monotonic() + 5
+    while not q.expire_leases():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    reconcile_attempt(q, l3.attempt_id)
+    t4 = q.enqueue("jobs", "h", {"n": 4})  # canceled while running: acknowledged, then reconciled
+    l4 = q.claim_attempt(t4.id, "w")
+    q.cancel_task(t4.id, "the operator no longer needs this")
+    q.acknowledge_cancel(l4.attempt_id, l4.fence, worker_id="w")
+    reconcile_attempt(q, l4.attempt_id)
+    t5 = q.enqueue("jobs", "other", {"n": 5})  # another handler: its own series
+    l5 = q.claim_attempt(t5.id, "w")
+    q.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")
+    q.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")  # a resend (DUP) counts nothing
+
+    m, types = scrape(NamespaceCollector(q))
+    assert types["mcq_attempts_finished"] == "counter" and types["mcq_attempt_duration_seconds"] == "histogram"
+    finished = {o: v(m, "mcq_attempts_finished_total", queue="jobs", handler="h", outcome=o) for o in OUTCOMES}
+    assert finished == {"succeeded": 1, "failed": 2, "canceled": 1}
+    assert v(m, "mcq_attempts_finished_total", queue="jobs", handler="other", outcome="succeeded") == 1
+
+    attempts = [q.get_task(t.id).attempts[0] for t in (t1, t2, t3, t4)]
+    assert [a.state.value for a in attempts] == ["succeeded", "failed", "failed", "canceled"]
+    durations = [a.elapsed_ms or 0 for a in attempts]
+    waits = [_ms(a.started_at) - _ms(a.due_at) for a in attempts]
+    assert durations[0] >= 200 and waits[0] >= 600
+
+    buckets, count, total = _histogram(m, "mcq_attempt_duration_seconds", queue="jobs", handler="h")
+    assert buckets == sorted(buckets), "buckets are cumulative"
+    assert buckets == _expected(durations) and count == buckets[-1] == sum(finished.values())
+    assert total == pytest.approx(sum(durations) / 1000)
+    assert buckets[0] <= 3  # the 0.2 s success is above the 0.1 s bucket
+
+    buckets, count, total = _histogram(m, "mcq_queue_wait_seconds", queue="jobs", handler="h")
+    assert buckets == sorted(buckets) and buckets == _expected(waits) and count == buckets[-1] == 4
+    assert total == pytest.approx(sum(waits) / 1000) and total >= 0.6
+    assert buckets[LE.index("0.5")] <= 3  # the 0.6 s wait is above the 0.5 s bucket
+    assert v(m, "mcq_queue_wait_seconds_count", queue="jobs", handler="other") == 1
+    assert v(m, "mcq_attempt_duration_seconds_count", queue="jobs", handler="other") == 1
+
+
+def test_redis_down_answers_200_with_mcq_redis_up_0(tmp_path: Path, prefix: str) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    httpd = None
+    try:
+        q = mc_queue.connect(server.url, prefix=prefix)
+        q.enqueue("jobs", "h", {})
+        port = free_port()
+        httpd, _ = serve(q, port=port)
+        url = f"http://127.0.0.1:{port}/metrics"
+        up = httpx.get(url, timeout=10)
+        m, _ = parse(up.text)
+        assert up.status_code == 200 and v(m, "mcq_redis_up") == 1 and v(m, "mcq_namespace_ok") == 1
+        assert v(m, "mcq_tasks", queue="jobs", state="pending") == 1
+
+        server.stop()
+        down = httpx.get(url, timeout=10)
+        assert down.status_code == 200
+        m, types = parse(down.text)
+        assert v(m, "mcq_redis_up") == 0 and v(m, "mcq_namespace_ok") == 0
+        assert set(types) == {"mcq_redis_up", "mcq_namespace_ok"}  # every other series is absent, not stale
+        q.close()
+    finally:
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+        server.stop()
+
+
+def test_sweeper_passes_are_recorded_for_liveness(q: mc_queue.Client) -> None:
+    collector = NamespaceCollector(q)
+    m, _ = scrape(collector)
+    assert v(m, "mcq_sweeper_passes_total") == 0 and v(m, "mcq_sweeper_last_pass_timestamp_seconds") == 0
+    q.enqueue("jobs", "h", {})
+    sweeper = Sweeper(q)
+    started = time.time()
+    sweeper.run_once()
+    ended = time.time()
+    m, types = scrape(collector)
+    assert types["mcq_sweeper_passes"] == "counter"
+    assert v(m, "mcq_sweeper_passes_total") == 1
+    assert started - 0.001 <= v(m, "mcq_sweeper_last_pass_timestamp_seconds") <= ended + 0.001
+    assert 0 <= v(m, "mcq_sweeper_pass_duration_seconds") <= ended - started + 0.001
+    sweeper.run_once()
+    m, _ = scrape(collector)
+    assert v(m, "mcq_sweeper_passes_total") == 2
+
+
+def test_live_workers_are_counted_per_queue(q: mc_queue.Client) -> None:
+    q.enqueue("jobs", "h", {})
+    q.enqueue("other", "h", {})
+    collector = NamespaceCollector(q)
+    conn = rq_connection(q)
+    worker = Worker([rq_queue_name(q.keys.prefix, "jobs")], connection=conn, name=f"metrics-{q.keys.prefix}")
+    try:
+        worker.register_birth()
+        m, _ = scrape(collector)
+        assert v(m, "mcq_workers_live", queue="jobs") == 1 and v(m, "mcq_workers_live", queue="other") == 0
+        worker.register_death()
+        m, _ = scrape(collector)
+        assert v(m, "mcq_workers_live", queue="jobs") == 0
+    finally:
+        worker.register_death()
+        conn.close()
+
+
+def test_memory_gauges_read_info_memory(q: mc_queue.Client) -> None:
+    m, _ = scrape(NamespaceCollector(q))
+    info = q.redis.info("memory")
+    assert v(m, "mcq_redis_memory_max_bytes") == info["maxmemory"]
+    assert v(m, "mcq_redis_memory_used_bytes") > 0
+
+
+def test_the_exporter_knows_what_the_scripts_count() -> None:
+    """Buckets, refusal kinds, decisions, budgets and outcomes: the same lists as the Lua."""
+    lua = {p.name: p.read_text() for p in [*lua_dir().glob("*.lua"), *lua_dir().glob("includes/*.lua")]}
+    bounds = re.search(r"METRIC_BUCKETS_MS = \{([^}]*)\}", lua["common.lua"])
+    assert bounds and tuple(int(b) / 1000 for b in bounds.group(1).split(",")) == BUCKETS_S
+    counted = {k for src in lua.values() for k in re.findall(r"refuse\(K\.\w+, K\.stats, '(\w+)'", src)}
+    assert counted == set(REFUSALS)
+    decisions = re.search(r"'decision', 'enum', '\|\|([^']*)\|'", lua["decisions.lua"])
+    assert decisions and set(decisions.group(1).split("|")) - {"wait"} == set(ACTIONS)
+    budgets = re.search(r"'budget', 'enum', '\|\|([^']*)\|'", lua["decisions.lua"])
+    assert budgets and set(budgets.group(1).split("|")) == set(BUDGETS)
+    outcomes = re.search(r"'outcome', 'enum', '\|([^']*)\|'", lua["reconcile_settle.lua"])
+    assert outcomes and set(outcomes.group(1).split("|")) == set(OUTCOMES) == set(RECONCILED)
+
+
+# --------------------------------------------------------------------------- the example alert rules
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Prometheus) is not on PATH")
+
+
+@needs_promtool
+def test_promtool_accepts_the_alert_rules() -> None:
+    out = subprocess.run([str(PROMTOOL), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+RULE_TESTS = """
+rule_files:
+  - {alerts}
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'up{{job="mc_queue", instance="x"}}'
+        values: '1 1 1 0x10'
+      - series: 'mcq_redis_up{{job="mc_queue", instance="x"}}'
+        values: '1 1 1 0x10'
+      - series: 'mcq_namespace_ok{{job="mc_queue", instance="x"}}'
+        values: '1 1 1 0x10'
+      - series: 'up{{job="mc_queue", instance="y"}}'
+        values: '1x12'
+      - series: 'mcq_redis_up{{job="mc_queue", instance="y"}}'
+        values: '1x12'
+      - series: 'mcq_namespace_ok{{job="mc_queue", instance="y"}}'
+        values: '1 0x11'
+      - series: 'mcq_queue_age_seconds{{job="mc_queue", instance="x", queue="jobs"}}'
+        values: '1000x12'
+      - series: 'mcq_queue_depth{{job="mc_queue", instance="x", queue="jobs"}}'
+        values: '3x12'
+      - series: 'mcq_workers_live{{job="mc_queue", instance="x", queue="jobs"}}'
+        values: '0x12'
+      - series: 'mcq_decisions_total{{job="mc_queue", instance="x", action="quarantine", failure_class="internal"}}'
+        values: '0 0 1 1 1 1 1 1 1 1 1 1 1'
+      - series: 'mcq_sweeper_last_pass_timestamp_seconds{{job="mc_queue", instance="x"}}'
+        values: '60 120 120x10'
+      - series: 'mcq_redis_memory_used_bytes{{job="mc_queue", instance="x"}}'
+        values: '900x12'
+      - series: 'mcq_redis_memory_max_bytes{{job="mc_queue", instance="x"}}'
+        values: '1000x12'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: McqRedisDown
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: McqRedisDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mc_queue, instance: x}}
+            exp_annotations:
+              summary: "Redis of mc_queue (x) is unreachable"
+              description: "The exporter answers but cannot reach Redis: no claim, completion or sweep can happen."
+      - eval_time: 10m
+        alertname: McqNamespaceNotOk
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mc_queue, instance: y}}
+            exp_annotations:
+              summary: "mc_queue namespace on y is lost, recovering or missing"
+              description: "{namespace}"
+      - eval_time: 10m
+        alertname: McqQueueWaitTooLong
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: x, queue: jobs}}
+            exp_annotations:
+              summary: "Queue jobs: the oldest claimable Attempt has waited 16m 40s"
+              description: "No worker claimed it for over 15 minutes: too few workers, or none serving this queue."
+      - eval_time: 10m
+        alertname: McqQueueWithoutWorkers
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: x, queue: jobs}}
+            exp_annotations:
+              summary: "Queue jobs has work but no live worker"
+              description: "3 pending or backoff tasks and no RQ worker with a recent heartbeat serves the queue."
+      - eval_time: 3m
+        alertname: McqDeadLetterQueueGrowing
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: x}}
+            exp_annotations:
+              summary: "mc_queue quarantined 1 task(s) in the last 30 minutes"
+              description: "Tasks went to the dead-letter queue: see `mcq dlq list` and `mcq attention`."
+      - eval_time: 4m
+        alertname: McqSweeperDead
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: McqSweeperDead
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mc_queue, instance: x}}
+            exp_annotations:
+              summary: "No mc_queue sweeper pass for 8m 0s"
+              description: "{sweeper_dead}"
+      - eval_time: 10m
+        alertname: McqRedisMemoryHeadroomLow
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: x}}
+            exp_annotations:
+              summary: "Redis of mc_queue uses 90% of its maxmemory"
+              description: "{memory}"
+      - eval_time: 10m
+        alertname: McqRedisWithoutMaxmemory
+        exp_alerts: []
+      - eval_time: 5m
+        alertname: McqExporterDown
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: McqExporterDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mc_queue, instance: x}}
+            exp_annotations:
+              summary: "mc_queue metrics exporter x is not answering"
+              description: "Prometheus cannot scrape `mcq metrics`; no other mc_queue alert can fire while it is down."
+"""
+
+
+@needs_promtool
+def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
+    """promtool's rule unit tests: each alert fires on synthetic series and stays quiet before."""
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(textwrap.dedent(RULE_TESTS).format(
+        alerts=ALERTS,
+        namespace="Transitions are refused until `mcq recover` has run (see `mcq status` and the namespace log).",
+        sweeper_dead="Expired leases are not reconciled and the outbox is not sent while no sweeper runs "
+                     "(`mcq sweeper`). A pass on a namespace that is not ok is not recorded either.",
+        memory="With noeviction, Redis refuses writes when full (claims, completions, reconciliations). "
+               "Purge finished work or raise maxmemory."))
+    out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
