@@ -58,7 +58,7 @@ local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,
   'worker', 'text', 200, false,
-  'failure', 'json', 65536, 'obj',
+  'failure', 'json', 131072, 'obj',
   'failure_digest', 'hex', 64, false,
   'fclass', 'enum', '|authorization|configuration|capacity|provider|executor|validation|repository|internal|', false,
   'fingerprint', 'hex', 16, false,

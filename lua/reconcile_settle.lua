@@ -51,7 +51,7 @@ local A, bad = args(ARGV, with({
   'actor', 'text', 200, false,
   'outcome', 'enum', '|succeeded|failed|canceled|', false,
   'result', 'json?', 524288, false,
-  'failure', 'json?', 65536, 'obj',
+  'failure', 'json?', 131072, 'obj',
   'fclass', 'enum', '||authorization|configuration|capacity|provider|executor|validation|repository|internal|', false,
   'fingerprint', 'hex?', 16, false,
   'evidence', 'json', 262144, false,

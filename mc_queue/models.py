@@ -84,6 +84,7 @@ class Failure(_Record):
     message: str = ""
     fingerprint: str = ""
     retryable: bool | None = None
+    traceback: str | None = None  # bounded: the newest frames, newest last (mc_queue.failures.format_traceback)
 
 
 class Attempt(_Record):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Budget, Decision, RetryPolicy, parse_config
-from .failures import fingerprint
+from .failures import fingerprint, format_traceback
 from .models import Attempt, Failure, FailureClass, Task
 
 # --------------------------------------------------------------------------- typed handler errors
@@ -133,7 +133,7 @@ def classify(exc: BaseException) -> Classified:
         fc, retry_after = _classify_common(exc)
     failure = Failure(failure_class=fc, type=type_name, message=message[:2000],
                       fingerprint=fingerprint(fc, type_name, message),
-                      retryable=not isinstance(exc, NonRetryable))
+                      retryable=not isinstance(exc, NonRetryable), traceback=format_traceback(exc))
     return Classified(failure, hypothesis, retry_after, isinstance(exc, NonRetryable))
 
 

@@ -26,7 +26,7 @@ end
 -- script records beside it; nil when fine, else the E_BADARG reply.
 local function failure_error(text, fclass, fingerprint)
   local fields = {failure_class = 'string', type = 'string', message = 'string', fingerprint = 'string',
-                  retryable = 'boolean'}
+                  retryable = 'boolean', traceback = 'string'}
   local f = cjson.decode(text)
   for k, v in pairs(f) do
     local want = fields[k]
