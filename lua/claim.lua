@@ -4,6 +4,7 @@
 -- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
 -- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
 -- for one (never above the namespace ceiling). Counts the Attempt's wait (due time to claim) in stats.
+-- A claimable Attempt of a paused queue is refused (E_CLAIM 'queue <q> is paused'); the task stays pending.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -18,6 +19,7 @@
 --                    wait|<queue>|<handler>|<bucket>, wait_ms|<queue>|<handler>)
 -- KEYS[12] fence     the task's fence counter
 -- KEYS[13] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
+-- KEYS[14] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
 -- ARGV[1] worker     worker id
 -- ARGV[2] lease_ms   lease length, or '' for the task's own
 -- ARGV[3] epoch      namespace epoch the client knows
@@ -33,7 +35,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
-  stats = KEYS[11], fence = KEYS[12], lease = KEYS[13]}
+  stats = KEYS[11], fence = KEYS[12], lease = KEYS[13], paused = KEYS[14]}
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
   'lease_ms', 'int?', 1, MAX_INT,
@@ -77,6 +79,8 @@ elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])
 elseif (tonumber(a[6]) or 0) > ts then
   why = 'attempt ' .. n .. ' is not due for ' .. fmt(tonumber(a[6]) - ts) .. ' ms'
+elseif redis.call('HEXISTS', K.paused, queue) == 1 then
+  why = 'queue ' .. queue .. ' is paused'
 end
 if why then
   return refuse(K.events, K.stats, 'claim_refused', {'E_CLAIM', why, a[5] or ''},

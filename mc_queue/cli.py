@@ -157,18 +157,22 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
 
         from rich.live import Live
 
-        from .render import status_table
+        from .render import status_table, text_console
 
-        with Live(status_table(obj.client.status(), obj.client.overview()), refresh_per_second=4) as live:
+        console = text_console()
+        with Live(status_table(obj.client.status(), obj.client.overview(), console.width), console=console,
+                  refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(status_table(obj.client.status(), obj.client.overview()))
+                live.update(status_table(obj.client.status(), obj.client.overview(), console.width))
     data = obj.client.status()
     overview = obj.client.overview()
+    paused = obj.client.paused_queues()
     if as_json:
-        _emit_json({"namespace": obj.client.keys.prefix, "queues": data, "overview": overview})
+        _emit_json({"namespace": obj.client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
     else:
         print_status(data, overview)
+        _echo_paused(paused)
     _exit_if_lost(obj.client.namespace())
 
 
@@ -251,11 +255,15 @@ def namespace(obj: Ctx, as_json: bool) -> None:
     if as_json:
         _emit_json(data)
     else:
-        click.echo(f"{info.prefix}: {info.state} (epoch {info.epoch or '-'}, claims {info.seq}, "
-                   f"fence floor {info.floor})" + (f": {info.reason}" if info.reason else ""))
+        from .render import text_console, wrap
+
+        width = text_console().width
+        lines = wrap(f"{info.prefix}: {info.state} (epoch {info.epoch or '-'}, claims {info.seq}, "
+                     f"fence floor {info.floor})" + (f": {info.reason}" if info.reason else ""), width)
         if refused:
-            click.echo(f"{len(refused)}{'+' if len(refused) == 100 else ''} transport messages refused by workers, "
-                       f"newest: {refused[0].get('reason', refused[0]['type'])}")
+            lines += wrap(f"{len(refused)}{'+' if len(refused) == 100 else ''} transport messages refused by "
+                          f"workers, newest: {refused[0].get('reason', refused[0]['type'])}", width)
+        click.echo("\n".join(lines))
     _exit_if_lost(info)
 
 
@@ -446,10 +454,15 @@ def dlq() -> None:
 
 
 @dlq.command("list")
+@click.option("--by", "by", type=click.Choice(["fingerprint"]), default=None,
+              help="Group by the fingerprint of each task's last failure, with counts.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
-def dlq_list(obj: Ctx, as_json: bool) -> None:
+def dlq_list(obj: Ctx, by: str | None, as_json: bool) -> None:
+    if by == "fingerprint":
+        _dlq_by_fingerprint(obj, as_json)
+        return
     items = {i["task_id"]: i for i in obj.client.attention_items()}
     rows = [{"task_id": t, "quarantined_at_ms": at, "why": items.get(t, {}).get("why_unsafe"),
              "summary": items.get(t, {}).get("summary")} for t, at in obj.client.dlq()]
@@ -486,29 +499,46 @@ def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
 
 
 @dlq.command("replay")
-@click.argument("task_id")
+@click.argument("task_id", required=False)
+@click.option("--fingerprint", default=None,
+              help="Instead of TASK_ID: every quarantined task whose last failure has this fingerprint.")
 @click.option("--reason", required=True, help="Why it may run again (at least ten characters).")
 @click.option("--hypothesis", default=None, help="What is different now.")
 @click.pass_obj
 @handle_errors
-def dlq_replay(obj: Ctx, task_id: str, reason: str, hypothesis: str | None) -> None:
+def dlq_replay(obj: Ctx, task_id: str | None, fingerprint: str | None, reason: str, hypothesis: str | None) -> None:
     if len(reason.strip()) < 10:
         raise click.BadParameter("a replay needs a reason of at least ten characters", param_hint="--reason")
+    if (task_id is None) == (fingerprint is None):
+        raise click.BadParameter("give either TASK_ID or --fingerprint", param_hint="TASK_ID / --fingerprint")
+    if fingerprint is not None:
+        _dlq_replay_fingerprint(obj, fingerprint, reason, hypothesis)
+        return
+    assert task_id is not None
     attempt = obj.client.dlq_replay(task_id, reason, hypothesis, actor="operator")
     click.echo(f"{attempt.id} pending (the sweeper dispatches it)")
 
 
 @dlq.command("purge")
-@click.argument("task_id")
+@click.argument("task_id", required=False)
+@click.option("--older-than", default=None, metavar="DUR",
+              help="Instead of TASK_ID: every task quarantined more than DUR ago (90s, 15m, 2h, 7d).")
 @click.option("--reason", required=True, help="Why its history may go (at least ten characters).")
 @click.option("--keep-key-for", "keep_days", type=click.FloatRange(0, 3650), default=30.0, show_default=True,
               help="Days during which the task id and its producer key stay refused (0: free them at once).")
 @click.option("--yes", is_flag=True, help="Confirm: the task and its whole history are deleted.")
 @click.pass_obj
 @handle_errors
-def dlq_purge(obj: Ctx, task_id: str, reason: str, keep_days: float, yes: bool) -> None:
+def dlq_purge(obj: Ctx, task_id: str | None, older_than: str | None, reason: str, keep_days: float,
+              yes: bool) -> None:
+    if (task_id is None) == (older_than is None):
+        raise click.BadParameter("give either TASK_ID or --older-than", param_hint="TASK_ID / --older-than")
     if not yes:
         raise click.BadParameter("purging deletes the task and its history for good: add --yes", param_hint="--yes")
+    if older_than is not None:
+        _dlq_purge_older(obj, older_than, reason, keep_days)
+        return
+    assert task_id is not None
     n = obj.client.dlq_purge(task_id, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
     click.echo(f"{task_id} purged ({n} attempt(s)); its id and producer key are refused for {keep_days:g} day(s)")
 
@@ -552,7 +582,7 @@ def attention(obj: Ctx, as_json: bool) -> None:
         return
     from .render import print_attention
 
-    print_attention(items)
+    print_attention(items, quarantined={task_id for task_id, _ in obj.client.dlq()})
 
 
 @main.command()
@@ -567,17 +597,9 @@ def workers(obj: Ctx, as_json: bool) -> None:
     if as_json:
         _emit_json(rows)
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .render import print_workers
 
-    table = Table(title="Workers")
-    for col in ("worker", "pid", "state", "queues", "heartbeat", "healthy", "leases"):
-        table.add_column(col)
-    for r in rows:
-        beat = "-" if r["last_heartbeat_s_ago"] is None else f"{r['last_heartbeat_s_ago']}s ago"
-        table.add_row(str(r["worker"]), str(r["pid"] or ""), str(r["state"]), ",".join(r["queues"]), beat,
-                      "yes" if r["healthy"] else "NO", ", ".join(le["attempt"] for le in r["leases"]))
-    Console().print(table)
+    print_workers(rows)
 
 
 @main.command()
@@ -688,3 +710,153 @@ def health_worker(obj: Ctx, hostname: str | None) -> None:
               f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
     click.echo(f"{len(healthy)} healthy worker(s) of namespace {obj.client.keys.prefix!r} on {host}: "
                + ", ".join(str(r["worker"]) for r in healthy))
+
+
+# --------------------------------------------------------------------------- find and act in bulk (issue 10)
+
+_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(text: str | None, param: str) -> int | None:
+    """'90s', '15m', '2h', '7d', '500ms' (or bare seconds) -> milliseconds."""
+    if text is None:
+        return None
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration: use e.g. 90s, 15m, 2h, 7d", param_hint=param)
+    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"])
+
+
+def _echo_paused(paused: dict[str, dict[str, Any]]) -> None:
+    """One line per paused queue (under `mcq status`)."""
+    for q, info in paused.items():
+        click.echo(f"queue {q} PAUSED by {info.get('actor', '?')}: {info.get('reason', '')} "
+                   f"(claims refused, nothing dispatched; `mcq queue resume {q} --reason ..`)")
+
+
+def _check_reason(reason: str) -> None:
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("a reason of at least ten characters is needed", param_hint="--reason")
+
+
+@main.group()
+def queue() -> None:
+    """Pause or resume a queue (recorded in the namespace log with who and why)."""
+
+
+@queue.command("pause")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.pass_obj
+@handle_errors
+def queue_pause(obj: Ctx, queue_name: str, reason: str) -> None:
+    """Claims of QUEUE's Attempts are refused (workers skip them, tasks stay pending) and the sweeper
+    does not dispatch them, until `mcq queue resume`."""
+    _check_reason(reason)
+    if obj.client.pause_queue(queue_name, reason=reason, actor="operator"):
+        click.echo(f"queue {queue_name} paused")
+    else:
+        click.echo(f"queue {queue_name} was already paused")
+
+
+@queue.command("resume")
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.pass_obj
+@handle_errors
+def queue_resume(obj: Ctx, queue_name: str, reason: str) -> None:
+    """Undo `mcq queue pause`: the sweeper dispatches QUEUE's pending Attempts again."""
+    _check_reason(reason)
+    if obj.client.resume_queue(queue_name, reason=reason, actor="operator"):
+        click.echo(f"queue {queue_name} resumed (the sweeper dispatches its pending Attempts)")
+    else:
+        click.echo(f"queue {queue_name} was not paused")
+
+
+@main.command()
+@click.option("--queue", "queue_name", default=None, help="Only this queue.")
+@click.option("--state", "states", multiple=True,
+              type=click.Choice(["pending", "backoff", "running", "blocked", "quarantined"]),
+              help="Only tasks in this state (repeatable). Listable: pending, backoff (the queues' pending "
+                   "indexes), running (lease and suspect indexes), blocked (attention items), quarantined "
+                   "(the DLQ). Finished tasks (succeeded, failed, canceled) are in no index: use `mcq show`.")
+@click.option("--handler", default=None, help="Only tasks of this handler.")
+@click.option("--older-than", default=None, metavar="DUR", help="Created more than DUR ago (90s, 15m, 2h, 7d).")
+@click.option("--since", default=None, metavar="DUR", help="Created within the last DUR.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="Rows at most; at most 10 x LIMIT index entries are looked at.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def tasks(obj: Ctx, queue_name: str | None, states: tuple[str, ...], handler: str | None, older_than: str | None,
+          since: str | None, limit: int, as_json: bool) -> None:
+    """Unfinished tasks found through the indexes (no scan of the keyspace), oldest first."""
+    import time
+
+    now = int(time.time() * 1000)
+    older = _duration_ms(older_than, "--older-than")
+    newer = _duration_ms(since, "--since")
+    rows, truncated = obj.client.list_tasks(
+        queue=queue_name, states=list(states) or None, handler=handler, limit=limit,
+        created_before_ms=None if older is None else now - older,
+        created_after_ms=None if newer is None else now - newer)
+    if as_json:
+        _emit_json({"tasks": rows, "truncated": truncated})
+        return
+    for r in rows:
+        age_s = max(0, now - r["created_at_ms"]) / 1000
+        click.echo(f"{r['task_id']}  {r['state']:<11} {r['handler']:<24} attempts {r['attempts']:<3} "
+                   f"age {age_s:.0f}s")
+    if truncated:
+        click.echo(f"(the first {10 * limit} index entries looked at: more may match; narrow the filters)", err=True)
+
+
+def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:
+    groups = obj.client.dlq_fingerprints()
+    rows: list[dict[str, Any]] = [{"fingerprint": fp, "count": len(ids), "task_ids": ids}
+                                  for fp, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]
+    if as_json:
+        _emit_json(rows)
+        return
+    for r in rows:
+        click.echo(f"{r['fingerprint'] or '(none)':<16}  {r['count']:>5}  e.g. {r['task_ids'][0]}")
+
+
+def _dlq_replay_fingerprint(obj: Ctx, fingerprint: str, reason: str, hypothesis: str | None) -> None:
+    ids = obj.client.dlq_fingerprints().get(fingerprint, [])
+    if not ids:
+        _fail(f"no quarantined task's last failure has fingerprint {fingerprint!r} (see `mcq dlq list --by "
+              "fingerprint`)", EXIT_BAD_INPUT)
+    failed = 0
+    for tid in ids:  # each replay recorded on its task, as a single replay is
+        try:
+            attempt = obj.client.dlq_replay(tid, reason, hypothesis, actor="operator")
+            click.echo(f"{attempt.id} pending")
+        except McqError as exc:
+            failed += 1
+            click.echo(f"mcq: {tid}: not replayed: {exc}", err=True)
+    click.echo(f"replayed {len(ids) - failed} of {len(ids)} task(s) with fingerprint {fingerprint}")
+    if failed:
+        sys.exit(EXIT_REFUSED)
+
+
+def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:
+    import time
+
+    age = _duration_ms(older_than, "--older-than")
+    assert age is not None
+    cutoff = int(time.time() * 1000) - age
+    ids = [tid for tid, at in obj.client.dlq() if at <= cutoff]
+    failed = 0
+    for tid in ids:  # each purge recorded (tombstone, namespace log) as a single purge is
+        try:
+            obj.client.dlq_purge(tid, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
+            click.echo(f"{tid} purged")
+        except McqError as exc:
+            failed += 1
+            click.echo(f"mcq: {tid}: not purged: {exc}", err=True)
+    click.echo(f"purged {len(ids) - failed} of {len(ids)} task(s) quarantined more than {older_than} ago")
+    if failed:
+        sys.exit(EXIT_REFUSED)

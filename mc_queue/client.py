@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -484,7 +484,7 @@ class Client:
             return self._run("claim", {
                 **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
                 "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
-                "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease,
+                "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
             }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
                 "request_id": req, "expect_n": expect_attempt})
 
@@ -886,6 +886,132 @@ class Client:
         raise_for_reply(reply, script="dlq_purge", task_id=task_id)
         return int(reply[1])
 
+    def pause_queue(self, queue: str, *, reason: str, actor: str | None = None) -> bool:
+        """queue_pause: claims of the queue's Attempts are refused and the sweeper does not dispatch them
+        until :meth:`resume_queue`; recorded in the namespace log. False when it was already paused."""
+        return self._queue_pause(queue, "pause", reason, actor)
+
+    def resume_queue(self, queue: str, *, reason: str, actor: str | None = None) -> bool:
+        """queue_pause: undo :meth:`pause_queue` (recorded). False when the queue was not paused."""
+        return self._queue_pause(queue, "resume", reason, actor)
+
+    def _queue_pause(self, queue: str, action: str, reason: str, actor: str | None) -> bool:
+        try:
+            check_queue(queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        check_text(reason, what="reason", max_bytes=2000, min_chars=10)
+        who = check_text(actor or self.actor, what="actor", max_bytes=200, spaces=False)
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("queue_pause", {**self._ns_keys(), "paused": self.keys.paused},
+                             {"queue": queue, "action": action, "actor": who, "reason": reason, "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="queue_pause")
+        return bool(reply[0] == Code.OK)
+
+    def list_tasks(self, *, queue: str | None = None, states: Sequence[str] | None = None,
+                   handler: str | None = None, created_before_ms: int | None = None,
+                   created_after_ms: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], bool]:
+        """Tasks found through the indexes (never a scan of the keyspace), oldest index entry first:
+        pending and backoff (the queues' pending indexes), running (lease and suspect indexes),
+        quarantined (the DLQ) and blocked (attention items). Finished tasks (succeeded, failed,
+        canceled) are in no index and are not listed. At most ``LIST_SCAN_FACTOR * limit`` index
+        entries are looked at; the second value says whether that bound was reached (more may match)."""
+        wanted = set(states or LISTABLE_STATES)
+        unknown = wanted - set(LISTABLE_STATES)
+        if unknown:
+            raise InvalidArgument(f"state(s) {sorted(unknown)} are in no index; listable: {', '.join(LISTABLE_STATES)}")
+        if queue is not None:
+            try:
+                check_queue(queue)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+        check_int(limit, what="limit", low=1, high=10_000)
+        cap = LIST_SCAN_FACTOR * limit
+        candidates: list[str] = []
+        truncated = False
+
+        def take(members: list[Any], strip_attempt: bool) -> None:
+            nonlocal truncated
+            for m in members:
+                tid = str(m).rpartition("/")[0] if strip_attempt else str(m)
+                if len(candidates) >= cap:
+                    truncated = True
+                    return
+                if tid and tid not in seen:
+                    seen.add(tid)
+                    candidates.append(tid)
+
+        seen: set[str] = set()
+        if wanted & {"pending", "backoff"}:
+            for q in [queue] if queue else self.queues():
+                take(cast(list[Any], self.redis.zrange(self.keys.pending(q), 0, cap)), False)
+        if "running" in wanted:
+            take(cast(list[Any], self.redis.zrange(self.keys.leases, 0, cap)), True)
+            take(cast(list[Any], self.redis.zrange(self.keys.suspect, 0, cap)), True)
+        if "quarantined" in wanted:
+            take(cast(list[Any], self.redis.zrange(self.keys.dlq, 0, cap)), False)
+        if "blocked" in wanted:
+            found: list[str] = []
+            for k in self.redis.hscan_iter(self.keys.attention, count=min(cap, 1000)):
+                found.append(str(k[0] if isinstance(k, tuple) else k))
+                if len(found) > cap:
+                    break
+            take(sorted(found), False)
+        pipe = self.redis.pipeline(transaction=False)
+        keep: list[str] = []
+        for tid in candidates:
+            try:
+                if queue is not None and parse_task_id(tid) != queue:
+                    continue
+                pipe.hmget(self.keys.task(tid).task, "state", "queue", "handler", "created_at", "updated_at",
+                           "attempts")
+                keep.append(tid)
+            except ValueError:
+                continue  # an unreadable index member: the sweeper drops those
+        rows: list[dict[str, Any]] = []
+        for tid, (state, q, h, created, updated, n) in zip(keep, pipe.execute(), strict=True):
+            if state is None or state not in wanted or (handler is not None and h != handler):
+                continue
+            created_ms = int(created or 0)
+            if created_before_ms is not None and created_ms > created_before_ms:
+                continue
+            if created_after_ms is not None and created_ms < created_after_ms:
+                continue
+            rows.append({"task_id": tid, "queue": q, "handler": h, "state": state, "created_at_ms": created_ms,
+                         "updated_at_ms": int(updated or 0), "attempts": int(n or 0)})
+            if len(rows) >= limit:
+                break
+        return rows, truncated
+
+    def dlq_fingerprints(self) -> dict[str, list[str]]:
+        """The DLQ grouped by the fingerprint of each task's last failure: fingerprint -> task ids,
+        oldest quarantine first ('' when the last Attempt recorded none)."""
+        ids = [t for t, _ in self.dlq()]
+        pipe = self.redis.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(self._task_keys(tid).task, "attempts")
+        numbers = pipe.execute()
+        for tid, n in zip(ids, numbers, strict=True):
+            pipe.hget(self._task_keys(tid).attempts, f"{n or 0}.fingerprint")
+        out: dict[str, list[str]] = {}
+        for tid, fp in zip(ids, pipe.execute(), strict=True):
+            out.setdefault(str(fp or ""), []).append(tid)
+        return out
+
+    def paused_queues(self) -> dict[str, dict[str, Any]]:
+        """Paused queues: queue -> {"reason", "actor", "at"} (ms), read only."""
+        raw = cast(dict[str, str], self.redis.hgetall(self.keys.paused))
+        out: dict[str, dict[str, Any]] = {}
+        for q, value in sorted(raw.items()):
+            try:
+                out[q] = dict(json.loads(value))
+            except (ValueError, TypeError):
+                out[q] = {"reason": str(value)[:200]}
+        return out
+
     def tombstone(self, task_id: str) -> dict[str, Any] | None:
         """A purged task's tombstone (who purged it, why, until when its id and key are refused), or None."""
         raw = self.redis.get(self._task_keys(task_id).tomb)
@@ -1032,6 +1158,10 @@ class ExpireReport:
         self.dropped += other.dropped
         self.errors += other.errors
         self.removed += other.removed
+
+
+LISTABLE_STATES = ("pending", "backoff", "running", "blocked", "quarantined")  # states an index finds
+LIST_SCAN_FACTOR = 10  # list_tasks looks at no more than this many index entries per row asked for
 
 
 def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:

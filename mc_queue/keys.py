@@ -24,6 +24,12 @@ Key schema (``P`` = ``{prefix}``)::
                                   the Attempt histograms (wait|<queue>|<handler>|<bucket>, wait_ms|..., at
                                   claim; fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|..., at the end)
     P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass)
+    P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
+                                  a paused queue's Attempts, the sweeper does not dispatch them)
+    P:w:<worker id>        string a live worker's liveness key ("<host> <pid>"), PX a few heartbeats, refreshed
+                                  by a thread of the worker process: gone soon after the process dies
+    P:w:<worker id>:seen   string the same value, PX a day, refreshed with it: this worker keeps a liveness key
+                                  (so its absence means dead, not a worker that never kept one)
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
     P:t:<task id>          hash   the Task
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
@@ -133,9 +139,14 @@ class Keys:
         self.cancels = f"{tag}:cancels"
         self.stats = f"{tag}:stats"
         self.sweeper = f"{tag}:sweeper"
+        self.paused = f"{tag}:paused"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"
+
+    def worker(self, worker_id: str) -> str:
+        """A worker process's liveness key (set with a TTL by the worker itself)."""
+        return f"{self.tag}:w:{worker_id}"
 
     def task(self, task_id: str) -> TaskKeys:
         queue = parse_task_id(task_id)

@@ -46,6 +46,7 @@ RESENDS = 3  # resends of an idempotent script after a connection error or a tim
 ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
+    "queue_pause",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done

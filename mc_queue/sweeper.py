@@ -7,7 +7,8 @@ Each pass:
 2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
    (with no side effect recorded, a vanished worker's Attempt settles as an executor failure);
 3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over
-   (a job RQ still holds waiting or running is not pushed again);
+   (a job RQ still holds waiting or running is not pushed again; Attempts of a paused queue stay
+   in the outbox until it is resumed);
 4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
    settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
    longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those).
@@ -34,7 +35,7 @@ import redis
 
 from .client import Client
 from .errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
-from .keys import parse_attempt_id
+from .keys import parse_attempt_id, parse_task_id
 from .models import AttemptState
 from .producer import DEFAULT_RECHECK_MS, dispatch
 from .reconcile import Reconciler
@@ -52,12 +53,13 @@ class SweepReport:
     tidied: list[str] = field(default_factory=list)  # RQ job ids removed from RQ's registries
     dropped: list[str] = field(default_factory=list)  # index entries that named nothing (orphans)
     errors: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)  # due dispatches of paused queues: not sent
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
-                "namespace": self.namespace}
+                "paused": self.paused, "namespace": self.namespace}
 
 
 class Sweeper:
@@ -156,11 +158,15 @@ class Sweeper:
 
     def _dispatch(self, report: SweepReport) -> None:
         due = self.client.due_dispatches(limit=self.batch)
+        paused = set(self.client.paused_queues()) if due else set()  # read once per pass
         for aid in due:
             try:
                 task_id, n = parse_attempt_id(aid)
             except ValueError as exc:
                 self._drop("outbox", aid, str(exc), report)
+                continue
+            if paused and parse_task_id(task_id) in paused:
+                report.paused.append(aid)  # left in the outbox: dispatched after `mcq queue resume`
                 continue
             try:
                 task = self.client.get_task(task_id)

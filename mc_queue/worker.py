@@ -546,6 +546,11 @@ def _install_runtime(name: str) -> Runtime:
     return rt
 
 
+LIVENESS_TTL_MS = 10_000  # a worker's liveness key lives this long after its last refresh
+LIVENESS_EVERY_S = 3.0  # and is refreshed this often by a thread of the worker process
+LIVENESS_SEEN_MS = 86_400_000  # "<liveness key>:seen": the worker kept one (refreshed with it, PX a day)
+
+
 class McqBaseWorker(BaseWorker):
     """What mc_queue adds to RQ's workers: every job screened before it runs, stop requests honoured
     (idle: now; busy: after the Attempt, within ``grace_s``; a second signal: now), and what happened
@@ -571,7 +576,37 @@ class McqBaseWorker(BaseWorker):
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         self.burst = burst
-        return bool(super().work(burst, *args, **kwargs))
+        stop = threading.Event()
+        beat = threading.Thread(target=self._liveness, args=(stop,), name="mcq-liveness", daemon=True)
+        beat.start()
+        try:
+            return bool(super().work(burst, *args, **kwargs))
+        finally:
+            stop.set()
+            beat.join(timeout=2)
+            client = runtime().client
+            with contextlib.suppress(redis.RedisError):
+                key = client.keys.worker(runtime().worker_id)
+                client.redis.delete(key, key + ":seen")
+
+    def _liveness(self, stop: threading.Event) -> None:
+        """mc_queue's own liveness key for this process, ``{prefix}:w:<worker id>`` ("<host> <pid>"), PX
+        LIVENESS_TTL_MS, refreshed every LIVENESS_EVERY_S by this thread: a killed process's key is gone
+        within LIVENESS_TTL_MS, whatever RQ's worker registration says."""
+        rt = runtime()
+        key = rt.client.keys.worker(rt.worker_id)
+        value = f"{socket.gethostname()} {os.getpid()}"
+        while True:
+            try:
+                pipe = rt.client.redis.pipeline(transaction=False)
+                pipe.set(key, value, px=LIVENESS_TTL_MS)
+                # "this worker keeps a liveness key": its absence then means dead, not an older worker
+                pipe.set(key + ":seen", value, px=LIVENESS_SEEN_MS)
+                pipe.execute()
+            except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
+                log.warning("worker liveness key not refreshed: %s", exc)
+            if stop.wait(LIVENESS_EVERY_S):
+                return
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         if self.burst:  # RQ's dequeue waits for Redis forever; a burst worker says it cannot reach it
@@ -681,22 +716,34 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
             holders.setdefault(str(worker), []).append({"attempt": str(aid), "lease_expires_ms": int(exp)})
         now = time.time()
         out = []
+        found = []
         for w in Worker.all(connection=conn, serializer=JSONSerializer):
             queues = [q for q in w.queue_names() if q.startswith(prefix)]
-            if not queues:
-                continue
+            if queues:
+                found.append((w, queues, _SAFE.sub("_", w.name)))
+        pipe = client.redis.pipeline(transaction=False)
+        for _, _, worker_id in found:
+            pipe.pttl(client.keys.worker(worker_id))
+            pipe.exists(client.keys.worker(worker_id) + ":seen")
+        replies = pipe.execute() if found else []
+        for (w, queues, worker_id), pttl, marked in zip(found, replies[::2], replies[1::2], strict=True):
             seen = w.last_heartbeat.timestamp() if w.last_heartbeat else None
-            worker_id = _SAFE.sub("_", w.name)
+            # Alive: mc_queue's own liveness key (refreshed every few seconds by the worker process) exists;
+            # a killed process's key is gone within LIVENESS_TTL_MS, while RQ still lists it for a while.
+            # A worker that never kept one (not an mc_queue worker, or one from before) is judged by RQ alone.
+            alive = int(pttl) > 0 or not int(marked)
             out.append({
-                "worker": worker_id, "pid": w.pid, "hostname": w.hostname, "state": w.get_state(),
+                "worker": worker_id, "pid": w.pid, "hostname": w.hostname, "state": w.get_state() if alive else "dead",
                 "queues": [q[len(prefix):] for q in queues],
                 "last_heartbeat_s_ago": None if seen is None else round(now - seen, 1),
-                "healthy": seen is not None and now - seen < w.worker_ttl,
+                "alive": alive, "liveness_ttl_ms": max(int(pttl), 0),
+                "healthy": alive and seen is not None and now - seen < w.worker_ttl,
                 "leases": holders.pop(worker_id, []),
             })
         for worker_id, leases in sorted(holders.items()):  # leases held by processes RQ no longer lists
             out.append({"worker": worker_id, "pid": None, "hostname": None, "state": "gone", "queues": [],
-                        "last_heartbeat_s_ago": None, "healthy": False, "leases": leases})
+                        "last_heartbeat_s_ago": None, "alive": False, "liveness_ttl_ms": 0, "healthy": False,
+                        "leases": leases})
         return out
     finally:
         conn.close()

@@ -621,6 +621,8 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.fail_attempt(lf2.attempt_id, lf2.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
                    decision=poison)
     q.dlq_purge(f.id, reason="header test purges")
+    q.pause_queue("jobs", reason="header test pauses")
+    q.resume_queue("jobs", reason="header test resumes")
     q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
     q.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
     c = q.enqueue("jobs", "h", {"n": 3})
