@@ -52,7 +52,7 @@ end
 local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, false)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms')
+local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -101,5 +101,5 @@ redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
 emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'lease_ms', lease_s})
-observe(K.stats, K.task, 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
+observe(K.stats, t[6], 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
 return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s}

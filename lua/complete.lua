@@ -62,7 +62,7 @@ local ts
 err, ts = fence_check(K, A, A.worker, A.result_digest, 'complete', true)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'queue', 'id')
+local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
 local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
 local ts_s = fmt(ts)
 aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(ts - started), 'result', A.result,
@@ -74,5 +74,5 @@ redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')
 emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
-observe(K.stats, K.task, 'fin', t[1], 'succeeded', ts - started)
+observe(K.stats, t[3], 'fin', t[1], 'succeeded', ts - started)
 return {'OK', ts_s, attempt_snapshot(K.attempts)}

@@ -84,7 +84,7 @@ local ts
 err, ts = fence_check(K, A, A.worker, A.failure_digest, 'fail', true)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'queue', 'id')
+local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
 local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
 aset(K.attempts, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', A.failure,
   'failure_digest', A.failure_digest, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
@@ -95,5 +95,5 @@ redis.call('DEL', K.lease)
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
-observe(K.stats, K.task, 'fin', t[1], 'failed', ts - started)
+observe(K.stats, t[3], 'fin', t[1], 'failed', ts - started)
 return {'OK', ts, attempt_snapshot(K.attempts), state}

@@ -73,7 +73,7 @@ if bad then return bad end
 local n = A.raw.n
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', K.task, 'id', 'queue', 'state')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'handler')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.ended_at', n .. '.settled_by')
 if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts)} end
@@ -109,5 +109,5 @@ else
   aset(K.attempts, n, {'failure', A.failure, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
   state = apply_decision(K, t[1], t[2], n, t[3], A, A.actor, ts)
 end
-observe(K.stats, K.task, 'fin', t[2], A.outcome, ts - started)
+observe(K.stats, t[4], 'fin', t[2], A.outcome, ts - started)
 return {'OK', ts, attempt_snapshot(K.attempts), state}

@@ -244,14 +244,15 @@ end
 local METRIC_BUCKETS_MS = {100, 500, 1000, 5000, 15000, 30000, 60000, 120000, 300000, 600000, 1800000,
   3600000, 7200000, 14400000}
 
--- Count one Attempt observation in the stats hash, called by the script that makes the move after all its
--- checks: kind 'wait' (claim: due time to claim) or 'fin' (claim to end, by outcome). The handler is the
--- task's. Two HINCRBYs: '<kind>|<queue>|<handler>[|<outcome>]|<bucket>' += 1, '<kind>_ms|<queue>|<handler>' += ms.
-local function observe(k_stats, k_task, kind, queue, outcome, ms)
+-- Count one Attempt observation in the stats hash, called by the script that makes the move after all
+-- its checks: kind 'wait' (claim: due time to claim) or 'fin' (claim to end, by outcome). The handler
+-- is the task's, read by the caller with the task's other fields. Two HINCRBYs:
+-- '<kind>|<queue>|<handler>[|<outcome>]|<bucket>' += 1, '<kind>_ms|<queue>|<handler>' += ms.
+local function observe(k_stats, handler, kind, queue, outcome, ms)
   if ms < 0 then ms = 0 end  -- Redis's clock went back
   local i = 1
   while METRIC_BUCKETS_MS[i] and ms > METRIC_BUCKETS_MS[i] do i = i + 1 end
-  local qh = (queue or '') .. '|' .. (redis.call('HGET', k_task, 'handler') or '')
+  local qh = (queue or '') .. '|' .. (handler or '')
   redis.call('HINCRBY', k_stats, kind .. '|' .. qh .. (outcome and ('|' .. outcome) or '') .. '|' .. i, 1)
   redis.call('HINCRBY', k_stats, kind .. '_ms|' .. qh, fmt(ms))
 end
