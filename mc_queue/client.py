@@ -65,6 +65,7 @@ DEFAULT_TOMBSTONE_S = 30 * 86_400  # how long a purged task's id and producer ke
 REFUSED_LOG_MAX = 10_000  # about how many entries the refusals log keeps (XADD MAXLEN ~)
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 INDEXES = ("leases", "suspect", "outbox", "cancels")
+ENQUEUE_MEMORY_SHARE = 0.9  # lua/includes/common.lua's ENQUEUE_MEMORY_SHARE: enqueue refuses above it
 log = logging.getLogger("mc_queue.client")
 # No lineage pre-check before these: init (open_namespace checks right after it, and reports a loss as
 # the namespace's state instead of raising) and recovery's own steps (they run on a lost namespace).
@@ -1126,7 +1127,19 @@ class Client:
         info = self.namespace()
         return {"leases_live": int(leases), "suspect": int(suspect), "attention": int(attention),
                 "quarantined": int(dlq), "outbox_due": due, "namespace_state": info.state,
-                "namespace_reason": info.reason}
+                "namespace_reason": info.reason, **self.memory()}
+
+    def memory(self) -> dict[str, int | None]:
+        """Redis memory as the enqueue high-water mark sees it: used and ``maxmemory`` bytes (0: no
+        limit), and the headroom left before enqueue refuses new work (90% of maxmemory; None without
+        a limit). All None when INFO is not allowed for this user."""
+        try:
+            info = self.redis.info("memory")
+        except redis.ResponseError:
+            return {"memory_used_bytes": None, "memory_max_bytes": None, "enqueue_headroom_bytes": None}
+        used, limit = int(info.get("used_memory") or 0), int(info.get("maxmemory") or 0)
+        headroom = int(limit * ENQUEUE_MEMORY_SHARE) - used if limit else None
+        return {"memory_used_bytes": used, "memory_max_bytes": limit, "enqueue_headroom_bytes": headroom}
 
     def attention_items(self) -> list[dict[str, Any]]:
         """Open attention items (stopped or quarantined tasks), oldest task first."""

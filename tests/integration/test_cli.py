@@ -53,8 +53,11 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     assert human.returncode == 0 and "attempt_succeeded" in human.stdout
     assert counts(redis_server, prefix) == {"fixes": {"counts": {"succeeded": 1}, "queue_age_ms": 0}}
     overview = json.loads(mcq(redis_server, prefix, "status", "--json").stdout)["overview"]
+    used = overview.pop("memory_used_bytes")
+    assert isinstance(used, int) and used > 0
     assert overview == {"leases_live": 0, "suspect": 0, "attention": 0, "quarantined": 0, "outbox_due": 0,
-                        "namespace_state": "ok", "namespace_reason": ""}
+                        "namespace_state": "ok", "namespace_reason": "", "memory_max_bytes": 0,
+                        "enqueue_headroom_bytes": None}
 
 
 @pytest.mark.parametrize("args,needle", [

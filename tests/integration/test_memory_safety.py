@@ -92,8 +92,11 @@ def test_enqueue_sheds_load_above_the_high_water_mark_and_admitted_work_goes_on(
     second = q.claim_attempt(waiting.id, "w1", 60_000)
     assert q.complete_attempt(second.attempt_id, second.fence, {"ok": 2}, worker_id="w1").state.value == "succeeded"
 
-    # The CLI says so with an exit code of its own, in one line.
+    # The CLI says so with an exit code of its own, in one line; `mcq status` shows the headroom gone.
     squeeze(r, 0.95)  # (what Redis uses moves a little with every call)
+    mem = q.memory()
+    assert mem["memory_max_bytes"] and mem["enqueue_headroom_bytes"] is not None
+    assert mem["enqueue_headroom_bytes"] < 0 and mem["memory_used_bytes"] > 0.9 * mem["memory_max_bytes"]
     out = mcq(server, q.keys.prefix, "enqueue", "fix-issue", *APP, "--payload", '{"issue": 1}')
     assert out.returncode == 6, (out.returncode, out.stderr)
     assert "new work is refused" in out.stderr and "Traceback" not in out.stderr
