@@ -192,8 +192,13 @@ end
 -- ----------------------------------------------------------------------------------- events
 
 -- Append one event to a stream. fields: flat list of name, value; empty values are left out.
+-- The namespace log keeps about this many entries (XADD MAXLEN ~): refusals, orphans, losses and
+-- recoveries of a long-lived namespace never grow it without bound. A task's own stream is not capped.
+local NSLOG_MAX = 100000
+
 local function emit(key, typ, fields)
   local a = {'XADD', key, '*', 'type', typ}
+  if string.sub(key, -6) == ':nslog' then a = {'XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', 'type', typ} end
   for i = 1, #fields, 2 do
     local v = fields[i + 1]
     if v ~= nil and v ~= '' and v ~= false then

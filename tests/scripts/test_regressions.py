@@ -362,3 +362,25 @@ def test_9_a_caller_s_wrong_fence_does_not_stop_the_namespace(q: mc_queue.Client
     assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
     refusal = next(e for e in q.get_task(task.id).events if e.type == "stale_write_refused")
     assert refusal.fields["refusal"] == "fence_ahead"
+
+
+# --------------------------------------------------------------------------- issue 10: the namespace log is capped
+
+
+def test_the_namespace_log_is_capped_and_keeps_its_newest_entries(q: mc_queue.Client) -> None:
+    """A long-lived namespace's log (refusals without a task, orphans, losses) never grows without
+    bound: every script appends to it with XADD MAXLEN ~ 100,000."""
+    q.enqueue("jobs", "h", {"n": 1}, "the-key")
+    pipe = q.redis.pipeline(transaction=False)
+    for i in range(100_500):
+        pipe.xadd(q.keys.nslog, {"type": "filler", "i": str(i)})
+        if i % 10_000 == 9_999:
+            pipe.execute()
+    pipe.execute()
+    assert q.redis.xlen(q.keys.nslog) > 100_500
+    with pytest.raises(mc_queue.IdempotencyConflict):
+        q.enqueue("jobs", "h", {"n": 2}, "the-key")  # refused: enqueue_refused goes to the namespace log
+    length = q.redis.xlen(q.keys.nslog)
+    assert 100_000 <= length <= 100_200, length  # trimmed to the cap (whole stream nodes of 100 entries)
+    newest = q.namespace_events(count=None)[-1]
+    assert newest["type"] == "enqueue_refused" and newest["idem_key"] == "the-key"
