@@ -44,6 +44,9 @@ from .transport import clear_job, forget_orphans, job_id, rq_connection, rq_queu
 log = logging.getLogger("mc_queue.sweeper")
 
 
+MAX_DUE_PAGE = 10_000  # due dispatches one pass reads at most, paused queues' entries included
+
+
 @dataclass
 class SweepReport:
     expired: list[str] = field(default_factory=list)
@@ -156,17 +159,39 @@ class Sweeper:
                 log.exception("reconcile of %s failed", aid)
                 report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
 
-    def _dispatch(self, report: SweepReport) -> None:
-        due = self.client.due_dispatches(limit=self.batch)
+    def _due_unpaused(self, report: SweepReport) -> list[str]:
+        """Up to a batch of due dispatches of queues that are not paused. A paused queue's entries stay
+        in the outbox (dispatched after `mcq queue resume`, listed in ``report.paused``); when they fill
+        the head of the outbox, the page grows past them (up to MAX_DUE_PAGE entries a pass) so that
+        other queues' Attempts are not held back."""
+        limit = self.batch
+        due = self.client.due_dispatches(limit=limit)
         paused = set(self.client.paused_queues()) if due else set()  # read once per pass
-        for aid in due:
+        if not paused:
+            return due
+
+        def held(aid: str) -> bool:
+            try:
+                return parse_task_id(parse_attempt_id(aid)[0]) in paused
+            except ValueError:
+                return False  # a malformed entry is dropped by the loop below
+
+        while True:
+            skipped = [a for a in due if held(a)]
+            ready = [a for a in due if not held(a)]
+            if len(ready) >= self.batch or len(due) < limit or limit >= MAX_DUE_PAGE:
+                break
+            limit = min(MAX_DUE_PAGE, len(skipped) + self.batch)
+            due = self.client.due_dispatches(limit=limit)
+        report.paused.extend(skipped)
+        return ready[:self.batch]
+
+    def _dispatch(self, report: SweepReport) -> None:
+        for aid in self._due_unpaused(report):
             try:
                 task_id, n = parse_attempt_id(aid)
             except ValueError as exc:
                 self._drop("outbox", aid, str(exc), report)
-                continue
-            if paused and parse_task_id(task_id) in paused:
-                report.paused.append(aid)  # left in the outbox: dispatched after `mcq queue resume`
                 continue
             try:
                 task = self.client.get_task(task_id)

@@ -89,3 +89,17 @@ def test_the_cli_refuses_a_short_reason(h: Harness) -> None:
     out = h.mcq("queue", "pause", "jobs", "--reason", "short")
     assert out.returncode == 2
     assert h.client.paused_queues() == {}
+
+
+def test_a_paused_queue_at_the_head_of_the_outbox_does_not_hold_back_other_queues(q: mc_queue.Client) -> None:
+    """More due dispatches of a paused queue than one sweeper batch, ahead of another queue's: the
+    other queue's Attempt is still dispatched in the same pass; the paused ones stay in the outbox."""
+    from mc_queue.sweeper import Sweeper
+
+    held = [q.enqueue("jobs", "h", {"n": i}) for i in range(12)]
+    q.pause_queue("jobs", reason=REASON)
+    other = q.enqueue("other", "h", {"n": 99})
+    report = Sweeper(q, batch=5).run_once()
+    assert report.dispatched == [f"{other.id}/1"], report
+    assert sorted(report.paused) == sorted(f"{t.id}/1" for t in held)
+    assert all(q.redis.zscore(q.keys.outbox, f"{t.id}/1") is not None for t in held)
