@@ -793,9 +793,7 @@ def queue_resume(obj: Ctx, queue_name: str, reason: str) -> None:
 def tasks(obj: Ctx, queue_name: str | None, states: tuple[str, ...], handler: str | None, older_than: str | None,
           since: str | None, limit: int, as_json: bool) -> None:
     """Unfinished tasks found through the indexes (no scan of the keyspace), oldest first."""
-    import time
-
-    now = int(time.time() * 1000)
+    now = _redis_now_ms(obj)
     older = _duration_ms(older_than, "--older-than")
     newer = _duration_ms(since, "--since")
     rows, truncated = obj.client.list_tasks(
@@ -829,34 +827,43 @@ def _dlq_replay_fingerprint(obj: Ctx, fingerprint: str, reason: str, hypothesis:
     if not ids:
         _fail(f"no quarantined task's last failure has fingerprint {fingerprint!r} (see `mcq dlq list --by "
               "fingerprint`)", EXIT_BAD_INPUT)
-    failed = 0
-    for tid in ids:  # each replay recorded on its task, as a single replay is
-        try:
-            attempt = obj.client.dlq_replay(tid, reason, hypothesis, actor="operator")
-            click.echo(f"{attempt.id} pending")
-        except McqError as exc:
-            failed += 1
-            click.echo(f"mcq: {tid}: not replayed: {exc}", err=True)
-    click.echo(f"replayed {len(ids) - failed} of {len(ids)} task(s) with fingerprint {fingerprint}")
-    if failed:
+    # each replay recorded on its task, as a single replay is
+    done = _each(ids, lambda tid: f"{obj.client.dlq_replay(tid, reason, hypothesis, actor='operator').id} pending",
+                 "not replayed")
+    click.echo(f"replayed {done} of {len(ids)} task(s) with fingerprint {fingerprint}")
+    if done < len(ids):
         sys.exit(EXIT_REFUSED)
 
 
-def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:
-    import time
+def _each(ids: list[str], act: Callable[[str], str], refused: str) -> int:
+    """Act on each task; a refusal is reported and the others go on. Returns how many succeeded."""
+    done = 0
+    for tid in ids:
+        try:
+            click.echo(act(tid))
+            done += 1
+        except McqError as exc:
+            click.echo(f"mcq: {tid}: {refused}: {exc}", err=True)
+    return done
 
+
+def _redis_now_ms(obj: Ctx) -> int:
+    """Redis's clock (one clock: ages are measured against the times Redis recorded)."""
+    sec, usec = obj.client.redis.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:
     age = _duration_ms(older_than, "--older-than")
     assert age is not None
-    cutoff = int(time.time() * 1000) - age
+    cutoff = _redis_now_ms(obj) - age
     ids = [tid for tid, at in obj.client.dlq() if at <= cutoff]
-    failed = 0
-    for tid in ids:  # each purge recorded (tombstone, namespace log) as a single purge is
-        try:
-            obj.client.dlq_purge(tid, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
-            click.echo(f"{tid} purged")
-        except McqError as exc:
-            failed += 1
-            click.echo(f"mcq: {tid}: not purged: {exc}", err=True)
-    click.echo(f"purged {len(ids) - failed} of {len(ids)} task(s) quarantined more than {older_than} ago")
-    if failed:
+
+    def purge(tid: str) -> str:  # recorded (tombstone, namespace log) as a single purge is
+        obj.client.dlq_purge(tid, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
+        return f"{tid} purged"
+
+    done = _each(ids, purge, "not purged")
+    click.echo(f"purged {done} of {len(ids)} task(s) quarantined more than {older_than} ago")
+    if done < len(ids):
         sys.exit(EXIT_REFUSED)
