@@ -304,6 +304,16 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
         for tid in ids:
             run_cycle(q, tid)
         mem2, ds2 = used_memory(admin, settle)
+        while q.pack_due(limit=1000, min_age_ms=0):  # what the sweeper does a minute after each finish
+            pass
+        mem3, ds3 = used_memory(admin, settle)
+        packed_parts: dict[str, list[int]] = {"task hash (packed)": []}
+        for tid in ids[:: max(1, n // 200)]:
+            tk = q.keys.task(tid)
+            packed_parts["task hash (packed)"].append(int(admin.memory_usage(tk.task, samples=0) or 0))
+        packed_index = {name: int(admin.memory_usage(key, samples=0) or 0) / n
+                        for name, key in (("done index", q.keys.done(QUEUE)), ("idempotency hash", q.keys.idem))
+                        if admin.exists(key)}
         sample = ids[:: max(1, n // 200)]
         parts: dict[str, list[int]] = {"task hash": [], "attempts hash": [], "events stream": []}
         shape: dict[str, list[int]] = {"task fields": [], "attempt fields": [], "events": []}
@@ -332,6 +342,9 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
         "tasks": n, "server_config": " ".join(extra) or "defaults",
         "per_queued_task": (mem1 - mem0) / n, "per_queued_task_dataset": (ds1 - ds0) / n,
         "per_finished_task": (mem2 - mem0) / n, "per_finished_task_dataset": (ds2 - ds0) / n,
+        "per_finished_task_packed": (mem3 - mem0) / n, "per_finished_task_packed_dataset": (ds3 - ds0) / n,
+        "packed_breakdown": {k: median([float(x) for x in v]) for k, v in packed_parts.items()},
+        "packed_shared_per_task": packed_index,
         "memory_usage_breakdown": breakdown, "memory_usage_sum": sum(breakdown.values()),
         "shape": {k: median([float(x) for x in v]) for k, v in shape.items()},
         "encodings": encodings, "event_types": event_types, "shared_keys_after": shared,

@@ -16,6 +16,9 @@
 -- KEYS[10] cancels   running attempts with a cancel request (attempt id -> deadline ms)
 -- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[12] attention attention items (a blocked task's item is resolved by its cancellation)
+-- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[15] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
@@ -29,7 +32,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], cancels = KEYS[10],
-  stats = KEYS[11], attention = KEYS[12]}
+  stats = KEYS[11], attention = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'actor', 'id', 200, false,
@@ -67,5 +70,6 @@ redis.call('ZREM', K.outbox, task_id .. '/' .. n)
 redis.call('HSET', K.task, 'state', 'canceled', 'active', '')
 redis.call('HDEL', K.attention, task_id)
 move_count(K.counts, queue, state, 'canceled')
+index_end(K, task_id, state, 'canceled', ts)
 emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor, 'reason', reason})
 return {'OK', 'canceled'}

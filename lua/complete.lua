@@ -14,6 +14,9 @@
 --                    fin|<queue>|<handler>|succeeded|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[10] fence     the task's fence counter
 -- KEYS[11] lease     the task's lease key
+-- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
@@ -35,7 +38,8 @@
 --@include fenced
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
-  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11]}
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
+  done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,
@@ -73,6 +77,7 @@ redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')
+index_end(K, t[2], 'running', 'succeeded', ts)
 emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
 observe(K.stats, t[3], 'fin', t[1], 'succeeded', ts - started)
 return {'OK', ts_s, attempt_snapshot(K.attempts)}

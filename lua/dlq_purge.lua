@@ -19,6 +19,8 @@
 -- KEYS[11] effects   the task's effects
 -- KEYS[12] tomb      the task's tombstone (JSON, PX the retention window)
 -- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[14] held      the queue's tasks waiting for a person
+-- KEYS[15] idem_until retired producer keys -> when their entry may go (ms)
 -- ARGV[1] actor
 -- ARGV[2] reason       why its history may go (>= 10 characters)
 -- ARGV[3] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
@@ -32,7 +34,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
-  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13]}
+  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15]}
 local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
   'reason', 'text', 2000, false,
@@ -62,10 +64,12 @@ local ts = now_ms()
 local until_ms = ts + A.tombstone_ms
 redis.call('DEL', K.task, K.attempts, K.events, K.effects)
 redis.call('ZREM', K.dlq, t[1])
+redis.call('ZREM', K.held, t[1])
 redis.call('HDEL', K.attention, t[1])
 if t[5] and t[5] ~= '' then
   if A.tombstone_ms > 0 then
     redis.call('HSET', K.idem, t[5], t[1] .. ' ' .. t[6] .. '|' .. t[7] .. ' purged ' .. fmt(until_ms))
+    redis.call('ZADD', K.idem_until, until_ms, t[5])
   else
     redis.call('HDEL', K.idem, t[5])
   end

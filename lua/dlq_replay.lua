@@ -13,6 +13,9 @@
 -- KEYS[10] dlq       quarantined tasks
 -- KEYS[11] attention attention items
 -- KEYS[12] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[15] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] reason      why it may run again (>= 10 characters)
 -- ARGV[2] hypothesis  what is different now
 -- ARGV[3] actor
@@ -26,7 +29,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], dlq = KEYS[10],
-  attention = KEYS[11], stats = KEYS[12]}
+  attention = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'hypothesis', 'text', 2000, false,
@@ -59,6 +62,7 @@ redis.call('ZADD', K.outbox, ts, t[1] .. '/' .. m)
 redis.call('ZREM', K.dlq, t[1])
 redis.call('HDEL', K.attention, t[1])
 move_count(K.counts, t[2], 'quarantined', 'pending')
+index_end(K, t[1], 'quarantined', 'pending', ts)
 emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', ts})

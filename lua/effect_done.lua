@@ -62,7 +62,7 @@ if A.fence then
   if err then
     -- The provider's receipt is evidence even when its sender lost authority: keep it in the history.
     if err[1] ~= 'E_NOTASK' and err[1] ~= 'E_NSLOST' then
-      emit(K.events, 'late_receipt', {'attempt', n, 'worker', A.actor, 'key', A.key, 'receipt', A.receipt})
+      emit_task(K.events, 'late_receipt', {'attempt', n, 'worker', A.actor, 'key', A.key, 'receipt', A.receipt})
     end
     return err
   end

@@ -20,6 +20,9 @@
 --                    fin|<queue>|<handler>|failed|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[14] fence     the task's fence counter
 -- KEYS[15] lease     the task's lease key
+-- KEYS[16] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[17] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[18] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -53,7 +56,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
-  dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15]}
+  dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15],
+  done = KEYS[16], held = KEYS[17], topack = KEYS[18]}
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,

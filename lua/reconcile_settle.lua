@@ -18,6 +18,9 @@
 -- KEYS[12] dlq       quarantined tasks (task id -> time)
 -- KEYS[13] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
 --                    fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|<queue>|<handler>)
+-- KEYS[14] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[15] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[16] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -45,7 +48,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
-  attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13]}
+  attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13], done = KEYS[14], held = KEYS[15], topack = KEYS[16]}
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'actor', 'text', 200, false,
@@ -97,6 +100,7 @@ local state
 if A.outcome == 'canceled' then
   redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'updated_at', ts)
   move_count(K.counts, t[2], t[3], 'canceled')
+  index_end(K, t[1], t[3], 'canceled', ts)
   emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor,
     'reason', redis.call('HGET', K.task, 'cancel_requested') or ''})
   state = 'canceled'
@@ -104,6 +108,7 @@ elseif A.outcome == 'succeeded' then
   aset(K.attempts, n, {'result', A.result})
   redis.call('HSET', K.task, 'result', A.result, 'state', 'succeeded', 'active', '', 'updated_at', ts)
   move_count(K.counts, t[2], t[3], 'succeeded')
+  index_end(K, t[1], t[3], 'succeeded', ts)
   state = 'succeeded'
 else
   aset(K.attempts, n, {'failure', A.failure, 'fclass', A.fclass, 'fingerprint', A.fingerprint})

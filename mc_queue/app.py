@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import DEFAULT_LEASE_MS, DEFAULT_MAX_LEASE_MS
-from .config import Budget, RetryPolicy
+from .config import Budget, Retention, RetryPolicy
 from .effects import Reconcile, mint_key
 from .errors import InvalidArgument
 from .keys import check_queue
@@ -64,6 +64,14 @@ class App:
     timeout_s: float = 3600.0
     handlers: dict[str, HandlerSpec] = field(default_factory=dict)
     operations: dict[str, Reconcile] = field(default_factory=dict)
+    # queue -> how long its ended tasks stay in Redis; published by `mcq worker` and `mcq sweeper --app`
+    # (an operator's `mcq retention set` wins over it)
+    retention: dict[str, Retention] = field(default_factory=dict)
+
+    def publish_retention(self, client: Any) -> None:
+        """Record this App's retention policies in the namespace (source 'app')."""
+        for queue, policy in self.retention.items():
+            client.set_retention(check_queue(queue), policy, source="app")
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

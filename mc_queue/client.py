@@ -36,7 +36,7 @@ from .codec import (
     encode_payload,
     model_json,
 )
-from .config import Budget, Decision, RetryPolicy
+from .config import Budget, Decision, Retention, RetryPolicy
 from .errors import Code, ConfigurationError, InvalidArgument, McqError, NamespaceLost, TaskNotFound, raise_for_reply
 from .failures import fingerprint
 from .keys import Keys, TaskKeys, attempt_id, check_queue, new_task_id, parse_attempt_id, parse_task_id
@@ -53,6 +53,7 @@ from .models import (
     Task,
 )
 from .namespace import NamespaceState
+from .packing import Packed, join_chunks, pack, unpack
 from .scripts import ACKNOWLEDGED, ScriptRunner
 from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, make_redis, parse_url
 
@@ -61,6 +62,9 @@ from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, mak
 # one lease plus one sweep (about 11 s with the sweeper's 1 s default interval).
 DEFAULT_LEASE_MS = 10_000
 DEFAULT_MAX_LEASE_MS = 3_600_000  # a namespace's lease ceiling unless it was created with another
+PACK_MAX_BYTES = 4_194_304  # a larger packed document is not swapped in (common.lua PACK_MAX_BYTES)
+NSLOG_MAX = 100_000  # the namespace log's cap (common.lua NSLOG_MAX)
+PACK_AFTER_MS = 60_000  # a finished task's history is packed this long after it finished (resends land first)
 DEFAULT_TOMBSTONE_S = 30 * 86_400  # how long a purged task's id and producer key stay refused
 REFUSED_LOG_MAX = 10_000  # about how many entries the refusals log keeps (XADD MAXLEN ~)
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
@@ -375,6 +379,10 @@ class Client:
             reply = call(self._epoch())
         return reply
 
+    def _end_keys(self, tk: TaskKeys) -> dict[str, str]:
+        """The indexes a task's end moves (lua index_end): its queue's done and held, and topack."""
+        return {"done": tk.done, "held": tk.held, "topack": self.keys.topack}
+
     def _ns_keys(self) -> dict[str, str]:
         return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog}
 
@@ -533,7 +541,7 @@ class Client:
         reply = self._run("complete", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
             "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "fence": tk.fence,
-            "lease": tk.lease,
+            "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "result": text, "result_digest": digest(text),
             "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS)})
         raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
@@ -554,7 +562,7 @@ class Client:
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
             "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
             "attention": self.keys.attention, "dlq": self.keys.dlq, "outbox": self.keys.outbox, "fence": tk.fence,
-            "lease": tk.lease,
+            "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "failure": text,
             "failure_digest": digest(text), "fclass": f.failure_class.value, "fingerprint": f.fingerprint,
             "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
@@ -778,6 +786,7 @@ class Client:
                 **self._ns_keys(), "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task,
                 "attempts": tk.attempts, "stats": self.keys.stats, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox, "attention": self.keys.attention, "dlq": self.keys.dlq,
+                **self._end_keys(tk),
             }, {**argv, "epoch": epoch})
 
         reply = self._with_epoch(call)
@@ -797,7 +806,7 @@ class Client:
             return self._run("retry", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
-                "attention": self.keys.attention, "stats": self.keys.stats,
+                "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
                 "delay_ms": delay_ms, "epoch": epoch})
 
@@ -817,7 +826,7 @@ class Client:
             return self._run("cancel", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "cancels": self.keys.cancels,
-                "stats": self.keys.stats, "attention": self.keys.attention,
+                "stats": self.keys.stats, "attention": self.keys.attention, **self._end_keys(tk),
             }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": ack_timeout_ms, "epoch": epoch})
 
         reply = self._with_epoch(call)
@@ -853,7 +862,7 @@ class Client:
             return self._run("dlq_replay", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "dlq": self.keys.dlq,
-                "attention": self.keys.attention, "stats": self.keys.stats,
+                "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
                 "epoch": epoch})
 
@@ -879,13 +888,208 @@ class Client:
             return self._run("dlq_purge", {
                 **self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
-                "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats,
+                "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats, "held": tk.held,
+                "idem_until": self.keys.idem_until,
             }, {"actor": actor or self.actor, "reason": reason, "tombstone_ms": int(keep_key_s * 1000),
                 "request_id": req, "epoch": epoch})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="dlq_purge", task_id=task_id)
         return int(reply[1])
+
+    # ----------------------------------------------------------------- retention
+
+    def set_retention(self, queue: str, retention: Retention | None, *, source: str = "operator",
+                      actor: str | None = None, reason: str = "") -> None:
+        """Record a queue's retention policy: the operator's (wins) or the App's (``source="app"``);
+        ``None`` removes that source's policy. An operator's change is audited in the namespace log."""
+        self._queue_name(queue)
+        if source not in ("operator", "app"):
+            raise InvalidArgument(f"source must be 'operator' or 'app', got {source!r}")
+        if source == "operator":
+            check_text(reason, what="reason", max_bytes=2000, min_chars=10)
+        field_name = queue if source == "operator" else f"app:{queue}"
+        pipe = self.redis.pipeline(transaction=True)
+        if retention is None:
+            pipe.hdel(self.keys.retention, field_name)
+        else:
+            pipe.hset(self.keys.retention, field_name, model_json(retention))
+        pipe.execute()
+        if source == "operator":
+            policy = model_json(retention) if retention else "(the App's or the default)"
+            self.log_event("retention_set", {"queue": queue, "actor": actor or self.actor, "reason": reason,
+                                         "policy": policy})
+
+    def retention(self, queue: str) -> tuple[Retention, str]:
+        """A queue's retention policy in force and where it comes from: 'operator', 'app' or 'default'."""
+        self._queue_name(queue)
+        op, app = cast(list[str | None], self.redis.hmget(self.keys.retention, queue, f"app:{queue}"))
+        for text, source in ((op, "operator"), (app, "app")):
+            if text:
+                try:
+                    return Retention.model_validate_json(text), source
+                except ValueError:
+                    log.warning("queue %s: the %s retention policy in Redis does not read; using the next one", queue,
+                                source)
+        return Retention(), "default"
+
+    def pack_due(self, *, limit: int = 200, min_age_ms: int = PACK_AFTER_MS) -> int:
+        """Pack the history of up to ``limit`` tasks that finished at least ``min_age_ms`` ago (Redis's
+        clock) into one compressed document each (``lua/pack.lua``). Returns how many were packed."""
+        check_int(limit, what="limit", low=1, high=10_000)
+        cutoff = self.redis_time_ms() - check_int(min_age_ms, what="min_age_ms", high=365 * 86_400_000)
+        ids = [str(m) for m in self.redis.zrangebyscore(self.keys.topack, "-inf", cutoff, start=0, num=limit)]
+        return self.pack_tasks(ids) if ids else 0
+
+    def pack_tasks(self, ids: Sequence[str]) -> int:
+        """Pack these finished tasks' histories now (each only if it is finished and unchanged since read).
+        Returns how many were packed; the others are left as they are."""
+        read = self.redis.pipeline(transaction=False)
+        keys: list[TaskKeys] = []
+        for tid in ids:
+            tk = self._task_keys_or_none(tid)
+            if tk is None:
+                self.redis.zrem(self.keys.topack, tid)
+                continue
+            keys.append(tk)
+            read.hgetall(tk.task)
+            read.hgetall(tk.attempts)
+            read.xrange(tk.events)
+            read.hgetall(tk.effects)
+        raw = read.execute()
+        calls = []
+        for i, tk in enumerate(keys):
+            fields, att, events, fx = raw[4 * i: 4 * i + 4]
+            # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
+            blob = pack(fields, att, events, fx) if fields and not fields.get("packed") else b"mcz1-placeholder"
+            if len(blob) > PACK_MAX_BYTES:
+                log.warning("task %s: its packed history would be %d bytes (above %d): left unpacked",
+                            fields.get("id"), len(blob), PACK_MAX_BYTES)
+                self.redis.zrem(self.keys.topack, str(fields.get("id")))
+                continue
+            calls.append(({**self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+                           "effects": tk.effects, "fence": tk.fence, "topack": self.keys.topack},
+                          {"blob": blob, "updated_at": int(fields.get("updated_at") or 0) if fields else 0,
+                           "last_event": events[-1][0] if events else "0-0", "fields": len(att), "effects": len(fx),
+                           "epoch": self.ns.epoch or "", "actor": self.actor}))
+        packed = 0
+        for reply in self.runner.run_many("pack", calls):
+            if isinstance(reply, Exception):
+                raise reply
+            if reply[0] == Code.OK:
+                packed += 1
+            elif reply[0] not in ("NOOP", "E_CHANGED"):
+                raise_for_reply(reply, script="pack")
+        return packed
+
+    def retire_task(self, task_id: str, *, states: Sequence[str], reason: str, actor: str | None = None,
+                    tombstone_s: float = Retention().tombstone_s, score: int | None = None,
+                    log_each: bool = True) -> str | None:
+        """Delete one ended task with every key and index entry (``lua/retire.lua``), if its state is one
+        of ``states``; a tombstone keeps its id and producer key refused for ``tombstone_s``. Returns the
+        state it was in, or None when there was no such task. Refused (TransitionRefused) in another state."""
+        tk = self._task_keys(task_id)
+        reply = self.runner.run("retire", self._retire_keys(tk),
+                                self._retire_argv(states, reason, actor, tombstone_s, score, log_each))
+        if reply[0] == "NOOP":
+            return None
+        raise_for_reply(reply, script="retire", task_id=task_id)
+        return str(reply[1])
+
+    def _retire_keys(self, tk: TaskKeys) -> dict[str, str]:
+        return {**self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem,
+                "idem_until": self.keys.idem_until, "dlq": self.keys.dlq, "attention": self.keys.attention,
+                "done": tk.done, "held": tk.held, "topack": self.keys.topack, "task": tk.task,
+                "attempts": tk.attempts, "events": tk.events, "effects": tk.effects, "fence": tk.fence,
+                "tomb": tk.tomb}
+
+    def _retire_argv(self, states: Sequence[str], reason: str, actor: str | None, tombstone_s: float,
+                     score: int | None, log_each: bool) -> dict[str, Any]:
+        bad = set(states) - set(ENDED_STATES)
+        if not states or bad:
+            raise InvalidArgument(f"states must be some of {', '.join(ENDED_STATES)}; got {sorted(states)}")
+        check_text(reason, what="reason", max_bytes=2000, min_chars=10)
+        if isinstance(tombstone_s, bool) or not isinstance(tombstone_s, (int, float)) or \
+                not 0 <= tombstone_s <= 3650 * 86_400:
+            raise InvalidArgument(f"tombstone_s must be between 0 and 3650 days in seconds, got {tombstone_s!r}")
+        return {"states": "|" + "|".join(sorted(set(states))) + "|", "score": "" if score is None else score,
+                "actor": actor or self.actor, "reason": reason, "tombstone_ms": int(tombstone_s * 1000),
+                "log": "task" if log_each else "", "epoch": self.ns.epoch or ""}
+
+    def ended_tasks(self, queue: str, kind: str, *, before_ms: int | None = None, keep_newest: int | None = None,
+                    limit: int = 500) -> list[tuple[str, int]]:
+        """(task id, ended at ms) of a queue's ended tasks, oldest first, from its done index (``kind``
+        'done': succeeded, canceled) or held index ('held': failed, blocked, quarantined): those that
+        ended before ``before_ms`` (Redis's clock, ms since the epoch), and those beyond the newest
+        ``keep_newest``; at most ``limit``. Cost bounded by the limit (no scan)."""
+        self._queue_name(queue)
+        if kind not in ("done", "held"):
+            raise InvalidArgument(f"kind must be 'done' or 'held', got {kind!r}")
+        key = self.keys.done(queue) if kind == "done" else self.keys.held(queue)
+        check_int(limit, what="limit", low=1, high=100_000)
+        found: dict[str, float] = {}
+        if before_ms is not None:
+            found.update(cast(list[tuple[str, float]],
+                              self.redis.zrangebyscore(key, "-inf", f"({before_ms}", start=0, num=limit,
+                                                       withscores=True)))
+        if keep_newest is not None:
+            excess = int(self.redis.zcard(key)) - check_int(keep_newest, what="keep_newest", high=10**9)
+            if excess > 0:
+                found.update(cast(list[tuple[str, float]],
+                                  self.redis.zrange(key, 0, min(excess, limit) - 1, withscores=True)))
+        rows = sorted(((str(m), int(sc)) for m, sc in found.items()), key=lambda r: (r[1], r[0]))
+        return rows[:limit]
+
+    def retire_batch(self, rows: Sequence[tuple[str, int]], *, states: Sequence[str], reason: str,
+                     tombstone_s: float, actor: str | None = None, log_each: bool = False) -> dict[str, int]:
+        """Retire many tasks read from an index, each only if its entry still has the score read, in one
+        pipeline. Returns counts: retired, skipped (changed or gone since read), refused."""
+        calls = []
+        for tid, score in rows:
+            tk = self._task_keys_or_none(tid)
+            if tk is None:
+                continue
+            calls.append((self._retire_keys(tk), self._retire_argv(states, reason, actor, tombstone_s, score,
+                                                                   log_each)))
+        out = {"retired": 0, "skipped": 0, "refused": 0}
+        for reply in self.runner.run_many("retire", calls) if calls else []:
+            if isinstance(reply, Exception):
+                raise reply
+            if reply[0] == Code.OK:
+                out["retired"] += 1
+            elif reply[0] == "NOOP":
+                out["skipped"] += 1
+            elif reply[0] == "E_STATE":
+                out["refused"] += 1
+            else:
+                raise_for_reply(reply, script="retire")
+        return out
+
+    def trim_idempotency(self, *, limit: int = 1000) -> int:
+        """Forget producer keys whose retired task's tombstone window has passed. Returns how many."""
+        reply = self.runner.run("idem_trim", {**self._ns_keys(), "idem": self.keys.idem,
+                                              "idem_until": self.keys.idem_until},
+                                {"limit": check_int(limit, what="limit", low=1, high=10_000),
+                                 "epoch": self.ns.epoch or "", "actor": self.actor})
+        raise_for_reply(reply, script="idem_trim")
+        return int(reply[1])
+
+    def redis_time_ms(self) -> int:
+        """Redis's clock, ms since the epoch: the namespace's one clock."""
+        now_s, now_us = self.redis.time()
+        return int(now_s) * 1000 + int(now_us) // 1000
+
+    def _queue_name(self, queue: str) -> str:
+        try:
+            return check_queue(queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+
+    def _task_keys_or_none(self, task_id: str) -> TaskKeys | None:
+        try:
+            return self.keys.task(task_id)
+        except ValueError:
+            return None
 
     def pause_queue(self, queue: str, *, reason: str, actor: str | None = None) -> bool:
         """queue_pause: claims of the queue's Attempts are refused and the sweeper does not dispatch them
@@ -917,8 +1121,8 @@ class Client:
                    created_after_ms: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], bool]:
         """Tasks found through the indexes (never a scan of the keyspace), oldest index entry first:
         pending and backoff (the queues' pending indexes), running (lease and suspect indexes),
-        quarantined (the DLQ) and blocked (attention items). Finished tasks (succeeded, failed,
-        canceled) are in no index and are not listed. At most ``LIST_SCAN_FACTOR * limit`` index
+        succeeded and canceled (the queues' done indexes, newest first), failed, blocked and
+        quarantined (the queues' held indexes). At most ``LIST_SCAN_FACTOR * limit`` index
         entries are looked at; the second value says whether that bound was reached (more may match)."""
         wanted = set(states or LISTABLE_STATES)
         unknown = wanted - set(LISTABLE_STATES)
@@ -952,15 +1156,12 @@ class Client:
         if "running" in wanted:
             take(cast(list[Any], self.redis.zrange(self.keys.leases, 0, cap)), True)
             take(cast(list[Any], self.redis.zrange(self.keys.suspect, 0, cap)), True)
-        if "quarantined" in wanted:
-            take(cast(list[Any], self.redis.zrange(self.keys.dlq, 0, cap)), False)
-        if "blocked" in wanted:
-            found: list[str] = []
-            for k in self.redis.hscan_iter(self.keys.attention, count=min(cap, 1000)):
-                found.append(str(k[0] if isinstance(k, tuple) else k))
-                if len(found) > cap:
-                    break
-            take(sorted(found), False)
+        if wanted & {"failed", "blocked", "quarantined"}:
+            for q in [queue] if queue else self.queues():
+                take(cast(list[Any], self.redis.zrange(self.keys.held(q), 0, cap)), False)
+        if wanted & {"succeeded", "canceled"}:
+            for q in [queue] if queue else self.queues():
+                take(cast(list[Any], self.redis.zrevrange(self.keys.done(q), 0, cap)), False)
         pipe = self.redis.pipeline(transaction=False)
         keep: list[str] = []
         for tid in candidates:
@@ -1035,6 +1236,12 @@ class Client:
         self.ns.forget()
         self.ns.write_witness(epoch)
 
+    def log_event(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Record an operator's or the sweeper's act that no script makes (a retention policy set, a
+        retention pass's deletions) in the namespace log, capped like the scripts' events."""
+        entry = {"type": event, **{k: _printable(str(v), 2000) for k, v in fields.items() if v not in (None, "")}}
+        self.redis.xadd(self.keys.nslog, entry, maxlen=NSLOG_MAX, approximate=True)  # type: ignore[arg-type]
+
     def audit(self, event: str, fields: Mapping[str, Any]) -> None:
         """Record what a worker refused to act on (a forged or misrouted transport message) in the
         refusals log, ``P:refused``, capped at about REFUSED_LOG_MAX entries (anyone able to write
@@ -1073,17 +1280,45 @@ class Client:
 
     def get_task(self, task_id: str) -> Task:
         """The task with every Attempt and its whole event history (one round trip)."""
+        rec, fence, pttl = self._read_task(task_id)
+        if rec is None:
+            raise TaskNotFound(f"no task {task_id} in namespace {self.keys.prefix!r}", task_id=task_id)
+        return Task.from_redis(rec.fields, rec.attempts, rec.events, fence=fence, lease_pttl_ms=pttl)
+
+    def task_record(self, task_id: str) -> Packed | None:
+        """Everything Redis holds of a task as stored (hash fields, Attempt fields, events, effects), read
+        from its live keys or its packed document; None when there is no such task. What the archive keeps."""
+        return self._read_task(task_id)[0]
+
+    def _read_task(self, task_id: str) -> tuple[Packed | None, str | None, int]:
+        """One round trip: the task as stored (live or packed), its fence and its lease's PTTL."""
         tk = self._task_keys(task_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(tk.task)
         pipe.hgetall(tk.attempts)
         pipe.xrange(tk.events)
+        pipe.hgetall(tk.effects)
         pipe.get(tk.fence)
         pipe.pttl(tk.lease)
-        fields, att, events, fence, pttl = pipe.execute()
+        fields, att, events, fx, fence, pttl = pipe.execute()
         if not fields:
-            raise TaskNotFound(f"no task {task_id} in namespace {self.keys.prefix!r}", task_id=task_id)
-        return Task.from_redis(fields, att, events, fence=fence, lease_pttl_ms=int(pttl))
+            return None, None, int(pttl)
+        if fields.get("packed"):  # a packed task keeps its fence counter in its hash (pack.lua)
+            return self._unpacked(task_id, fields), fields.get("fence"), int(pttl)
+        return (Packed(fields=fields, attempts=att, events=[(str(i), dict(f)) for i, f in events], effects=fx),
+                fence, int(pttl))
+
+    @staticmethod
+    def _unpacked(task_id: str, fields: Mapping[str, str]) -> Packed:
+        """The document of a packed task hash (fields z0, z1, ...; pack.lua), its state the hash's."""
+        try:
+            return unpack(join_chunks(fields), fields)
+        except ValueError as exc:
+            raise McqError(f"task {task_id}: its packed history does not read ({exc})") from None
+
+    def is_packed(self, task_id: str) -> bool:
+        """Whether the task's history has been packed (a finished task, read back from one document)."""
+        return bool(self.redis.hexists(self._task_keys(task_id).task, "packed"))
 
     def task_ids_of(self, index: str, *, limit: int = 1000) -> list[str]:
         """Members of one of the namespace's time indexes (leases, suspect, outbox, cancels), oldest first."""
@@ -1152,7 +1387,10 @@ class Client:
 
     def effects(self, task_id: str) -> dict[str, EffectRecord]:
         """Every side effect of the task: key -> intent / receipt record."""
-        raw = cast(dict[str, str], self.redis.hgetall(self._task_keys(task_id).effects))
+        tk = self._task_keys(task_id)
+        raw = cast(dict[str, str], self.redis.hgetall(tk.effects))
+        if not raw and self.is_packed(task_id):
+            raw = self._unpacked(task_id, cast(dict[str, str], self.redis.hgetall(tk.task))).effects
         return {k: EffectRecord.from_json(v) for k, v in sorted(raw.items())}
 
 
@@ -1173,7 +1411,8 @@ class ExpireReport:
         self.removed += other.removed
 
 
-LISTABLE_STATES = ("pending", "backoff", "running", "blocked", "quarantined")  # states an index finds
+ENDED_STATES = ("succeeded", "canceled", "failed", "blocked", "quarantined")  # no Attempt of theirs can run
+LISTABLE_STATES = ("pending", "backoff", "running", *ENDED_STATES)  # states an index finds
 LIST_SCAN_FACTOR = 10  # list_tasks looks at no more than this many index entries per row asked for
 
 

@@ -85,6 +85,23 @@ class Budget(_Config):
     max_interruptions: int = Field(default=3, ge=0)
 
 
+class Retention(_Config):
+    """How long a queue's tasks stay in Redis once they ended (the sweeper deletes the rest, in batches,
+    after handing each to the archive when one is set). ``None`` keeps them.
+
+    - finished (succeeded, canceled): ``done_s`` seconds after they finished and/or the newest ``done_keep``;
+    - waiting for a person (failed, blocked, quarantined): ``held_s`` and/or ``held_keep``, longer by default;
+    - ``tombstone_s``: after a task is deleted, enqueue refuses its id and producer key for this long (the
+      idempotency window: the same work does not run twice), then forgets them.
+    """
+
+    done_s: float | None = Field(default=7 * 86_400.0, gt=0, le=3650 * 86_400)
+    done_keep: int | None = Field(default=None, ge=0, le=10**9)
+    held_s: float | None = Field(default=90 * 86_400.0, gt=0, le=3650 * 86_400)
+    held_keep: int | None = Field(default=None, ge=0, le=10**9)
+    tombstone_s: float = Field(default=86_400.0, ge=0, le=3650 * 86_400)
+
+
 # --------------------------------------------------------------------------- decisions
 
 

@@ -37,6 +37,7 @@ class Code(StrEnum):
     E_NOEFFECT = "E_NOEFFECT"  # a receipt for an effect with no intent on file
     E_PURGED = "E_PURGED"    # the task (of this id or producer key) was purged
     E_OVERLOADED = "E_OVERLOADED"  # Redis memory above the enqueue high-water mark: new work refused
+    E_CHANGED = "E_CHANGED"  # pack: the task changed since it was read (the sweeper reads it again)
 
 
 SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
@@ -283,6 +284,8 @@ def raise_for_reply(
         raise TaskPurged(
             f"task {first} was purged; its id and producer key are refused until {second or 'its tombstone expires'} "
             "(ms, Redis clock): the work does not run again. Use a new key for new work", **ctx)
+    if code is Code.E_CHANGED:
+        raise TransitionRefused(f"{script} of {where} refused: {first or 'the task changed since it was read'}", **ctx)
     if code is Code.E_NOTASK:
         raise TaskNotFound(f"no task {task_id or where!s} in this namespace", **ctx)
     if code is Code.E_NOEFFECT:

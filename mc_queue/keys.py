@@ -13,6 +13,7 @@ Key schema (``P`` = ``{prefix}``)::
                                   capped (XADD MAXLEN ~), so a flood neither grows Redis nor trims P:nslog
     P:epochs               set    epochs retired by ``mcq recover``
     P:idem                 hash   producer idempotency key -> task id
+    P:idem_until           zset   producer key of a retired or purged task -> when its entry may go (ms)
     P:queues               set    queue names seen
     P:counts               hash   "<queue>|<task state>" -> number of tasks in that state
     P:leases               zset   attempt id -> lease expiry (ms, Redis clock); the expiry index
@@ -32,7 +33,17 @@ Key schema (``P`` = ``{prefix}``)::
     P:w:<worker id>:seen   string the same value, PX a day, refreshed with it: this worker keeps a liveness key
                                   (so its absence means dead, not a worker that never kept one)
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
-    P:t:<task id>          hash   the Task
+    P:q:<queue>:done       zset   finished task (succeeded, canceled) -> when it finished (ms): retention
+                                  by age and count, and ``mcq tasks --state succeeded``
+    P:q:<queue>:held       zset   task waiting for a person (failed, blocked, quarantined) -> since when (ms);
+                                  left by retry, replay, cancel; kept longer by retention
+    P:topack               zset   finished task -> when it finished: the sweeper packs its history (below)
+    P:retention            hash   "<queue>" -> the operator's retention policy JSON, "app:<queue>" -> the App's
+    P:q:<queue>:samples    stream the operator console's samples of the queue (age, depth, finished and failed
+                                  totals), written by ``mcq dashboard``, capped (XADD MAXLEN): its charts
+    P:t:<task id>          hash   the Task; once finished and packed (lua/pack.lua), only the fields the scripts
+                                  read, its fence counter, and its whole history as one compressed document
+                                  in fields z0, z1, ... of at most 64 bytes (:a, :ev, :fx, :fence are gone)
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
     P:t:<task id>:ev       stream its append-only event history
     P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
@@ -114,6 +125,8 @@ class TaskKeys:
     fence: str
     lease: str
     tomb: str
+    done: str
+    held: str
 
 
 class Keys:
@@ -141,9 +154,22 @@ class Keys:
         self.stats = f"{tag}:stats"
         self.sweeper = f"{tag}:sweeper"
         self.paused = f"{tag}:paused"
+        self.topack = f"{tag}:topack"
+        self.idem_until = f"{tag}:idem_until"
+        self.retention = f"{tag}:retention"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"
+
+    def queue_samples(self, queue: str) -> str:
+        """The operator console's capped series of samples of a queue (``mc_queue.console``)."""
+        return f"{self.tag}:q:{queue}:samples"
+
+    def done(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:done"
+
+    def held(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:held"
 
     def worker(self, worker_id: str) -> str:
         """A worker process's liveness key (set with a TTL by the worker itself)."""
@@ -154,10 +180,12 @@ class Keys:
         base = f"{self.tag}:t:{task_id}"
         return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue),
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
-                        tomb=f"{self.tag}:tomb:{task_id}")
+                        tomb=f"{self.tag}:tomb:{task_id}", done=self.done(queue),
+                        held=self.held(queue))
 
     def nowhere(self) -> TaskKeys:
         """Per-task keys that name no task (``{prefix}:t:-``): for an index member that is unreadable."""
         base = f"{self.tag}:t:-"
         return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=f"{base}:pending",
-                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb")
+                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb",
+                        done=f"{base}:done", held=f"{base}:held")

@@ -51,7 +51,10 @@ ACKNOWLEDGED = frozenset({
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
 # again by the next sweep; lineage records a loss that is found again. And one read-only script.
-REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due"})
+# A pack, a retirement or a trim lost is done again by the next sweep (the task is still finished, still
+# past its retention; an archive record written twice is read as its last).
+REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
+                       "pack", "retire", "idem_trim"})
 
 
 def lua_dir() -> Path:

@@ -49,6 +49,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
              "nothing running; a running Attempt is signalled instead and reconciliation ends it")
     + _edges("task", "quarantined", "pending", "dlq_replay", "operator", "a person's decision, with a reason")
     + _edges("task", "quarantined", "-", "dlq_purge", "operator", "deleted with its history; a tombstone stays")
+    + _edges("task", "succeeded|canceled|failed|blocked|quarantined", "-", "retire", "sweeper or operator",
+             "retention or `mcq tasks purge`: deleted with every key and index entry; a tombstone stays")
     # ------------------------------------------------------------------ Attempt
     + _edges("attempt", "-", "pending", "enqueue", "producer", "Attempt 1")
     + _edges("attempt", "-", "pending", "fail", "policy", "Attempt N+1 of a retry decision")
@@ -68,6 +70,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "pending", "canceled", "cancel", "operator")
     + _edges("attempt", "failed", "-", "dlq_purge", "operator",
              "the history of a quarantined task (its Attempts all failed), deleted with it")
+    + _edges("attempt", "succeeded|failed|canceled", "-", "retire", "sweeper or operator",
+             "the history of an ended task, deleted with it (after the archive, when one is set)")
 )
 
 TASK_STATES = tuple(s.value for s in TaskState)

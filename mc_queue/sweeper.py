@@ -11,7 +11,13 @@ Each pass:
    in the outbox until it is resumed);
 4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
    settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
-   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those).
+   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those);
+5. keeps Redis bounded: packs the history of tasks that finished ``pack_after_ms`` ago into one
+   compressed document each (``lua/pack.lua``); deletes the ended tasks each queue's retention policy
+   lets go (``Client.retention``: age and/or count, finished and held tasks apart), in batches, each
+   handed to the archive first when one is set, each leaving a tombstone (``lua/retire.lua``); and
+   forgets producer keys whose tombstone window has passed (``lua/idem_trim.lua``). This step works
+   for at most ``retention_budget_s`` a pass and goes on at the next one.
 
 Every step re-checks its condition inside its script, so two sweepers at once are safe, and a
 sweeper killed mid-pass leaves nothing half-decided (a reconciling Attempt is taken up again).
@@ -33,7 +39,8 @@ from typing import Any
 
 import redis
 
-from .client import Client
+from .archive import ArchivedTask, ArchiveSink
+from .client import PACK_AFTER_MS, Client
 from .errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
 from .keys import parse_attempt_id, parse_task_id
 from .models import AttemptState
@@ -57,17 +64,23 @@ class SweepReport:
     dropped: list[str] = field(default_factory=list)  # index entries that named nothing (orphans)
     errors: list[str] = field(default_factory=list)
     paused: list[str] = field(default_factory=list)  # due dispatches of paused queues: not sent
+    packed: int = 0  # finished tasks whose history was packed
+    retired: dict[str, int] = field(default_factory=dict)  # "<queue>/<done|held>" -> tasks deleted by retention
+    archived: int = 0  # records handed to the archive
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
-                "paused": self.paused, "namespace": self.namespace}
+                "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
+                "namespace": self.namespace}
 
 
 class Sweeper:
     def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
-                 recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0) -> None:
+                 recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0,
+                 archive: ArchiveSink | None = None, pack_after_ms: int = PACK_AFTER_MS,
+                 retention_budget_s: float = 1.0, retention_batch: int = 500) -> None:
         self.client = client
         self.actor = actor or f"sweeper@{client.actor}"
         self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
@@ -76,6 +89,10 @@ class Sweeper:
         self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
         self._tidied_at = float("-inf")
+        self.archive = archive
+        self.pack_after_ms = pack_after_ms
+        self.retention_budget_s = retention_budget_s
+        self.retention_batch = retention_batch
 
     def run_once(self) -> SweepReport:
         started = time.monotonic()
@@ -97,6 +114,7 @@ class Sweeper:
             self._reconcile(report)
             self._dispatch(report)
             self._tidy(report)
+            self._bound(report)
         except NamespaceLost as exc:
             report.namespace = "lost"
             log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
@@ -229,6 +247,67 @@ class Sweeper:
             report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, self.client.keys.prefix, queue),
                                                 limit=self.batch))
 
+    def keep_bounded(self) -> SweepReport:
+        """Step 5 alone (pack, retire, forget expired producer keys): for a process that runs it apart
+        from the other steps, and for the soak benchmark."""
+        report = SweepReport()
+        self._bound(report)
+        return report
+
+    def _bound(self, report: SweepReport) -> None:
+        """Step 5: pack, retire, forget expired producer keys; at most retention_budget_s of work."""
+        deadline = time.monotonic() + self.retention_budget_s
+        c = self.client
+        while time.monotonic() < deadline:
+            n = c.pack_due(limit=self.retention_batch, min_age_ms=self.pack_after_ms)
+            report.packed += n
+            if n < self.retention_batch:
+                break
+        now = c.redis_time_ms()
+        for queue in c.queues():
+            policy, source = c.retention(queue)
+            for kind, age_s, keep, states in (
+                    ("done", policy.done_s, policy.done_keep, ("succeeded", "canceled")),
+                    ("held", policy.held_s, policy.held_keep, ("failed", "blocked", "quarantined"))):
+                if age_s is None and keep is None:
+                    continue
+                before = now - int(age_s * 1000) if age_s is not None else None
+                reason = (f"retention ({source} policy of queue {queue}: {kind} "
+                          f"{'kept ' + str(age_s) + ' s' if age_s is not None else ''}"
+                          f"{' newest ' + str(keep) if keep is not None else ''})")
+                total = 0
+                while time.monotonic() < deadline:
+                    rows = c.ended_tasks(queue, kind, before_ms=before, keep_newest=keep, limit=self.retention_batch)
+                    if not rows:
+                        break
+                    if self.archive is not None:
+                        report.archived += self._archive(rows, reason, now)
+                    out = c.retire_batch(rows, states=states, reason=reason, tombstone_s=policy.tombstone_s,
+                                         actor=self.actor)
+                    total += out["retired"]
+                    if out["refused"]:
+                        report.errors.append(f"{queue}/{kind}: {out['refused']} index entries named tasks in "
+                                             "another state (left in place)")
+                    if len(rows) < self.retention_batch or out["retired"] == 0:
+                        break
+                if total:
+                    report.retired[f"{queue}/{kind}"] = total
+                    c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
+                                              "reason": reason, "archive": repr(self.archive) if self.archive else ""})
+        c.trim_idempotency(limit=1000)
+
+    def _archive(self, rows: list[tuple[str, int]], reason: str, now_ms: int) -> int:
+        """Hand the tasks about to be retired to the archive (durable before they are deleted)."""
+        assert self.archive is not None
+        records = []
+        for tid, _ in rows:
+            rec = self.client.task_record(tid)
+            if rec is not None:
+                records.append(ArchivedTask(task_id=tid, queue=parse_task_id(tid), state=rec.fields.get("state", ""),
+                                            archived_at_ms=now_ms, reason=reason, record=rec))
+        self.archive.write(records)
+        return len(records)
+
     def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
         """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
         started = time.monotonic()
@@ -236,7 +315,7 @@ class Sweeper:
             t0 = time.monotonic()
             try:
                 r = self.run_once()
-                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied:
+                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

@@ -21,6 +21,7 @@ from typing import Any, cast
 import redis
 
 from .embedded import find_redis_server
+from .packing import join_chunks, unpack
 
 
 def free_port() -> int:
@@ -125,17 +126,19 @@ class TransitionRecorder:
     """
 
     def __init__(self, client: Any) -> None:
-        self.redis = redis.Redis.from_url(client.url, decode_responses=True)
+        self.redis = redis.Redis.from_url(client.url, decode_responses=True, encoding_errors="surrogateescape")
         self.seen: list[tuple[str, str, str, str]] = []
         self.violations: list[tuple[str, str, str, str]] = []
         client.runner.observers.append(self)
 
     def _read(self, task: str, attempts: str) -> tuple[str, dict[str, str]]:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(task, "state")
+        pipe.hgetall(task)
         pipe.hgetall(attempts)
-        state, att = pipe.execute()
-        return state or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
+        fields, att = pipe.execute()
+        if fields.get("packed"):  # a packed task: its Attempts are in the document (lua/pack.lua)
+            att = unpack(join_chunks(fields), fields).attempts
+        return fields.get("state") or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
 
     def before(self, name: str, keys: Any, argv: Any) -> Any:
         task, attempts = keys.get("task"), keys.get("attempts")

@@ -537,6 +537,7 @@ def _install_runtime(name: str) -> Runtime:
         log.warning("workspace cleanup in %s: removed %s; left alone %s", workspaces.root, report.removed,
                     report.refused)
     client.open_namespace()  # load the epoch once here: forked work horses inherit it
+    app.publish_retention(client)
     rt = Runtime(app=app, client=client, worker_id=_SAFE.sub("_", name), workspaces=workspaces,
                  cleanup=report, grace_s=grace_s)
     set_runtime(rt)

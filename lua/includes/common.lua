@@ -7,6 +7,12 @@ local SCHEMA = '2'
 local MAX_INT = 9007199254740991           -- 2^53 - 1: the largest integer a Lua number holds exactly
 local MAX_N = 1000000                       -- attempt numbers
 local DAY_MS = 86400000
+-- A packed task (pack.lua) keeps its document in hash fields of at most PACK_CHUNK bytes (Redis keeps a
+-- hash whose values are all <= 64 bytes and fields <= 128 as one listpack): up to PACK_LISTPACK_CHUNKS
+-- chunks, else one field. A document above PACK_MAX_BYTES is not packed (the task stays as it was).
+local PACK_CHUNK = 64
+local PACK_LISTPACK_CHUNKS = 100
+local PACK_MAX_BYTES = 4194304
 local DEFAULT_MAX_LEASE_MS = 3600000        -- a namespace's lease ceiling unless init set another
 
 local function now_ms()
@@ -209,10 +215,27 @@ local function emit(key, typ, fields)
   return redis.call(unpack(a))
 end
 
+-- The namespace log of this call, set by ns_check (every script that writes a task's history checks
+-- the namespace first): where an event about a task whose history is packed goes.
+local NSLOG = nil
+
+-- An event about a task after its checks: into the task's stream, or, when the task's history has
+-- been packed (its stream is gone; see pack.lua), into the namespace log with the task id, so that a
+-- late write to a finished task is recorded without growing its history back.
+local function emit_task(k_ev, typ, fields)
+  local tid = string.match(k_ev, ':t:(.+):ev$')
+  if tid and NSLOG and redis.call('EXISTS', k_ev) == 0 then
+    fields[#fields + 1] = 'task'
+    fields[#fields + 1] = tid
+    return emit(NSLOG, typ, fields)
+  end
+  return emit(k_ev, typ, fields)
+end
+
 -- A refusal of a contract (not a bad argument): one audit event, one counter, the error reply.
 local function refuse(k_ev, k_stats, typ, reply, fields)
   if k_stats then redis.call('HINCRBY', k_stats, typ, 1) end
-  emit(k_ev, typ, fields)
+  emit_task(k_ev, typ, fields)
   return reply
 end
 
@@ -236,6 +259,26 @@ end
 -- keeps those of Attempt n (cheaper there than a string loop here).
 local function attempt_snapshot(k_att)
   return redis.call('HGETALL', k_att)
+end
+
+-- ----------------------------------------------------------------------------------- finished tasks
+
+-- The states a task waits in for a person (retention keeps them longer) and the ones it ends in.
+local HELD = {failed = true, blocked = true, quarantined = true}
+local DONE = {succeeded = true, canceled = true}
+
+-- Keep the queue's finished and held indexes in step with a task's move (K.done, K.held, K.topack):
+-- a task that finished enters done (retention) and topack (the sweeper packs its history); one that
+-- waits for a person enters held, and leaves it when a retry, a replay or a cancel takes it out.
+local function index_end(K, task_id, from, to, ts)
+  if from == to then return end
+  if HELD[from] and not HELD[to] then redis.call('ZREM', K.held, task_id) end
+  if HELD[to] then
+    redis.call('ZADD', K.held, ts, task_id)
+  elseif DONE[to] then
+    redis.call('ZADD', K.done, ts, task_id)
+    redis.call('ZADD', K.topack, ts, task_id)
+  end
 end
 
 local function move_count(k_counts, queue, from, to)
@@ -345,6 +388,7 @@ end
 --   allow_retired: a fenced write from before a recovery goes on to the fence check (which refuses it).
 --   recovering_epoch: the one caller allowed while the namespace is recovering (recover's own steps).
 local function ns_check(m, k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow_retired, recovering_epoch)
+  NSLOG = k_nslog
   if not m.state then
     return mark_lost(k_meta, k_nslog,
       'namespace meta is missing: Redis lost its data (restart without persistence, flush, or an older snapshot)', who)

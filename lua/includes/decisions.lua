@@ -8,7 +8,7 @@
 --   'retry'    Attempt n+1 pending, due after delay_ms (task backoff, or pending when 0);
 --   'stop'     the task is blocked and an attention item is recorded;
 --   'quarantine' the task is dead-lettered with its history (and an attention item).
--- Returns the task's new state. Callers validate the decision's arguments before their first write.
+-- K needs done, held and topack (index_end). Returns the task's new state. Callers validate the decision's arguments before their first write.
 local DECISIONS = {[''] = 'failed', wait = 'failed', retry = 'backoff', stop = 'blocked', quarantine = 'quarantined'}
 local function decision_args()
   return {
@@ -82,5 +82,6 @@ local function apply_decision(K, task_id, queue, n, from_state, d, actor, ts)
     end
   end
   move_count(K.counts, queue, from_state, state)
+  index_end(K, task_id, from_state, state, ts)
   return state
 end

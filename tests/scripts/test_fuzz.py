@@ -116,6 +116,12 @@ def build_world(q: mc_queue.Client) -> World:
     q.cancel_task(w.ids["cancelreq"], REASON, ack_timeout_ms=600_000)
     task("succeeded")
     q.complete_attempt(w.aid("succeeded"), claim("succeeded"), {"ok": True}, worker_id="w1")
+    task("packed", "k-packed")  # a finished task whose history is packed: late writes to it are refused
+    q.complete_attempt(w.aid("packed"), claim("packed"), {"ok": True}, worker_id="w1")
+    assert q.pack_tasks([w.ids["packed"]]) == 1
+    task("retired", "k-retired")  # gone, with a tombstone and its producer key remembered
+    q.complete_attempt(w.aid("retired"), claim("retired"), {"ok": True}, worker_id="w1")
+    q.retire_task(w.ids["retired"], states=["succeeded"], reason=REASON, tombstone_s=0.001)
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
     return w
 
@@ -155,6 +161,9 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "recover_begin": lambda: q.begin_recovery(reason="fuzz recovers"),
         "recover_finish": lambda: q.finish_recovery(str(q.namespace().epoch), voided=0),
         "lineage": lambda: q.assert_lineage(),
+        "pack": lambda: q.pack_tasks([w.ids["succeeded"]]),
+        "retire": lambda: q.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
+        "idem_trim": lambda: q.trim_idempotency(limit=10),
     }
 
 

@@ -94,6 +94,15 @@ def _tour(q: mc_queue.Client) -> None:
     # the DLQ
     q.dlq_replay(quarantined(), REASON, "fixed")
     q.dlq_purge(quarantined(), reason=REASON)
+    # retention and `mcq tasks purge`: every ended state, packed or not
+    done = running()
+    q.complete_attempt(done[1].attempt_id, done[1].fence, {"ok": 1}, worker_id="w")
+    q.pack_tasks([done[0]])
+    canceled = new()
+    q.cancel_task(canceled, REASON)
+    for tid, state in ((done[0], "succeeded"), (canceled, "canceled"), (failed(), "failed"), (blocked(), "blocked"),
+                       (quarantined(), "quarantined")):
+        assert q.retire_task(tid, states=[state], reason=REASON) == state
 
 
 def test_every_listed_edge_happens_and_nothing_else(q: mc_queue.Client) -> None:

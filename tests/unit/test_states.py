@@ -54,9 +54,11 @@ def test_every_literal_state_a_script_writes_is_a_listed_edge_of_that_script() -
         if name in decides:
             for entity in found:
                 found[entity] |= helper[entity]
-        if re.search(r"redis\.call\('DEL', K\.task", _body(name)):
-            found["task"].add("")
+        if re.search(r"redis\.call\('DEL', K\.task", _body(name)) and name != "pack":
+            found["task"].add("")  # pack writes the hash anew in the same script, its state unchanged
         for entity, states in found.items():
+            if name == "pack":
+                states = states - {"?"}  # pack writes back the state it read (a succeeded or canceled task)
             dsts = {e.dst for e in TRANSITIONS if e.entity == entity and e.script == name}
             for state in states - {"?"}:
                 assert state in dsts, f"{name}.lua writes {entity} state {state!r}, which the table does not list"

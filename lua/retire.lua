@@ -1,0 +1,112 @@
+-- mc_queue: retire
+-- Delete a task that retention (the sweeper) or an operator's purge lets go: every key of the task and
+-- every index entry naming it, in one step. Only a task in one of the states the caller names, all of
+-- them states with no Attempt that may still run (succeeded, canceled, failed, blocked, quarantined);
+-- and, when the caller read it from the done or held index, only if its entry there still has the
+-- score that was read (a task retried and failed again since is not deleted on old grounds).
+-- A tombstone stays for the idempotency window: enqueue refuses the task id, and the producer key's
+-- entry is marked retired until then (the same work does not run again within the window; the
+-- sweeper drops the entry after it, idem_trim.lua). The namespace fence floor is raised to the
+-- task's last fence, so the same task id enqueued again later gets fences above every fence its
+-- earlier incarnation issued: a zombie of that one holds a stale fence, never a current one.
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] counts     "<queue>|<state>" counters
+-- KEYS[5] idem       producer idempotency keys
+-- KEYS[6] idem_until retired producer keys -> when their entry may go (ms)
+-- KEYS[7] dlq        quarantined tasks
+-- KEYS[8] attention  attention items
+-- KEYS[9] done       the queue's finished tasks
+-- KEYS[10] held      the queue's tasks waiting for a person
+-- KEYS[11] topack    finished tasks whose history the sweeper packs
+-- KEYS[12] task      task hash
+-- KEYS[13] attempts  attempts hash
+-- KEYS[14] events    task event stream
+-- KEYS[15] effects   the task's effects
+-- KEYS[16] fence     the task's fence counter
+-- KEYS[17] tomb      the task's tombstone (JSON, PX the idempotency window)
+-- ARGV[1] states       the states the caller lets go, as '|succeeded|canceled|'
+-- ARGV[2] score        the task's score in its done/held index when read, or '' (an operator's purge)
+-- ARGV[3] actor
+-- ARGV[4] reason       why it goes (>= 10 characters), kept in the tombstone
+-- ARGV[5] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
+-- ARGV[6] log          'task': one namespace log event for this task (a purge); '': none (retention logs
+--                      one line per sweeper pass)
+-- ARGV[7] epoch
+-- Returns: {'OK', state, attempts} | {'NOOP', why} (no such task, or its index entry changed since read)
+--          {'E_STATE', task_state} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events: task_retired (nslog, when log is 'task') | retire_refused
+-- Idempotent: yes (a retired task is gone: NOOP)
+--@include common
+
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
+  idem_until = KEYS[6], dlq = KEYS[7], attention = KEYS[8], done = KEYS[9], held = KEYS[10], topack = KEYS[11],
+  task = KEYS[12], attempts = KEYS[13], events = KEYS[14], effects = KEYS[15], fence = KEYS[16], tomb = KEYS[17]}
+local A, bad = args(ARGV, {
+  'states', 'text', 64, false,
+  'score', 'int?', 0, MAX_INT,
+  'actor', 'id', 200, false,
+  'reason', 'text', 2000, false,
+  'tombstone_ms', 'int', 0, 3650 * DAY_MS,
+  'log', 'enum', '||task|', false,
+  'epoch', 'epoch', false, false,
+})
+if bad then return bad end
+local letgo = {}
+for s in string.gmatch(A.states, '[^|]+') do
+  if not (HELD[s] or DONE[s]) then
+    return {'E_BADARG', 'states: ' .. s .. ' is not a state a task ends or waits in (succeeded, canceled, failed, '
+      .. 'blocked, quarantined)'}
+  end
+  letgo[s] = true
+end
+if not next(letgo) then return {'E_BADARG', "states: name at least one state, as '|succeeded|'"} end
+local count, reason = chars(A.reason)
+if count < 10 then return {'E_BADARG', 'reason: a retirement needs a reason of at least ten characters'} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
+if err then return err end
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler',
+  'active')
+if not t[1] then return {'NOOP', 'no such task'} end
+if not letgo[t[3]] or (t[8] and t[8] ~= '') then
+  return refuse(K.events, nil, 'retire_refused', {'E_STATE', t[3]},
+    {'actor', A.actor, 'reason', 'the task is ' .. t[3] .. ', not one of ' .. A.states .. ' with nothing running'})
+end
+if A.score then
+  local score
+  if HELD[t[3]] then score = redis.call('ZSCORE', K.held, t[1]) else score = redis.call('ZSCORE', K.done, t[1]) end
+  if tonumber(score or '-1') ~= A.score then
+    return {'NOOP', 'its index entry changed since it was read'}
+  end
+end
+local idem_key = t[5]
+local ts = now_ms()
+local until_ms = ts + A.tombstone_ms
+local fence = tonumber(redis.call('GET', K.fence) or redis.call('HGET', K.task, 'fence') or '0') or 0
+local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
+if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
+redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
+redis.call('ZREM', K.done, t[1])
+redis.call('ZREM', K.held, t[1])
+redis.call('ZREM', K.topack, t[1])
+redis.call('ZREM', K.dlq, t[1])
+redis.call('HDEL', K.attention, t[1])
+if idem_key and idem_key ~= '' then
+  if A.tombstone_ms > 0 then
+    redis.call('HSET', K.idem, idem_key, t[1] .. ' ' .. (t[6] or '') .. '|' .. (t[7] or '') .. ' purged ' .. fmt(until_ms))
+    redis.call('ZADD', K.idem_until, until_ms, idem_key)
+  else
+    redis.call('HDEL', K.idem, idem_key)
+  end
+end
+if A.tombstone_ms > 0 then
+  redis.call('SET', K.tomb, cjson.encode({task = t[1], state = t[3], idem_key = idem_key or '', reason = reason,
+    actor = A.actor, purged_at = ts, until_ms = until_ms, attempts = tonumber(t[4]), fence = fence}), 'PX', A.tombstone_ms)
+end
+move_count(K.counts, t[2], t[3], '')
+if A.log == 'task' then
+  emit(K.nslog, 'task_retired', {'task', t[1], 'state', t[3], 'actor', A.actor, 'reason', reason, 'attempts', t[4],
+    'idem_key', idem_key or '', 'tombstone_until', A.tombstone_ms > 0 and fmt(until_ms) or ''})
+end
+return {'OK', t[3], tonumber(t[4])}
