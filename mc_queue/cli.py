@@ -548,23 +548,31 @@ def dlq_purge(obj: Ctx, task_id: str | None, older_than: str | None, reason: str
 @click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between passes.")
 @click.option("--app", "app_spec", default=None,
               help="package.module:app whose registered operations reconcile effects with their providers.")
+@click.option("--archive", "archive_dir", default=None, metavar="DIR",
+              help="Write each task retention deletes to this folder first (gzip JSON lines per queue and day).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
-def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, as_json: bool) -> None:
-    """Expire leases, reconcile suspects with providers, send due and unclaimed dispatches."""
+def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive_dir: str | None,
+            as_json: bool) -> None:
+    """Expire leases, reconcile suspects, send due dispatches; pack, retire and archive ended tasks."""
     import logging
 
+    from .archive import FileArchive
     from .sweeper import Sweeper
 
-    sw = Sweeper(obj.client, app=load_app(app_spec) if app_spec else None)
+    app = load_app(app_spec) if app_spec else None
+    if app is not None:
+        app.publish_retention(obj.client)
+    sw = Sweeper(obj.client, app=app, archive=FileArchive(archive_dir) if archive_dir else None)
     if once:
         report = sw.run_once().as_dict()
         if as_json:
             _emit_json(report)
         else:
             click.echo(f"expired {len(report['expired'])}, reconciled {len(report['reconciled'])}, "
-                       f"dispatched {len(report['dispatched'])}, errors {len(report['errors'])}")
+                       f"dispatched {len(report['dispatched'])}, packed {report['packed']}, "
+                       f"retired {sum(report['retired'].values())}, errors {len(report['errors'])}")
         return
     logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sw.run(interval_s=interval)
@@ -624,6 +632,38 @@ def metrics(obj: Ctx, host: str, port: int, app_spec: str | None) -> None:
         time.sleep(3600)
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind. Requests that are not from this machine need the token.")
+@click.option("--port", type=click.IntRange(1, 65535), default=9465, show_default=True)
+@click.option("--read-only", is_flag=True, help="Show everything, offer and accept no action.")
+@click.pass_obj
+@handle_errors
+def dashboard(obj: Ctx, host: str, port: int, read_only: bool) -> None:
+    """The operator console: a web page of this namespace (overview, tasks, each task's story,
+    attention, DLQ, workers) with retry, cancel, replay and purge under the CLI's rules.
+
+    Requests from this machine (a loopback address, no proxy header) need nothing more; any other
+    needs the token: $MCQ_DASHBOARD_TOKEN, else one generated and printed here. Every form carries
+    a CSRF token. Actions are recorded with the actor console:<client address>."""
+    from .console import serve_forever, start
+
+    client = obj.client
+    running = start(client, host=host, port=port, read_only=read_only)
+    click.echo(f"mc_queue console of namespace {client.keys.prefix!r} at {running.url}"
+               + (" (read-only)" if read_only else ""), err=True)
+    if running.token_from_env:
+        click.echo("requests from other machines need the token in MCQ_DASHBOARD_TOKEN "
+                   f"(open {running.url}?token=...)", err=True)
+    else:
+        click.echo(f"requests from other machines need this token: {running.token} (open it once as "
+                   f"{running.token_url})", err=True)
+    if not running.loopback_only:
+        click.echo(f"warning: listening on {host}, beyond this machine, over plain HTTP: put TLS in front of it "
+                   "or reach it through an SSH tunnel", err=True)
+    serve_forever(running)
+
+
 @main.group()
 def server() -> None:
     """The embedded redis-server (used when no --redis-url is given)."""
@@ -654,17 +694,36 @@ def server_status(obj: Ctx) -> None:
 @click.option("--workers", type=click.IntRange(1, 16), default=3, show_default=True)
 @click.option("--contracts", is_flag=True, help="The short contracts demo instead (one task, one paused worker).")
 @click.option("--keep-server", is_flag=True, help="Leave the embedded redis-server running afterwards.")
+@click.option("--no-dashboard", is_flag=True,
+              help="End at once. Without it, when standard input is a terminal, the demo ends by serving the "
+                   "console (mcq dashboard) over its namespace until Enter.")
 @click.pass_obj
 @handle_errors
-def demo(obj: Ctx, tasks: int, workers: int, contracts: bool, keep_server: bool) -> None:
+def demo(obj: Ctx, tasks: int, workers: int, contracts: bool, keep_server: bool, no_dashboard: bool) -> None:
     """An agent factory at work with faults injected (embedded default, or --redis-url)."""
+    after = None if no_dashboard or not sys.stdin.isatty() else _demo_dashboard
     if contracts:
         from .demo import run_demo
 
-        sys.exit(run_demo(obj.redis_url, obj.home, keep_server=keep_server))
+        sys.exit(run_demo(obj.redis_url, obj.home, keep_server=keep_server, after=after))
     from .factory_demo import run_factory_demo
 
-    sys.exit(run_factory_demo(obj.redis_url, obj.home, tasks=tasks, workers=workers, keep_server=keep_server))
+    sys.exit(run_factory_demo(obj.redis_url, obj.home, tasks=tasks, workers=workers, keep_server=keep_server,
+                              after=after))
+
+
+def _demo_dashboard(client: Client) -> None:
+    """The end of `mcq demo` at a terminal: the console over the demo's namespace until Enter."""
+    from .console import DEFAULT_PORT, start
+
+    running = start(client, port=DEFAULT_PORT, background=True, fallback_port=True)
+    click.echo(f"\nsee what happened and why in the console: {running.url}\npress Enter to stop it and end the demo")
+    try:
+        input()
+    except (EOFError, KeyboardInterrupt):
+        pass
+    finally:
+        running.stop()
 
 
 @main.group()
@@ -775,24 +834,28 @@ def queue_resume(obj: Ctx, queue_name: str, reason: str) -> None:
         click.echo(f"queue {queue_name} was not paused")
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--queue", "queue_name", default=None, help="Only this queue.")
 @click.option("--state", "states", multiple=True,
-              type=click.Choice(["pending", "backoff", "running", "blocked", "quarantined"]),
-              help="Only tasks in this state (repeatable). Listable: pending, backoff (the queues' pending "
-                   "indexes), running (lease and suspect indexes), blocked (attention items), quarantined "
-                   "(the DLQ). Finished tasks (succeeded, failed, canceled) are in no index: use `mcq show`.")
+              type=click.Choice(["pending", "backoff", "running", "succeeded", "canceled", "failed", "blocked",
+                                 "quarantined"]),
+              help="Only tasks in this state (repeatable), from the indexes: pending, backoff (the queues' "
+                   "pending indexes), running (lease and suspect indexes), succeeded, canceled (the queues' "
+                   "done indexes, newest first), failed, blocked, quarantined (the queues' held indexes).")
 @click.option("--handler", default=None, help="Only tasks of this handler.")
 @click.option("--older-than", default=None, metavar="DUR", help="Created more than DUR ago (90s, 15m, 2h, 7d).")
 @click.option("--since", default=None, metavar="DUR", help="Created within the last DUR.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="Rows at most; at most 10 x LIMIT index entries are looked at.")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
+@click.pass_context
 @handle_errors
-def tasks(obj: Ctx, queue_name: str | None, states: tuple[str, ...], handler: str | None, older_than: str | None,
-          since: str | None, limit: int, as_json: bool) -> None:
-    """Unfinished tasks found through the indexes (no scan of the keyspace), oldest first."""
+def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], handler: str | None,
+          older_than: str | None, since: str | None, limit: int, as_json: bool) -> None:
+    """Tasks found through the indexes (no scan of the keyspace); `mcq tasks purge` deletes ended ones."""
+    if ctx.invoked_subcommand is not None:
+        return
+    obj: Ctx = ctx.obj
     now = _redis_now_ms(obj)
     older = _duration_ms(older_than, "--older-than")
     newer = _duration_ms(since, "--since")
@@ -809,6 +872,178 @@ def tasks(obj: Ctx, queue_name: str | None, states: tuple[str, ...], handler: st
                    f"age {age_s:.0f}s")
     if truncated:
         click.echo(f"(the first {10 * limit} index entries looked at: more may match; narrow the filters)", err=True)
+
+
+@tasks.command("purge")
+@click.option("--queue", "queue_name", required=True, help="The queue whose ended tasks go.")
+@click.option("--state", "states", multiple=True, required=True,
+              type=click.Choice(["succeeded", "canceled", "failed", "blocked", "quarantined"]),
+              help="Only tasks in this state (repeatable); never one with an Attempt that may still run.")
+@click.option("--older-than", required=True, metavar="DUR", help="Ended more than DUR ago (90s, 15m, 2h, 7d).")
+@click.option("--reason", required=True, help="Why their history may go (at least ten characters), recorded.")
+@click.option("--keep-key-for", "keep_days", type=click.FloatRange(0, 3650), default=1.0, show_default=True,
+              help="Days during which each task id and producer key stay refused by enqueue.")
+@click.option("--archive", "archive_dir", default=None, metavar="DIR",
+              help="Write each task to this archive folder (gzip JSON lines) before deleting it.")
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=10_000, show_default=True,
+              help="Tasks deleted at most by this command.")
+@click.option("--yes", is_flag=True, help="Confirm: the tasks and their whole history leave Redis.")
+@click.pass_obj
+@handle_errors
+def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: str, reason: str, keep_days: float,
+                archive_dir: str | None, limit: int, yes: bool) -> None:
+    """Delete a queue's ended tasks older than DUR, each with every key and index entry (a tombstone stays)."""
+    from .archive import ArchivedTask, FileArchive
+
+    _check_reason(reason)
+    if not yes:
+        raise click.BadParameter("purging deletes the tasks and their history for good: add --yes",
+                                 param_hint="--yes")
+    age = _duration_ms(older_than, "--older-than")
+    assert age is not None
+    c = obj.client
+    archive = FileArchive(archive_dir) if archive_dir else None
+    cutoff = _redis_now_ms(obj) - age
+    done = 0
+    kinds = [k for k, members in (("done", {"succeeded", "canceled"}), ("held", {"failed", "blocked", "quarantined"}))
+             if members & set(states)]
+    for kind in kinds:
+        skipped: set[str] = set()
+        while done < limit:
+            rows = [r for r in c.ended_tasks(queue_name, kind, before_ms=cutoff, limit=min(500, limit - done)
+                                             + len(skipped)) if r[0] not in skipped]
+            if not rows:
+                break
+            wanted = []
+            for tid, score in rows:
+                rec = c.task_record(tid)
+                if rec is not None and rec.fields.get("state") in states:
+                    wanted.append((tid, score, rec))
+                else:
+                    skipped.add(tid)
+            if not wanted:
+                if len(rows) < 500:
+                    break
+                continue
+            if archive is not None:
+                now = _redis_now_ms(obj)
+                archive.write([ArchivedTask(task_id=t, queue=queue_name, state=r.fields.get("state", ""),
+                                            archived_at_ms=now, reason=reason, record=r) for t, _, r in wanted])
+            out = c.retire_batch([(t, sc) for t, sc, _ in wanted], states=states, reason=reason,
+                                 tombstone_s=keep_days * 86_400, actor="operator", log_each=True)
+            done += out["retired"]
+            skipped.update(t for t, _, _ in wanted)
+    click.echo(f"{done} task(s) of queue {queue_name} purged ({', '.join(states)}, ended more than {older_than} "
+               f"ago){'; archived in ' + archive_dir if archive_dir else ''}")
+
+
+@main.group()
+def archive() -> None:
+    """Read tasks back from an archive folder (written by the sweeper's --archive or `mcq tasks purge`)."""
+
+
+@archive.command("show")
+@click.argument("task_id")
+@click.option("--dir", "archive_dir", required=True, metavar="DIR", help="The archive folder.")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def archive_show(task_id: str, archive_dir: str, as_json: bool) -> None:
+    """Show an archived task as `mcq show` showed it live (its last record, when written twice)."""
+    from .archive import FileArchive
+    from .render import print_task, task_json
+
+    try:
+        rec = FileArchive(archive_dir).find(task_id)
+    except ValueError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+        return
+    if rec is None:
+        _fail(f"task {task_id} is not in the archive under {archive_dir}", EXIT_REFUSED)
+        return
+    task, effects = rec.task(), rec.effects()
+    if as_json:
+        _emit_json({**task_json(task, effects), "archived_at_ms": rec.archived_at_ms, "archive_reason": rec.reason})
+        return
+    click.echo(f"archived {rec.archived_at_ms} ms since the epoch: {rec.reason}")
+    print_task(task, effects=effects)
+
+
+@main.group()
+def retention() -> None:
+    """How long each queue's ended tasks stay in Redis (the sweeper deletes the rest)."""
+
+
+@retention.command("show")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def retention_show(obj: Ctx, as_json: bool) -> None:
+    rows = []
+    for q in obj.client.queues():
+        policy, source = obj.client.retention(q)
+        rows.append({"queue": q, "source": source, **policy.model_dump()})
+    if as_json:
+        _emit_json(rows)
+        return
+    def fmt(v: Any, unit: str = "") -> str:
+        return "forever" if v is None else f"{v:g}{unit}"
+    for r in rows:
+        click.echo(f"{r['queue']}: finished {fmt(r['done_s'], 's')}"
+                   f"{'' if r['done_keep'] is None else ' / newest ' + str(r['done_keep'])}, held "
+                   f"{fmt(r['held_s'], 's')}{'' if r['held_keep'] is None else ' / newest ' + str(r['held_keep'])}, "
+                   f"tombstone {fmt(r['tombstone_s'], 's')} ({r['source']})")
+
+
+@retention.command("set")
+@click.argument("queue_name")
+@click.option("--done", "done_for", default=None, metavar="DUR|forever",
+              help="Keep succeeded and canceled tasks this long after they finished.")
+@click.option("--done-keep", type=click.IntRange(0, 10**9), default=None, help="... and at most the newest N.")
+@click.option("--held", "held_for", default=None, metavar="DUR|forever",
+              help="Keep failed, blocked and quarantined tasks this long.")
+@click.option("--held-keep", type=click.IntRange(0, 10**9), default=None, help="... and at most the newest N.")
+@click.option("--tombstone", default=None, metavar="DUR", help="Refuse a deleted task's id and producer key this long.")
+@click.option("--clear", is_flag=True, help="Drop the operator's policy (the App's or the default applies).")
+@click.option("--reason", required=True, help="Why (at least ten characters), recorded.")
+@click.pass_obj
+@handle_errors
+def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: int | None, held_for: str | None,
+                  held_keep: int | None, tombstone: str | None, clear: bool, reason: str) -> None:
+    """The operator's retention policy of a queue (it wins over the App's); fields not given keep their value."""
+    from .config import Retention
+
+    _check_reason(reason)
+    c = obj.client
+    if clear:
+        c.set_retention(queue_name, None, actor="operator", reason=reason)
+        click.echo(f"queue {queue_name}: the operator's retention policy is dropped")
+        return
+    current, _ = c.retention(queue_name)
+    update: dict[str, Any] = {}
+
+    def secs(text: str, param: str) -> float | None:
+        if text == "forever":
+            return None
+        ms = _duration_ms(text, param)
+        return None if ms is None else ms / 1000
+
+    if done_for is not None:
+        update["done_s"] = secs(done_for, "--done")
+    if held_for is not None:
+        update["held_s"] = secs(held_for, "--held")
+    if done_keep is not None:
+        update["done_keep"] = done_keep
+    if held_keep is not None:
+        update["held_keep"] = held_keep
+    if tombstone is not None:
+        update["tombstone_s"] = secs(tombstone, "--tombstone") or 0.0
+    try:
+        policy = Retention.model_validate({**current.model_dump(), **update})
+    except ValueError as exc:
+        _fail(f"invalid retention policy: {exc}", EXIT_BAD_INPUT)
+        return
+    c.set_retention(queue_name, policy, actor="operator", reason=reason)
+    click.echo(f"queue {queue_name}: retention set ({policy.model_dump()})")
 
 
 def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:

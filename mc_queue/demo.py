@@ -18,10 +18,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
+from .client import Client
 from .connection import connect
 from .errors import McqError
 from .reconcile import reconcile_attempt
@@ -51,7 +53,9 @@ def _worker_a(url: str, prefix: str, task_id: str) -> None:
     print(json.dumps({"event": "done", **outcome}), flush=True)
 
 
-def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = False) -> int:
+def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = False,
+             after: Callable[[Client], None] | None = None) -> int:
+    """The short contracts demo; ``after(client)`` runs at the end, before the server is stopped."""
     console = Console()
     q = connect(redis_url, prefix="demo", home=home)
     server = q.embedded
@@ -110,6 +114,8 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
           and refused >= 1 and done.get("complete") != "accepted")
     console.print(f"\nstale writes refused and audited: {refused}; stale writes accepted: "
                   f"{0 if done.get('complete') != 'accepted' else 1}")
+    if after is not None:
+        after(q)
     if server is not None and server.started and not keep_server:
         from .embedded import stop_server
 

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +76,10 @@ def _inject(client: Client, fleet: Fleet, tasks: list[str], faults: Faults, leas
 
 
 def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8, workers: int = 3,
-                     keep_server: bool = False, timeout_s: float = 180.0) -> int:
+                     keep_server: bool = False, timeout_s: float = 180.0,
+                     after: Callable[[Client], None] | None = None) -> int:
+    """Run the factory; ``after(client)`` runs once the report is printed, while the namespace and its
+    server are still there (``mcq demo`` keeps the console open in it until Enter)."""
     console = Console()
     q = connect(redis_url, prefix=f"factory-{int(time.time())}", home=home)
     server = q.embedded
@@ -119,7 +123,10 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         time.sleep(1.0)  # the thawed worker's refused writes land
         fleet.stop_all()
         faults.provider_timeouts = 1 - forge.stalls_left  # the stalls the provider actually served
-        return _report(console, q, ids, forge, remote, faults)
+        code = _report(console, q, ids, forge, remote, faults)
+        if after is not None:
+            after(q)
+        return code
     finally:
         if fleet is not None:
             fleet.stop_all()

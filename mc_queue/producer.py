@@ -13,7 +13,7 @@ import redis
 from .client import DEFAULT_LEASE_MS, Client
 from .config import Budget, RetryPolicy
 from .models import Attempt, AttemptState, Task
-from .transport import ENTRY, clear_job, job_id, rq_connection, rq_queue, waiting
+from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
 
 DEFAULT_RECHECK_MS = 60_000
 
@@ -83,6 +83,7 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
             return False
         clear_job(rq, queue, jid)
     queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, task.lease_ms or DEFAULT_LEASE_MS),
-                       job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None)
+                       job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None,
+                       description=job_description(task.handler, attempt.id))
     client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
     return True

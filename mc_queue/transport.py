@@ -5,6 +5,8 @@ lease_ms)`` (the worker takes the lease length from the task, not from the messa
 derived from the attempt id, so dispatching an Attempt twice makes one RQ job; a job RQ still holds
 queued is never pushed again (:func:`waiting`), and one sent again is first cleared from RQ's
 registries (:func:`clear_job`), so RQ's own counts (``rq info``) show one entry per waiting Attempt.
+Its ``description`` (:func:`job_description`) names the handler, the task and the Attempt, for
+rq-dashboard and anything else that lists RQ's jobs.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ def job_id(prefix: str, attempt_id: str) -> str:
     ulid = task_id.rsplit(":", 1)[1]
     ns = hashlib.sha1(f"{prefix}\0{task_id.rsplit(':', 1)[0]}".encode()).hexdigest()[:8]
     return f"mcq-{ns}-{ulid}-{n}"
+
+
+def job_description(handler: str, attempt_id: str) -> str:
+    """The RQ job's ``description``: what rq-dashboard and other listings of RQ's jobs show for it instead
+    of RQ's default, the entry call (``mc_queue.worker.run_attempt('ops', 'mail:01.../1', 3000)``): the
+    handler, the task and the Attempt. Shown only; a worker neither reads nor trusts it (it acts on the
+    ids in the job's arguments, after its claim)."""
+    task_id, n = parse_attempt_id(attempt_id)
+    return f"{handler} task {task_id} attempt {n}"
 
 
 def rq_connection(client: Client) -> redis.Redis:

@@ -40,7 +40,7 @@ def quarantine(q: mc_queue.Client, queue: str, message: str) -> str:
     return task.id
 
 
-def test_mcq_tasks_lists_unfinished_tasks_from_the_indexes(h: Harness) -> None:
+def test_mcq_tasks_lists_tasks_in_every_state_from_the_indexes(h: Harness) -> None:
     q = h.client
     pending = [q.enqueue("jobs", "h", {"n": i}).id for i in range(3)]
     other = q.enqueue("other", "h2", {"n": 9}).id
@@ -59,8 +59,9 @@ def test_mcq_tasks_lists_unfinished_tasks_from_the_indexes(h: Harness) -> None:
     rows = tasks()["tasks"]
     assert isinstance(rows, list)
     ids = {r["task_id"]: r["state"] for r in rows}
-    assert ids == {**{p: "pending" for p in pending}, other: "pending", running: "running", dead: "quarantined"}
-    assert done not in ids  # finished tasks are in no index
+    assert ids == {**{p: "pending" for p in pending}, other: "pending", running: "running", dead: "quarantined",
+                   done: "succeeded"}  # finished ones from the queue's done index
+    assert [r["task_id"] for r in tasks("--state", "succeeded")["tasks"]] == [done]
     only = tasks("--queue", "jobs", "--state", "pending")["tasks"]
     assert isinstance(only, list) and [r["task_id"] for r in only] == pending  # oldest first
     by_handler = tasks("--handler", "h2")["tasks"]
@@ -69,12 +70,12 @@ def test_mcq_tasks_lists_unfinished_tasks_from_the_indexes(h: Harness) -> None:
     assert isinstance(page["tasks"], list) and len(page["tasks"]) == 2
     assert tasks("--older-than", "1h")["tasks"] == []
     recent = tasks("--since", "1h")["tasks"]
-    assert isinstance(recent, list) and len(recent) == 6
+    assert isinstance(recent, list) and len(recent) == 7  # the succeeded one too
     text = h.mcq("tasks", "--state", "running")
     assert text.returncode == 0 and running in text.stdout and pending[0] not in text.stdout
-    bad = h.mcq("tasks", "--state", "succeeded")
-    assert bad.returncode == 2  # not listable: said in --help
-    assert "Finished tasks" in h.mcq("tasks", "--help").stdout
+    bad = h.mcq("tasks", "--state", "lost")
+    assert bad.returncode == 2 and "lost" in bad.stderr  # not a state: said with the ones there are
+    assert "done indexes" in h.mcq("tasks", "--help").stdout
 
 
 def test_the_dlq_by_fingerprint_replay_and_purge_in_bulk(h: Harness) -> None:

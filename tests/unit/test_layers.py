@@ -18,8 +18,9 @@ LAYERS: dict[str, int] = {
     # 0. contracts: keys, records, errors, the script runner, the state table, the namespace memory
     "errors": 0, "keys": 0, "codec": 0, "models": 0, "config": 0, "failures": 0, "scripts": 0,
     "states": 0, "namespace": 0, "embedded": 0, "urls": 0, "lineage": 0, "failpoints": 0,
+    "packing": 0,
     # 1. the typed contract calls
-    "client": 1, "connection": 1,
+    "client": 1, "connection": 1, "archive": 1,
     # 2. policy, effects, reconciliation, recovery
     "policy": 2, "effects": 2, "reconcile": 2, "recovery": 2,
     # 3. producer side (App, dispatch) and consumer side (Context, heartbeats, workspaces)
@@ -30,7 +31,7 @@ LAYERS: dict[str, int] = {
     "sweeper": 5, "metrics": 5, "render": 5, "testing": 5, "providers": 5,
     # 6. the package's public API; 7. an application built on it; 8. the demos that run that
     # application; 9. the command line, which can start any of them
-    "__init__": 6, "examples": 7, "demo": 8, "factory_demo": 8, "fleet": 8, "cli": 9, "__main__": 9,
+    "__init__": 6, "examples": 7, "demo": 8, "factory_demo": 8, "fleet": 8, "cli": 9, "__main__": 9, "console": 9,
 }
 
 

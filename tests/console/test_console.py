@@ -1,0 +1,317 @@
+"""The console over HTTP (Starlette's TestClient, a real redis-server): who may look and act (loopback,
+token, CSRF, read-only), actions under the CLI's contract (a short reason refused with the contract's
+message, the actor recorded), Redis down shown as such, no secret rendered, the samples kept in Redis."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import mc_queue
+from mc_queue.console import create_app
+from mc_queue.console.samples import KEEP, sample
+from mc_queue.console.security import Guard, is_loopback_address, is_loopback_host_header
+from mc_queue.models import TaskState
+from mc_queue.testing import RedisServer, free_port
+
+from .conftest import LOCAL_URL, REASON, Story, TestClient, alert_of, csrf_of, local, quarantine
+
+TOKEN = "a-token-for-these-tests-0123456789"
+
+
+@pytest.fixture(scope="module")
+def app(story: Story):  # type: ignore[no-untyped-def]
+    return create_app(story.client, token=TOKEN, sampling=False)
+
+
+def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    c = local(app)
+    mc_queue.Sweeper(story.client).run_once()  # a pass just now: the sweeper shows as running
+    overview = c.get("/").text
+    assert "Namespace" in overview and "sweeper: last pass" in overview and "not running" not in overview
+    listed = c.get("/tasks").text
+    for tid in (story.pending, story.running, story.backoff, story.reconciled, *story.quarantined):
+        assert tid in listed
+    for state, tid in story.ids().items():
+        r = c.get(f"/tasks/{tid}")
+        assert r.status_code == 200, (state, r.text[:500])
+        assert tid in r.text
+    assert story.quarantined[0] in c.get("/attention").text
+    dlq = c.get("/dlq").text
+    groups = re.findall(r'class="card dlq-group" id="group-\d+" data-fingerprint="([0-9a-f]{16})"', dlq)
+    fingerprints = story.client.dlq_fingerprints()
+    first, third = (next(fp for fp, ids in fingerprints.items() if tid in ids)
+                    for tid in (story.quarantined[0], story.quarantined[2]))
+    assert first != third and {first, third} <= set(groups)
+    assert story.quarantined[1] in fingerprints[first]  # the same failure, one group
+    assert "worker-7" in c.get("/workers").text  # holds the running task's lease
+    assert c.get("/healthz").text == "ok"
+
+
+def test_the_timeline_shows_the_refused_stale_write_and_the_reconciliation(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    html = local(app).get(f"/tasks/{story.reconciled}").text
+    assert "stale write refused" in html
+    assert re.search(r"presented fence <b>1</b> &ne; current fence <b>2</b>", html)
+    assert "attempt reconciled" in html and "cannot tell whether push:" in html  # the evidence's conclusion
+    assert "workspace_prepared" in html  # the phase reached
+
+
+def test_the_rq_job_description_names_handler_task_and_attempt(story: Story) -> None:
+    assert story.job_description == f"noop task {story.succeeded} attempt 1"
+
+
+def test_task_list_filters_paging_and_bad_input(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    c = local(app)
+    only = c.get("/tasks", params={"state": "quarantined"}).text
+    assert all(t in only for t in story.quarantined) and story.pending not in only
+    assert story.running in c.get("/tasks", params={"handler": "fix-issue", "state": "running"}).text
+    assert story.pending not in c.get("/tasks", params={"older_than": "1h"}).text
+    bad = c.get("/tasks", params={"older_than": "soon"})
+    assert bad.status_code == 400 and "is not a duration" in alert_of(bad.text)
+    bad = c.get("/tasks", params={"state": "nonsense"})
+    assert bad.status_code == 400 and "in no index" in alert_of(bad.text)
+    assert c.get("/tasks", params={"page": "0"}).status_code == 400
+    go = c.get("/go", params={"id": story.succeeded}, follow_redirects=False)
+    assert go.status_code == 303 and go.headers["location"] == f"/tasks/{story.succeeded}"
+    assert c.get("/go", params={"id": "not a task"}).status_code == 400
+    assert c.get("/tasks/jobs:01ARZ3NDEKTSV4RRFFQ69G5FAV").status_code == 404
+
+
+def test_loopback_rules() -> None:
+    for host in ("127.0.0.1", "127.0.0.2", "127.255.0.9", "::1", "::ffff:127.0.0.1", "[::1]"):
+        assert is_loopback_address(host), host
+    for host in ("10.0.0.1", "192.0.2.2", "::ffff:10.0.0.1", "localhost", "testclient", "", None, "0.0.0.0"):
+        assert not is_loopback_address(host), host
+    for header in ("127.0.0.1:9465", "localhost:9465", "[::1]:9465", "127.0.0.2", "LOCALHOST"):
+        assert is_loopback_host_header(header), header
+    for header in ("evil.example:9465", "192.0.2.2:9465", "", None, "localhost.evil.example"):
+        assert not is_loopback_host_header(header), header
+    with pytest.raises(ValueError, match="at least 16"):
+        Guard(token="short")
+
+
+def test_requests_not_from_this_machine_need_the_token(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    remote = TestClient(app, client=("192.0.2.10", 50000), base_url="http://192.0.2.2:9465")
+    r = remote.get("/")
+    assert r.status_code == 401 and "needs its token" in r.text and story.prefix not in r.text
+    assert remote.get("/", params={"token": "wrong-token-0123456789"}).status_code == 401
+    assert remote.get("/static/console.css").status_code == 401
+    assert remote.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    # ?token= once: a cookie from then on, and the token leaves the address bar
+    r = remote.get("/tasks", params={"token": TOKEN, "state": "running"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/tasks?state=running"
+    assert "mcq_token=" in r.headers["set-cookie"] and "HttpOnly" in r.headers["set-cookie"]
+    assert remote.get("/tasks?state=running").status_code == 200
+    # a loopback peer is not enough: behind a local proxy, or under another site's name (DNS rebinding)
+    proxied = local(app, headers={"X-Forwarded-For": "203.0.113.7"})
+    assert proxied.get("/").status_code == 401
+    rebound = TestClient(app, client=("127.0.0.1", 40101), base_url="http://evil.example:9465")
+    assert rebound.get("/").status_code == 401
+    assert TestClient(app, client=("127.0.0.2", 1), base_url="http://127.0.0.2:9465").get("/").status_code == 200
+    assert TestClient(app, client=("::1", 1), base_url="http://[::1]:9465").get("/").status_code == 200
+
+
+def test_an_action_from_a_non_loopback_origin_without_token_is_refused(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    victim = quarantine(story.client, "remote-refusal")
+    page = local(app).get(f"/tasks/{victim}").text
+    remote = TestClient(app, client=("192.0.2.10", 50000), base_url="http://192.0.2.2:9465")
+    r = remote.post("/actions/replay", data={"csrf": csrf_of(page), "task_id": victim, "reason": REASON,
+                                             "page": "task"})
+    assert r.status_code == 401
+    assert story.client.get_task(victim).state is TaskState.QUARANTINED
+
+
+def test_forms_need_the_console_s_csrf_token(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    victim = quarantine(story.client, "csrf")
+    c = local(app)
+    page = c.get(f"/tasks/{victim}").text
+    token = csrf_of(page)
+    form = {"task_id": victim, "reason": REASON, "page": "task"}
+    for data, headers, cookies in (
+        (form, {}, None),                                               # no field
+        ({**form, "csrf": token + "x"}, {}, None),                      # a field not signed by the console
+        ({**form, "csrf": token}, {}, {"mcq_csrf": "another-nonce-abcdefgh"}),  # another page's cookie
+        ({**form, "csrf": token}, {"Origin": "http://evil.example"}, None),     # a cross-site form
+    ):
+        other = local(app)
+        other.cookies.update(dict(c.cookies))
+        if cookies:
+            other.cookies.update(cookies)
+        r = other.post("/actions/replay", data=data, headers=headers)
+        assert r.status_code == 403 and "CSRF" in r.text, r.text[:300]
+    assert story.client.get_task(victim).state is TaskState.QUARANTINED
+    r = c.post("/actions/replay", data={**form, "csrf": token}, headers={"Origin": LOCAL_URL})
+    assert r.status_code == 200 and "replayed from the dead-letter queue" in r.text
+    assert story.client.get_task(victim).state is TaskState.PENDING
+
+
+def test_actions_follow_the_cli_contract_and_record_the_actor(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    c = local(app)
+    victim = quarantine(q, "contract")
+    csrf = csrf_of(c.get("/dlq").text)
+    # too short: the Client's own check (dlq_replay, cancel) or the script's (retry), its message on the page
+    r = c.post("/actions/replay", data={"csrf": csrf, "task_id": victim, "reason": "too short", "page": "dlq"})
+    assert r.status_code == 400
+    assert alert_of(r.text) == "Replay: bad input: reason needs at least 10 characters (after trimming spaces)"
+    assert 'too short</textarea>' in r.text  # what was typed is kept
+    assert q.get_task(victim).state is TaskState.QUARANTINED
+    r = c.post("/actions/retry", data={"csrf": csrf, "task_id": story.failed, "reason": "short", "page": "task"})
+    assert r.status_code == 409
+    assert alert_of(r.text) == (f"Retry: refused: retry of {story.failed} refused: a retry needs a recorded reason "
+                                "of at least ten characters")
+    r = c.post("/actions/cancel", data={"csrf": csrf, "task_id": story.pending, "reason": "no", "page": "task"})
+    assert r.status_code == 400 and "at least 10 characters" in alert_of(r.text)
+    # Mission Control's rules: no retry of a quarantined task (replay is the way), with the contract's words
+    r = c.post("/actions/retry", data={"csrf": csrf, "task_id": victim, "reason": REASON, "page": "attention"})
+    assert r.status_code == 409 and alert_of(r.text).startswith("Retry: refused: ")
+    # purge needs the confirmation
+    r = c.post("/actions/purge", data={"csrf": csrf, "task_id": victim, "reason": REASON, "page": "dlq"})
+    assert r.status_code == 400 and "tick the confirmation" in alert_of(r.text)
+    # done: the actor is the console and the peer's address
+    r = c.post("/actions/replay", data={"csrf": csrf, "task_id": victim, "reason": REASON,
+                                        "hypothesis": "the plan names the base sha now", "page": "dlq"})
+    assert r.status_code == 200 and f"{victim}/2 created (pending)" in r.text
+    replayed = [e for e in q.get_task(victim).events if e.type == "dlq_replayed"]
+    assert [(e.fields["actor"], e.fields["reason"]) for e in replayed] == [("console:127.0.0.1", REASON)]
+    other = quarantine(q, "contract-purge")
+    r = c.post("/actions/purge", data={"csrf": csrf, "task_id": other, "reason": REASON, "confirm": "yes",
+                                       "keep_days": "1", "page": "dlq"})
+    assert r.status_code == 200 and f"{other} purged (1 attempt(s))" in r.text
+    assert (q.tombstone(other) or {}).get("reason") == REASON
+    r = c.post("/actions/cancel", data={"csrf": csrf, "task_id": story.pending, "reason": REASON, "page": "task"})
+    assert r.status_code == 200 and f"{story.pending}: canceled" in r.text
+    story.pending = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 11}).id  # for later tests
+
+
+def test_a_group_replay_by_fingerprint(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    ids = [quarantine(q, "group-replay"), quarantine(q, "group-replay")]
+    fp = next(fp for fp, members in q.dlq_fingerprints().items() if ids[0] in members)
+    c = local(app)
+    csrf = csrf_of(c.get("/dlq").text)
+    r = c.post("/actions/replay", data={"csrf": csrf, "fingerprint": fp, "reason": REASON, "page": "dlq"})
+    assert r.status_code == 200 and f"replayed 2 of 2 task(s) with fingerprint {fp}" in r.text
+    assert all(q.get_task(t).state is TaskState.PENDING for t in ids)
+    r = c.post("/actions/replay", data={"csrf": csrf, "fingerprint": "0" * 16, "reason": REASON, "page": "dlq"})
+    assert r.status_code == 400 and "no quarantined task" in alert_of(r.text)
+
+
+def test_read_only_shows_no_form_and_refuses_actions(story: Story) -> None:
+    app = create_app(story.client, read_only=True, sampling=False)
+    c = local(app)
+    for path in ("/", "/tasks", f"/tasks/{story.quarantined[0]}", f"/tasks/{story.failed}", "/attention", "/dlq"):
+        html = c.get(path).text
+        assert 'method="post"' not in html, path
+        assert "read-only" in html
+    nonce = "n" * 24
+    c.cookies.set("mcq_csrf", nonce)
+    csrf = app.state.console.guard.csrf_field(nonce)
+    r = c.post("/actions/replay", data={"csrf": csrf, "task_id": story.quarantined[0], "reason": REASON})
+    assert r.status_code == 403 and "read-only" in r.text
+    assert story.client.get_task(story.quarantined[0]).state is TaskState.QUARANTINED
+
+
+def test_redis_down_is_a_banner_and_no_secret_is_rendered(tmp_path: Path) -> None:
+    url = f"redis://:s3cret-pass-word@127.0.0.1:{free_port()}/0"
+    client = mc_queue.Client(url, prefix="down", socket_timeout=1.0)
+    try:
+        app = create_app(client, sampling=False)
+        c = local(app)
+        for path in ("/", "/tasks", "/tasks/jobs:01ARZ3NDEKTSV4RRFFQ69G5FAV", "/attention", "/dlq", "/workers",
+                     "/?partial=1"):
+            r = c.get(path)
+            assert r.status_code == 503, (path, r.status_code)
+            assert "Redis cannot be reached" in r.text
+            assert "s3cret" not in r.text and "redis://:***@127.0.0.1" in r.text
+        nonce = "m" * 24
+        c.cookies.set("mcq_csrf", nonce)
+        r = c.post("/actions/cancel", data={"csrf": app.state.console.guard.csrf_field(nonce),
+                                            "task_id": "jobs:01ARZ3NDEKTSV4RRFFQ69G5FAV", "reason": REASON})
+        assert r.status_code == 503 and "Redis cannot be reached" in r.text
+    finally:
+        client.close()
+
+
+def test_redis_going_away_and_coming_back(own_redis: RedisServer) -> None:
+    client = mc_queue.connect(own_redis.url, prefix="flaky", socket_timeout=2.0)
+    try:
+        client.enqueue("jobs", "h", {"n": 1})
+        c = local(create_app(client, sampling=False))
+        assert c.get("/").status_code == 200
+        own_redis.stop()
+        r = c.get("/")
+        assert r.status_code == 503 and "Redis cannot be reached" in r.text
+        own_redis.start()
+        assert c.get("/").status_code == 200
+    finally:
+        client.close()
+
+
+def test_queue_samples_are_capped_kept_in_redis_and_drawn(story: Story) -> None:
+    q = story.client
+    key = q.keys.queue_samples("agents")
+    q.redis.delete(key)
+    assert sample(q, interval_s=10) >= 2  # every queue of the namespace
+    assert sample(q, interval_s=10) == 0  # another console sampled less than an interval ago: skipped
+    assert sample(q, interval_s=0) >= 2
+    entries = q.redis.xrange(key)
+    assert len(entries) == 2
+    assert set(entries[0][1]) == {"age_ms", "depth", "running", "succeeded", "failed", "canceled"}
+    for _ in range(KEEP + 5):
+        q.redis.xadd(key, {"age_ms": 1000, "depth": 1, "running": 0, "succeeded": 0, "failed": 0, "canceled": 0},
+                     maxlen=KEEP, approximate=False)
+    assert q.redis.xlen(key) == KEEP
+    # a console started afresh draws what Redis kept
+    html = local(create_app(q, sampling=False)).get("/").text
+    assert re.search(r'<path class="line" d="M[0-9.]+,[0-9.]+ L', html)
+    assert "Attempts finished" in html
+
+
+def test_every_response_carries_the_security_headers(app) -> None:  # type: ignore[no-untyped-def]
+    r = local(app).get("/")
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["cache-control"] == "no-store"
+    cookie = r.headers.get("set-cookie", "")
+    assert "mcq_csrf=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+
+
+def test_a_lost_namespace_says_so_with_the_way_out(redis_server: RedisServer) -> None:
+    client = mc_queue.connect(redis_server.url, prefix=f"lost-{free_port()}")
+    try:
+        client.enqueue("jobs", "h", {"n": 1})
+        client.redis.delete(client.keys.meta)  # Redis lost the namespace's record (a flush, a restart without data)
+        html = local(create_app(client, sampling=False)).get("/").text
+        assert 'class="card ns-card ns-lost"' in html
+        assert f"mcq --prefix {client.keys.prefix} recover" in html
+    finally:
+        client.close()
+    fresh = mc_queue.connect(redis_server.url, prefix=f"fresh-{free_port()}")
+    try:
+        c = local(create_app(fresh, sampling=False))
+        assert "No namespace yet" in c.get("/").text  # read only: the console creates nothing
+        for path in ("/tasks", "/attention", "/dlq", "/workers"):
+            assert c.get(path).status_code == 200, path
+        assert fresh.redis.exists(fresh.keys.meta) == 0
+    finally:
+        fresh.close()
+
+
+def test_pages_of_the_task_list_and_a_paused_queue(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    ids = [q.enqueue("many", "fix-issue", {"n": i}).id for i in range(27)]
+    c = local(app)
+    first = c.get("/tasks", params={"queue": "many"}).text
+    assert sum(t in first for t in ids) == 25 and ids[0] in first  # oldest first
+    assert 'href="/tasks?queue=many&amp;page=2"' in first
+    second = c.get("/tasks", params={"queue": "many", "page": "2"}).text
+    assert sum(t in second for t in ids) == 2 and ids[-1] in second and "page=3" not in second
+    assert q.pause_queue("many", reason="the provider asked us to slow down", actor="operator")
+    try:
+        html = c.get("/").text
+        assert "Paused by operator: the provider asked us to slow down" in html
+    finally:
+        q.resume_queue("many", reason="the provider is fine again", actor="operator")
