@@ -578,6 +578,11 @@ def render(modes: list[dict[str, Any]], mems: list[dict[str, Any]], args: argpar
     mrow(f"MEMORY USAGE events stream ({first['shape']['events']:.0f} events: {', '.join(first['event_types'])})",
          lambda m: f"{m['memory_usage_breakdown']['events stream']:,.0f}")
     mrow("MEMORY USAGE, sum of the three keys", lambda m: f"{m['memory_usage_sum']:,.0f}")
+    mrow("**used_memory delta per finished task, packed** (what the sweeper leaves a minute after; goal <= 1,500)",
+         lambda m: f"**{m['per_finished_task_packed']:,.0f}**")
+    mrow("MEMORY USAGE packed task hash (its whole history)",
+         lambda m: f"{m['packed_breakdown']['task hash (packed)']:,.0f}")
+    mrow("done index, per task", lambda m: f"{m['packed_shared_per_task'].get('done index', 0):,.0f}")
     others = ", ".join(f"{k} {v:,}" for k, v in NOTES_MEMORY_PER_QUEUED_JOB.items())
     lines.append(f"| NOTES.md, per **queued** job (not finished): {others} | " + " | ".join("" for _ in mems) + " |")
     return "\n".join(lines)
@@ -628,8 +633,9 @@ def conclusions(modes: list[dict[str, Any]], mems: list[dict[str, Any]], micro: 
     out.append(f"- Attempt.from_fields (pydantic, built from every complete reply, {micro['fields']:.0f} fields) "
                f"costs {micro['attempt_from_fields_us']:.1f} µs unprofiled.")
     d = mems[0]
-    out.append(f"- A finished task keeps ~{d['per_finished_task']:,.0f} B of Redis memory (nothing trims or expires "
-               f"finished tasks); a queued one ~{d['per_queued_task']:,.0f} B. NOTES.md's figures (huey 131 ... "
+    out.append(f"- A finished task keeps ~{d['per_finished_task']:,.0f} B of Redis memory until the sweeper packs it "
+               f"(then ~{d['per_finished_task_packed']:,.0f} B, until retention deletes it); a queued one "
+               f"~{d['per_queued_task']:,.0f} B. NOTES.md's figures (huey 131 ... "
                "Celery 1,047 B) were measured for queued jobs; those queues keep no attempt record or event stream.")
     if len(mems) > 1:
         w = mems[1]
