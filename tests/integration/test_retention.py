@@ -245,3 +245,19 @@ def test_the_apps_retention_is_published_and_the_operators_wins(q: mc_queue.Clie
     with pytest.raises(mc_queue.InvalidArgument):
         q.set_retention("jobs", Retention(done_s=60), reason="short")
     assert any(e["type"] == "retention_set" for e in q.namespace_events())
+
+
+def test_mcq_retention_set_and_show(h: Harness) -> None:  # noqa: F811
+    q = h.client
+    finish(q)
+    out = h.mcq("retention", "set", "jobs", "--done", "2h", "--held-keep", "50", "--reason", "the disk is small here")
+    assert out.returncode == 0, out.stderr
+    assert q.retention("jobs") == (Retention(done_s=7200, held_keep=50), "operator")
+    shown = h.mcq("retention", "show")
+    assert shown.returncode == 0 and "jobs: finished 7200s" in shown.stdout and "(operator)" in shown.stdout
+    bad = h.mcq("retention", "set", "jobs", "--done", "-5m", "--reason", "the disk is small here")
+    assert bad.returncode == 2 and q.retention("jobs")[0].done_s == 7200  # refused, nothing changed
+    assert h.mcq("retention", "set", "jobs", "--done", "forever", "--reason", "keep them all again").returncode == 0
+    assert q.retention("jobs")[0].done_s is None
+    assert h.mcq("retention", "set", "jobs", "--clear", "--reason", "back to the App's policy").returncode == 0
+    assert q.retention("jobs")[1] == "default"
