@@ -20,11 +20,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .keys import check_queue, parse_task_id
 from .models import EffectRecord, Task
 from .packing import Packed
+
+if TYPE_CHECKING:
+    from .client import Client
 
 RECORD_VERSION = 1
 
@@ -67,6 +70,19 @@ class ArchiveSink(Protocol):
     """Where retention hands tasks before deleting them. ``write`` returns once they are durable."""
 
     def write(self, tasks: Sequence[ArchivedTask]) -> None: ...
+
+
+def archive_tasks(client: Client, sink: ArchiveSink, task_ids: Sequence[str], *, reason: str, now_ms: int) -> int:
+    """Hand these tasks, as Redis holds them, to ``sink`` (durable when it returns): what the sweeper's
+    retention and ``mcq tasks purge --archive`` do before deleting. Returns how many records were written."""
+    records = []
+    for tid in task_ids:
+        rec = client.task_record(tid)
+        if rec is not None:
+            records.append(ArchivedTask(task_id=tid, queue=parse_task_id(tid), state=rec.fields.get("state", ""),
+                                        archived_at_ms=now_ms, reason=reason, record=rec))
+    sink.write(records)
+    return len(records)
 
 
 class FileArchive:

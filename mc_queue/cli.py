@@ -893,7 +893,7 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
 def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: str, reason: str, keep_days: float,
                 archive_dir: str | None, limit: int, yes: bool) -> None:
     """Delete a queue's ended tasks older than DUR, each with every key and index entry (a tombstone stays)."""
-    from .archive import ArchivedTask, FileArchive
+    from .archive import FileArchive, archive_tasks
 
     _check_reason(reason)
     if not yes:
@@ -914,25 +914,18 @@ def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: 
                                              + len(skipped)) if r[0] not in skipped]
             if not rows:
                 break
-            wanted = []
-            for tid, score in rows:
-                rec = c.task_record(tid)
-                if rec is not None and rec.fields.get("state") in states:
-                    wanted.append((tid, score, rec))
-                else:
-                    skipped.add(tid)
+            now_states = c.task_states([t for t, _ in rows])
+            wanted = [(t, sc) for t, sc in rows if now_states.get(t) in states]
+            skipped.update(t for t, _ in rows)
             if not wanted:
                 if len(rows) < 500:
                     break
                 continue
             if archive is not None:
-                now = _redis_now_ms(obj)
-                archive.write([ArchivedTask(task_id=t, queue=queue_name, state=r.fields.get("state", ""),
-                                            archived_at_ms=now, reason=reason, record=r) for t, _, r in wanted])
-            out = c.retire_batch([(t, sc) for t, sc, _ in wanted], states=states, reason=reason,
-                                 tombstone_s=keep_days * 86_400, actor="operator", log_each=True)
+                archive_tasks(c, archive, [t for t, _ in wanted], reason=reason, now_ms=_redis_now_ms(obj))
+            out = c.retire_batch(wanted, states=states, reason=reason, tombstone_s=keep_days * 86_400,
+                                 actor="operator", log_each=True)
             done += out["retired"]
-            skipped.update(t for t, _, _ in wanted)
     click.echo(f"{done} task(s) of queue {queue_name} purged ({', '.join(states)}, ended more than {older_than} "
                f"ago){'; archived in ' + archive_dir if archive_dir else ''}")
 
@@ -1084,8 +1077,7 @@ def _each(ids: list[str], act: Callable[[str], str], refused: str) -> int:
 
 def _redis_now_ms(obj: Ctx) -> int:
     """Redis's clock (one clock: ages are measured against the times Redis recorded)."""
-    sec, usec = obj.client.redis.time()
-    return int(sec) * 1000 + int(usec) // 1000
+    return obj.client.redis_time_ms()
 
 
 def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:

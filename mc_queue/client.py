@@ -1065,6 +1065,13 @@ class Client:
                 raise_for_reply(reply, script="retire")
         return out
 
+    def task_states(self, task_ids: Sequence[str]) -> dict[str, str | None]:
+        """Each task's state now (None: no such task), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for tid in task_ids:
+            pipe.hget(self._task_keys(tid).task, "state")
+        return dict(zip(task_ids, cast(list[str | None], pipe.execute()), strict=True))
+
     def trim_idempotency(self, *, limit: int = 1000) -> int:
         """Forget producer keys whose retired task's tombstone window has passed. Returns how many."""
         reply = self.runner.run("idem_trim", {**self._ns_keys(), "idem": self.keys.idem,
@@ -1338,8 +1345,7 @@ class Client:
             queue, _, state = name.rpartition("|")
             if int(value):
                 out.setdefault(queue, {"counts": {}, "queue_age_ms": 0})["counts"][state] = int(value)
-        now_s, now_us = self.redis.time()
-        now = int(now_s) * 1000 + int(now_us) // 1000
+        now = self.redis_time_ms()
         pipe = self.redis.pipeline(transaction=False)
         for q in out:
             pipe.zrangebyscore(self.keys.pending(q), "-inf", now, start=0, num=1, withscores=True)

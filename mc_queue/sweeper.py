@@ -39,7 +39,7 @@ from typing import Any
 
 import redis
 
-from .archive import ArchivedTask, ArchiveSink
+from .archive import ArchiveSink, archive_tasks
 from .client import PACK_AFTER_MS, Client
 from .errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
 from .keys import parse_attempt_id, parse_task_id
@@ -281,7 +281,8 @@ class Sweeper:
                     if not rows:
                         break
                     if self.archive is not None:
-                        report.archived += self._archive(rows, reason, now)
+                        report.archived += archive_tasks(c, self.archive, [t for t, _ in rows], reason=reason,
+                                                         now_ms=now)
                     out = c.retire_batch(rows, states=states, reason=reason, tombstone_s=policy.tombstone_s,
                                          actor=self.actor)
                     total += out["retired"]
@@ -295,18 +296,6 @@ class Sweeper:
                     c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
                                               "reason": reason, "archive": repr(self.archive) if self.archive else ""})
         c.trim_idempotency(limit=1000)
-
-    def _archive(self, rows: list[tuple[str, int]], reason: str, now_ms: int) -> int:
-        """Hand the tasks about to be retired to the archive (durable before they are deleted)."""
-        assert self.archive is not None
-        records = []
-        for tid, _ in rows:
-            rec = self.client.task_record(tid)
-            if rec is not None:
-                records.append(ArchivedTask(task_id=tid, queue=parse_task_id(tid), state=rec.fields.get("state", ""),
-                                            archived_at_ms=now_ms, reason=reason, record=rec))
-        self.archive.write(records)
-        return len(records)
 
     def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
         """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
