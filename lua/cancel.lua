@@ -24,7 +24,7 @@
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
 -- ARGV[4] epoch
 -- Returns: {'OK', 'canceled'} | {'OK', 'signaled', n, deadline} | {'DUP', state}
---          {'E_STATE', task_state} (already final) | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_STATE', task_state} (already final) | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 --          {'E_EPOCH', current}
 -- Events: cancel_requested | task_canceled | cancel_refused
 -- Idempotent: yes (a second request reports the first)

@@ -22,7 +22,7 @@
 -- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
 -- Returns: {'OK', new_fence} | {'DUP', new_fence} | {'E_CANCEL', why} (no cancel requested)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: cancel_acknowledged | cancel_ack_refused | stale_write_refused
 -- Idempotent: by request id
 --@include common

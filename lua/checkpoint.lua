@@ -25,7 +25,7 @@
 --          {'E_PHASE', last_phase, last_index} (not after the last phase)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: checkpoint_recorded | checkpoint_refused | stale_write_refused
 -- Idempotent: yes (phase + record digest)
 --@include common

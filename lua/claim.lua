@@ -27,7 +27,7 @@
 -- ARGV[5] request_id the caller's id for this claim; a resend returns the same lease
 -- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms} | {'DUP', ...same...}
---          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
+--          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_claimed | claim_refused
 -- Idempotent: by request id

@@ -27,7 +27,7 @@
 -- ARGV[4] request_id   a resend with the same id reports the same purge
 -- ARGV[5] epoch
 -- Returns: {'OK', attempts} | {'DUP', attempts} | {'E_STATE', task_state} | {'E_NOTASK', why}
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_purged (nslog) | purge_refused
 -- Idempotent: by request id
 --@include common

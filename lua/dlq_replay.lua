@@ -22,7 +22,7 @@
 -- ARGV[4] request_id  a resend with the same id returns the Attempt it created
 -- ARGV[5] epoch
 -- Returns: {'OK', n, attempt_fields} | {'DUP', n, attempt_fields} | {'E_STATE', task_state}
---          {'E_BADARG', why} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
+--          {'E_BADARG', why} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 -- Events: dlq_replayed | attempt_created | replay_refused
 -- Idempotent: by request id
 --@include common

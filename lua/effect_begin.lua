@@ -25,7 +25,7 @@
 --          {'PENDING', record} (an intent without receipt: reconcile first)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: effect_intent | effect_replayed | stale_write_refused
 -- Idempotent: yes (an intent of the same attempt and fence is reported as OK again)
 --@include common

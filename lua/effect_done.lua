@@ -27,7 +27,7 @@
 -- Returns: {'OK', record} | {'DUP', record} (same receipt on file) | {'E_CONFLICT', record} (another receipt)
 --          {'E_NOEFFECT', why} | {'E_STATE', attempt_state}
 --          {'E_STALE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: effect_receipt | effect_absent | effect_unknown | effect_conflict | effect_refused | late_receipt
 --         | stale_write_refused
 -- Idempotent: yes (the same receipt again is a DUP)

@@ -31,7 +31,7 @@
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
 --          {'E_OVERLOADED', why} (used memory above 90% of maxmemory: new work refused, nothing written;
 --          a resend of work already admitted still answers DUP)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_created, attempt_created | enqueue_refused (in the task's stream, or the namespace log
 --         when the refused key names another task)
 -- Idempotent: yes (task id and idempotency key)

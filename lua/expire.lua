@@ -22,7 +22,7 @@
 -- ARGV[4] reason     why, recorded in the event
 -- ARGV[5] epoch      namespace epoch the caller knows (recover passes the one it is recovering to)
 -- Returns: {'OK', new_fence, old_fence} | {'NOOP', why} (live lease, or an orphan entry dropped)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: lease_expired | orphan_index_entry (nslog)
 -- Idempotent: yes (re-checks; a second run is a NOOP)
 --@include common

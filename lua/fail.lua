@@ -46,7 +46,7 @@
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: attempt_failed | attempt_created | attention_raised | task_quarantined | failure_conflict
 --         | stale_write_refused
 -- Idempotent: yes (fence + failure digest)

@@ -11,7 +11,7 @@
 -- ARGV[1] limit      at most this many keys looked at
 -- ARGV[2] epoch
 -- ARGV[3] actor
--- Returns: {'OK', dropped, looked_at} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Returns: {'OK', dropped, looked_at} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: none
 -- Idempotent: yes
 --@include common

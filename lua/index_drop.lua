@@ -15,7 +15,7 @@
 -- ARGV[4] reason     what the caller saw, recorded
 -- ARGV[5] epoch      namespace epoch the caller knows (recover passes the one it is recovering to)
 -- Returns: {'OK'} (dropped) | {'NOOP', why} (not in the index) | {'E_STATE', attempt_state} (the entry is right)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): orphan_index_entry
 -- Idempotent: yes (a second run finds nothing to drop)
 --@include common

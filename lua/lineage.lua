@@ -13,7 +13,7 @@
 -- ARGV[2] min_seq     highest claim sequence the client (or a process before it on this host) has seen
 -- ARGV[3] actor
 -- ARGV[4] lost_reason '' when the replication history holds every acknowledged write, else what is missing
--- Returns: {'OK', state} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Returns: {'OK', state} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): state_loss_detected
 -- Idempotent: yes (a loss is recorded once; the namespace then stays lost until recovered)
 --@include common

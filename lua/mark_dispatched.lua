@@ -14,7 +14,7 @@
 -- ARGV[3] actor
 -- ARGV[4] epoch
 -- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, or an orphan dropped)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: orphan_index_entry (nslog)
 -- Idempotent: yes
 --@include common

@@ -27,7 +27,7 @@
 -- ARGV[7] actor
 -- Returns: {'OK', bytes} | {'NOOP', why} (not finished, already packed, no such task: left out of topack)
 --          {'E_CHANGED', why} (something was recorded since the read: read again)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: none (the document holds the history; the task keeps its state)
 -- Idempotent: yes (a packed task is reported, not packed again)
 --@include common

@@ -13,7 +13,7 @@
 -- ARGV[4] reason     why (>= 10 characters), recorded
 -- ARGV[5] epoch
 -- Returns: {'OK', action, at_ms} | {'NOOP', why} (already paused, or not paused)
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): queue_paused | queue_resumed
 -- Idempotent: yes (a second run finds the queue already so)
 --@include common

@@ -12,7 +12,7 @@
 -- ARGV[2] actor      reconciler id
 -- ARGV[3] epoch      namespace epoch the caller knows
 -- Returns: {'OK', n} | {'DUP', n} (already reconciling) | {'E_STATE', attempt_state} | {'E_NOTASK', why}
---          {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: reconciling_started | reconcile_refused
 -- Idempotent: yes
 --@include common

@@ -38,7 +38,7 @@
 -- ARGV[15] attention       attention item JSON (stop, quarantine)
 -- ARGV[16] budget          which budget ran out, or ''
 -- Returns: {'OK', ended_at, attempt_fields, task_state} | {'DUP', ended_at, attempt_fields}
---          {'E_STATE', attempt_state} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current}
+--          {'E_STATE', attempt_state} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_reconciled | attempt_created | attention_raised | task_quarantined | task_canceled
 --         | settle_refused

@@ -23,7 +23,7 @@
 -- ARGV[10] proof     claim sequence of the fence when the caller's client was issued it, or ''
 -- Returns: {'OK', lease_exp_ms, cancel_requested('0'|'1'), attempt_cost, attempt_tokens}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
---          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_BADARG', why}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: stale_write_refused on refusal (a successful renewal updates hb_at, no event)
 -- Idempotent: yes (a resend extends the same lease again; a charge applies once per request id)
 --@include common

@@ -35,7 +35,7 @@
 --                      one line per sweeper pass)
 -- ARGV[7] epoch
 -- Returns: {'OK', state, attempts} | {'NOOP', why} (no such task, or its index entry changed since read)
---          {'E_STATE', task_state} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_STATE', task_state} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_retired (nslog, when log is 'task') | retire_refused
 -- Idempotent: yes (a retired task is gone: NOOP)
 --@include common

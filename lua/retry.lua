@@ -23,7 +23,7 @@
 -- ARGV[5] delay_ms    wait before the new Attempt may be claimed
 -- ARGV[6] epoch
 -- Returns: {'OK', n, due_at, attempt_fields} | {'DUP', n, due_at, attempt_fields}
---          {'E_RETRY', why} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+--          {'E_RETRY', why} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: attempt_created (retry_of, reason, hypothesis) | retry_refused
 -- Idempotent: by request id
 --@include common

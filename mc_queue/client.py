@@ -1078,6 +1078,8 @@ class Client:
                                               "idem_until": self.keys.idem_until},
                                 {"limit": check_int(limit, what="limit", low=1, high=10_000),
                                  "epoch": self.ns.epoch or "", "actor": self.actor})
+        if reply[0] == Code.E_NONS:
+            return 0  # no namespace yet: nothing to forget
         raise_for_reply(reply, script="idem_trim")
         return int(reply[1])
 

@@ -23,6 +23,7 @@ class Code(StrEnum):
     E_BADARG = "E_BADARG"    # an argument is malformed or out of bounds: nothing was read or written
     E_NOTASK = "E_NOTASK"    # no such task
     E_NSLOST = "E_NSLOST"    # the namespace lost state (or is recovering): run `mcq recover`
+    E_NONS = "E_NONS"        # no such namespace yet, and the caller presented no epoch: nothing written
     E_EPOCH = "E_EPOCH"      # the caller's epoch was retired by a recovery: reload and resend
     E_SCHEMA = "E_SCHEMA"    # the namespace was made by another mc_queue version
     E_STALE = "E_STALE"      # a fenced write with a fence that is not the current one
@@ -151,6 +152,11 @@ class NamespaceLost(McqError):
 
     Claims and other transitions are refused until ``mcq recover`` has run.
     """
+
+
+class NamespaceMissing(McqError):
+    """The namespace does not exist yet and the caller never loaded it (no epoch): nothing was written.
+    Not a loss: the first writer creates the namespace. Maintenance on it has nothing to do."""
 
 
 class ConfigurationError(McqError):
@@ -295,6 +301,8 @@ def raise_for_reply(
         raise RetryRefused(f"retry of {where} refused: {first}", **ctx)
     if code is Code.E_NSLOST:
         raise NamespaceLost(f"{first}. Claims are refused until `mcq recover` has run.", **ctx)
+    if code is Code.E_NONS:
+        raise NamespaceMissing(f"{script}: {first}", **ctx)
     if code is Code.E_SCHEMA:
         raise ConfigurationError(
             f"the namespace was created by another version of mc_queue (schema {first}); drain it with that "

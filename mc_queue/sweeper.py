@@ -104,21 +104,18 @@ class Sweeper:
         except NamespaceLost as exc:
             log.error("namespace %r: %s", self.client.keys.prefix, exc)
         info = self.client.namespace()
-        if not info.usable:
+        if info.state == "missing":
+            # A namespace nobody has written yet (a deployment starts its processes in any order): nothing
+            # to sweep, nothing decided, nothing written that could look like a loss. The pass is recorded
+            # below: the sweeper is alive.
+            report.namespace = "missing"
+        elif not info.usable:
             report.namespace = info.state
             log.error("namespace %r is %s (%s): the sweeper decides nothing until `mcq recover` has run",
                       self.client.keys.prefix, info.state, info.reason)
             return report
-        try:
-            self._expire(report)
-            self._reconcile(report)
-            self._dispatch(report)
-            self._tidy(report)
-            self._bound(report)
-        except NamespaceLost as exc:
-            report.namespace = "lost"
-            log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
-                      "`mcq recover` has run", self.client.keys.prefix, exc)
+        else:
+            self._sweep(report)
         # Liveness for metrics (mcq_sweeper_*): when the last pass ended (this host's clock), how long it
         # took, how many passes. A refused write (Redis out of memory) costs the record, not the pass.
         pipe = self.client.redis.pipeline(transaction=True)
@@ -130,6 +127,18 @@ class Sweeper:
         except redis.ResponseError as exc:
             log.warning("sweeper pass not recorded for metrics: %s", exc)
         return report
+
+    def _sweep(self, report: SweepReport) -> None:
+        try:
+            self._expire(report)
+            self._reconcile(report)
+            self._dispatch(report)
+            self._tidy(report)
+            self._bound(report)
+        except NamespaceLost as exc:
+            report.namespace = "lost"
+            log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
+                      "`mcq recover` has run", self.client.keys.prefix, exc)
 
     def _expire(self, report: SweepReport) -> None:
         expired = self.client.expire_due(limit=self.batch, actor=self.actor)

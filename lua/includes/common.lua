@@ -390,6 +390,10 @@ end
 local function ns_check(m, k_meta, k_epochs, k_nslog, epoch, min_seq, who, allow_retired, recovering_epoch)
   NSLOG = k_nslog
   if not m.state then
+    -- A caller that never loaded the namespace (no epoch) and finds no meta has no evidence of a loss:
+    -- the namespace was never created (a sweeper or a read that started before any writer). Nothing is
+    -- written; the first writer's init creates it (or finds the traces of a real loss).
+    if epoch == '' then return {'E_NONS', 'namespace does not exist yet: nothing to do until a writer creates it'} end
     return mark_lost(k_meta, k_nslog,
       'namespace meta is missing: Redis lost its data (restart without persistence, flush, or an older snapshot)', who)
   end

@@ -514,7 +514,7 @@ def test_reply_code_reader_finds_the_helper_codes() -> None:
     assert set(CODE_RE.findall(HELPERS["fence_check"][1])) >= {"E_NOTASK", "E_STALE", "E_CANCELED"}
     assert _reply_codes("renew") >= {"E_STALE", "E_STATE", "E_EXPIRED", "E_NOTASK", "E_NSLOST", "E_BADARG"}
     assert "E_CANCELED" not in _reply_codes("renew") and "E_CANCELED" in _reply_codes("complete")
-    assert set(CODE_RE.findall(HELPERS["ns_check"][1])) == {"E_NSLOST", "E_EPOCH", "E_BADARG"}
+    assert set(CODE_RE.findall(HELPERS["ns_check"][1])) == {"E_NSLOST", "E_NONS", "E_EPOCH", "E_BADARG"}
     assert _reply_codes("claim") >= {"OK", "DUP", "E_CLAIM", "E_NSLOST", "E_EPOCH"}
 
 
