@@ -11,7 +11,9 @@ marked ``lost`` (and refuses every transition until ``mcq recover``) on exactly 
 4. a worker presents a fence above the task's fence counter *and* its client holds the claim record
    of that fence (the claim sequence it was issued at): Redis forgot a fence it handed out. A fence
    above the current one without that record is refused as a stale write (``fence_ahead``) and the
-   namespace stays ok: a caller's mistake does not stop every producer.
+   namespace stays ok: a caller's mistake does not stop every producer. A fence at or below the
+   namespace's fence floor is refused as stale too (``fence_retired``): it was issued before the floor
+   was raised, by an earlier incarnation of a task id that retention deleted, or before a recovery.
 
 Reads never create a namespace (only writers run ``init``).
 """

@@ -8,8 +8,10 @@
 -- request too when check_cancel. Returns nil and Redis's time when the write may go on; otherwise it
 -- records the refusal (a stale_write_refused event) and returns the error reply.
 -- A presented fence above the current one is evidence that Redis went back in time only when the
--- caller holds the claim record of that fence (proof: the claim sequence it was issued at); without
--- it the write is refused as stale ('fence_ahead') and the namespace stays ok.
+-- caller holds the claim record of that fence (proof: the claim sequence it was issued at) and the fence
+-- lies above the namespace floor; without the record it is refused as stale ('fence_ahead'), at or
+-- below the floor too ('fence_retired': an earlier incarnation's, or from before a recovery), and the
+-- namespace stays ok.
 -- K: meta, nslog, stats, task, attempts, events, fence, lease.
 -- A: n, fence, epoch, min_seq, proof (nil when the caller has no claim record); A.raw: the same as strings.
 local function fence_check(K, A, who, digest, op, check_cancel)
@@ -24,13 +26,21 @@ local function fence_check(K, A, who, digest, op, check_cancel)
     redis.call('HGET', K.task, 'state')) or nil
   local refusal, code = nil, nil
   if presented > cur then
-    if A.proof then
+    -- A fence at or below the namespace floor was issued before the floor was raised: by an earlier
+    -- incarnation of this task id that retention deleted (retire raises the floor to its last fence),
+    -- or before a recovery or a restart. It is stale, not evidence that Redis forgot it: a zombie of a
+    -- retired task must not stop the namespace.
+    local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
+    if presented <= floor then
+      refusal, code = 'fence_retired', 'E_STALE'
+    elseif A.proof then
       emit(K.events, 'state_loss_detected', {'attempt', n, 'op', op, 'presented_fence', fmt(presented),
         'current_fence', fmt(cur), 'worker', who, 'claim_seq', fmt(A.proof)})
       return mark_lost(K.meta, K.nslog, 'a worker presented fence ' .. fmt(presented) .. ' (claimed at sequence ' ..
         fmt(A.proof) .. ') but Redis holds ' .. fmt(cur) .. ' for ' .. K.task, who)
+    else
+      refusal, code = 'fence_ahead', 'E_STALE'
     end
-    refusal, code = 'fence_ahead', 'E_STALE'
   elseif presented ~= cur or n ~= latest then
     refusal, code = 'stale_fence', 'E_STALE'
   elseif state ~= 'running' then

@@ -6,6 +6,7 @@ keeps a re-enqueued id's zombies stale, and `mcq tasks purge` through the CLI a 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
 from mc_queue.archive import FileArchive
 from mc_queue.config import Retention
-from mc_queue.errors import StaleFence, TaskPurged, TransitionRefused, WriteRefused
+from mc_queue.errors import ClaimRejected, StaleFence, TaskPurged, TransitionRefused, WriteRefused
 from mc_queue.sweeper import Sweeper
 from tests.integration.test_bulk import h  # noqa: F401  (the fixture)
 from tests.integration.test_worker import Harness
@@ -171,6 +172,46 @@ def test_a_retired_id_enqueued_again_gets_fences_above_its_zombies(q: mc_queue.C
     with pytest.raises(StaleFence):  # the earlier incarnation's worker, back from a pause
         q.complete_attempt(f"{tid}/1", old_fence, {"zombie": True}, worker_id="w1")
     q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w2")
+
+
+@pytest.mark.parametrize("write", ["complete", "heartbeat", "fail"])
+def test_a_zombie_of_a_retired_task_does_not_mark_the_namespace_lost(q: mc_queue.Client, write: str) -> None:
+    """Issue 15: retention deleted a task, the same id was enqueued again (not yet claimed), and a worker
+    of the old incarnation, frozen since, speaks with its claim record: refused as stale, namespace ok."""
+    zombie = mc_queue.connect(q.url, prefix=q.keys.prefix)  # its own process's client: it holds the claim record
+    try:
+        task = q.enqueue("jobs", "h", {"n": 1})
+        old = zombie.claim_attempt(task.id, "w-zombie", 60_000)
+        q.void_leases([old.attempt_id], reason="the worker froze past its lease")
+        Sweeper(q).run_once()  # reconciled: nothing was done, a new Attempt under the executor policy
+        deadline = time.monotonic() + 30
+        while True:  # Attempt 2, once its backoff is over
+            try:
+                again = q.claim_attempt(task.id, "w2", 60_000)
+                break
+            except ClaimRejected:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        q.complete_attempt(again.attempt_id, again.fence, {"ok": True}, worker_id="w2")
+        q.retire_task(task.id, states=["succeeded"], reason=REASON, tombstone_s=0)
+        q.enqueue("jobs", "h", {"n": 2}, task_id=task.id)  # the same id, a new incarnation, never claimed
+        with pytest.raises(StaleFence):
+            if write == "complete":
+                zombie.complete_attempt(old.attempt_id, old.fence, {"zombie": True}, worker_id="w-zombie")
+            elif write == "heartbeat":
+                zombie.heartbeat(old.attempt_id, old.fence, worker_id="w-zombie")
+            else:
+                zombie.fail_attempt(old.attempt_id, old.fence, make_failure(FailureClass.PROVIDER, "X", "x"),
+                                    worker_id="w-zombie")
+        assert q.namespace().state == "ok"
+        assert [e for e in q.namespace_events() if e["type"] == "state_loss_detected"] == []
+        refused = [e for e in q.get_task(task.id).events if e.type == "stale_write_refused"]
+        assert refused and refused[-1].fields["refusal"] == "fence_retired"
+        lease = q.claim_attempt(task.id, "w3", 60_000)  # the new incarnation runs as usual
+        assert lease.fence > old.fence and lease.number == 1
+        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 2}, worker_id="w3")
+    finally:
+        zombie.close()
 
 
 def test_retire_refuses_a_task_that_may_still_run(q: mc_queue.Client) -> None:
