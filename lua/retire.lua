@@ -34,7 +34,12 @@
 -- ARGV[6] log          'task': one namespace log event for this task (a purge); '': none (retention logs
 --                      one line per sweeper pass)
 -- ARGV[7] epoch
--- Returns: {'OK', state, attempts} | {'NOOP', why} (no such task, or its index entry changed since read)
+-- ARGV[8] seen         '' or the task's version as the archive read it: '<updated_at> <last event id>
+--                      <Attempt fields> <effects>' (a packed task: '<updated_at> 0-0 0 0'); the task is
+--                      deleted only if it is still that version, so nothing recorded after the archive's
+--                      read (a refused stale write's event) is deleted unarchived
+-- Returns: {'OK', state, attempts} | {'NOOP', why} (no such task, its index entry or, with seen, the task
+--          changed since read)
 --          {'E_STATE', task_state} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_retired (nslog, when log is 'task') | retire_refused
 -- Idempotent: yes (a retired task is gone: NOOP)
@@ -51,8 +56,12 @@ local A, bad = args(ARGV, {
   'tombstone_ms', 'int', 0, 3650 * DAY_MS,
   'log', 'enum', '||task|', false,
   'epoch', 'epoch', false, false,
+  'seen', 'text', 120, false,
 })
 if bad then return bad end
+if A.seen ~= '' and not string.find(A.seen, '^%d+ %d+%-%d+ %d+ %d+$') then
+  return {'E_BADARG', "seen must be '' or '<updated_at> <last event id> <attempt fields> <effects>'"}
+end
 local letgo = {}
 for s in string.gmatch(A.states, '[^|]+') do
   if not (HELD[s] or DONE[s]) then
@@ -78,6 +87,14 @@ if A.score then
   if HELD[t[3]] then score = redis.call('ZSCORE', K.held, t[1]) else score = redis.call('ZSCORE', K.done, t[1]) end
   if tonumber(score or '-1') ~= A.score then
     return {'NOOP', 'its index entry changed since it was read'}
+  end
+end
+if A.seen ~= '' then
+  local last = redis.call('XREVRANGE', K.events, '+', '-', 'COUNT', 1)
+  local now_seen = (redis.call('HGET', K.task, 'updated_at') or '0') .. ' ' .. (last[1] and last[1][1] or '0-0') ..
+    ' ' .. redis.call('HLEN', K.attempts) .. ' ' .. redis.call('HLEN', K.effects)
+  if now_seen ~= A.seen then
+    return {'NOOP', 'the task changed since the archive read it (now ' .. now_seen .. '): read it again'}
   end
 end
 local idem_key = t[5]

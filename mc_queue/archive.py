@@ -6,22 +6,30 @@ the record again at the next pass: a reader takes the last record of a task). Th
 Redis held, as stored: the task's fields, its Attempts' fields, its events and its effects, so
 ``mcq archive show`` renders it exactly as ``mcq show`` rendered the live task.
 
-:class:`FileArchive` writes gzip JSON lines, one file per queue and day (UTC, the day of archiving):
-``<dir>/<queue>/<YYYY-MM-DD>.jsonl.gz``. Each write appends one gzip member (a file of several
-members reads as one stream) and is fsynced.
+:class:`FileArchive` writes gzip JSON lines, one file per queue and batch, named by the time of
+archiving (UTC): ``<dir>/<queue>/<YYYY-MM-DD>T<HHMMSS.mmm>Z-<id>.jsonl.gz``, each written whole to a
+temporary file, fsynced and renamed into place before anything is deleted. An archive that fails
+raises :class:`ArchiveError`: nothing is deleted, and the sweeper stops retention (loudly) while its
+other steps go on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 import json
+import logging
 import os
+import secrets
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .errors import McqError
 from .keys import check_queue, parse_task_id
 from .models import EffectRecord, Task
 from .packing import Packed
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
     from .client import Client
 
 RECORD_VERSION = 1
+log = logging.getLogger("mc_queue.archive")
 
 
 @dataclass(frozen=True)
@@ -67,26 +76,87 @@ class ArchivedTask:
 
 
 class ArchiveSink(Protocol):
-    """Where retention hands tasks before deleting them. ``write`` returns once they are durable."""
+    """Where retention hands tasks before deleting them. ``write`` returns once they are durable, or
+    raises (any exception): then nothing is deleted."""
 
     def write(self, tasks: Sequence[ArchivedTask]) -> None: ...
 
 
+class ArchiveError(McqError):
+    """The archive could not take the records (a full disk, a read-only mount, a bad path ...): nothing
+    was deleted. Retention stops until the archive works again; the sweeper's other steps go on."""
+
+
+def archive_and_retire(client: Client, sink: ArchiveSink | None, rows: Sequence[tuple[str, int]], *,
+                       states: Sequence[str], reason: str, tombstone_s: float, now_ms: int,
+                       actor: str | None = None, log_each: bool = False) -> dict[str, int]:
+    """Retire ended tasks read from an index (``(task id, index score)`` rows), each handed to ``sink``
+    first when one is set: what the sweeper's retention and ``mcq tasks purge`` do. A task is deleted
+    only if it is still the version the archive read (``retire.lua``'s ``seen``): anything recorded
+    after that read (a refused stale write) keeps it in Redis until the next pass archives it again.
+    Raises :class:`ArchiveError` (nothing deleted) when the sink fails. Returns the counts of
+    :meth:`Client.retire_batch` and ``archived``."""
+    seen: dict[str, str] | None = None
+    archived = 0
+    if sink is not None:
+        seen = {}
+        records = []
+        for tid, _ in rows:
+            rec, version = client.task_snapshot(tid)
+            if rec is not None:
+                seen[tid] = version
+                records.append(_archived(tid, rec, reason, now_ms))
+        if records:
+            try:
+                sink.write(records)
+            except Exception as exc:  # whatever the sink raised: nothing may be deleted unarchived
+                raise ArchiveError(f"the archive {sink!r} could not write {len(records)} records "
+                                   f"({type(exc).__name__}: {exc}); nothing was deleted") from exc
+        archived = len(records)
+        rows = [r for r in rows if r[0] in seen]  # gone since the index read: nothing to delete
+    out = client.retire_batch(rows, states=states, reason=reason, tombstone_s=tombstone_s, actor=actor,
+                              log_each=log_each, seen=seen) if rows else {"retired": 0, "skipped": 0, "refused": 0}
+    out["archived"] = archived
+    return out
+
+
 def archive_tasks(client: Client, sink: ArchiveSink, task_ids: Sequence[str], *, reason: str, now_ms: int) -> int:
-    """Hand these tasks, as Redis holds them, to ``sink`` (durable when it returns): what the sweeper's
-    retention and ``mcq tasks purge --archive`` do before deleting. Returns how many records were written."""
+    """Hand these tasks, as Redis holds them, to ``sink`` (durable when it returns). Returns how many
+    records were written. Deleting after it should go through :func:`archive_and_retire`, which also
+    makes sure nothing recorded after this read is deleted."""
     records = []
     for tid in task_ids:
         rec = client.task_record(tid)
         if rec is not None:
-            records.append(ArchivedTask(task_id=tid, queue=parse_task_id(tid), state=rec.fields.get("state", ""),
-                                        archived_at_ms=now_ms, reason=reason, record=rec))
+            records.append(_archived(tid, rec, reason, now_ms))
     sink.write(records)
     return len(records)
 
 
+def _archived(task_id: str, rec: Packed, reason: str, now_ms: int) -> ArchivedTask:
+    return ArchivedTask(task_id=task_id, queue=parse_task_id(task_id), state=rec.fields.get("state", ""),
+                        archived_at_ms=now_ms, reason=reason, record=rec)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte, or an OSError: ``os.write`` may write less than asked (a file-size limit, a full disk)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write wrote {n} bytes")
+        view = view[n:]
+
+
 class FileArchive:
-    """gzip JSON lines under ``directory``, one file per queue and UTC day: ``<queue>/<YYYY-MM-DD>.jsonl.gz``."""
+    """gzip JSON lines under ``directory``: one file per batch, ``<queue>/<YYYY-MM-DD>T<HHMMSS.mmm>Z-<id>.jsonl.gz``.
+
+    A batch is written whole to a hidden temporary file in the queue's folder, fsynced, renamed into
+    place and the folder fsynced: a file named ``*.jsonl.gz`` is complete, whatever happened while it
+    was written (a crash, a full disk, a file-size limit leave at most a hidden ``.*.tmp`` file,
+    which readers ignore). Files of the earlier layout (``<YYYY-MM-DD>.jsonl.gz``, one gzip member
+    appended per batch) are still read; a damaged member there is skipped with a warning, never the
+    members after it."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
@@ -94,56 +164,88 @@ class FileArchive:
     def __repr__(self) -> str:
         return f"FileArchive({str(self.directory)!r})"
 
+    def folder(self, queue: str) -> Path:
+        return self.directory / check_queue(queue)
+
     def path_for(self, queue: str, when_ms: int) -> Path:
-        day = datetime.fromtimestamp(when_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
-        return self.directory / check_queue(queue) / f"{day}.jsonl.gz"
+        """A new batch file's name for a batch archived at ``when_ms``."""
+        stamp = datetime.fromtimestamp(when_ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H%M%S.%f")[:-3]
+        return self.folder(queue) / f"{stamp}Z-{secrets.token_hex(4)}.jsonl.gz"
 
     def write(self, tasks: Sequence[ArchivedTask]) -> None:
-        groups: dict[Path, list[ArchivedTask]] = {}
+        groups: dict[str, list[ArchivedTask]] = {}
         for t in tasks:
-            groups.setdefault(self.path_for(t.queue, t.archived_at_ms), []).append(t)
-        for path, items in groups.items():
+            groups.setdefault(t.queue, []).append(t)
+        for queue, items in groups.items():
+            path = self.path_for(queue, max(t.archived_at_ms for t in items))
             path.parent.mkdir(parents=True, exist_ok=True)
             lines = "".join(json.dumps(t.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n"
                             for t in items)
             data = gzip.compress(lines.encode("utf-8", "surrogateescape"))
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            tmp = path.with_name(f".{path.name}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            dir_fd = os.open(path.parent, os.O_RDONLY)
+                try:
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
 
+    def _files(self, queue: str) -> list[Path]:
+        """The queue's archive files, newest first (names sort by time; hidden temporary files excluded)."""
+        folder = self.folder(queue)
+        if not folder.is_dir():
+            return []
+        return sorted((p for p in folder.glob("*.jsonl.gz") if not p.name.startswith(".")), reverse=True)
+
     def records(self, queue: str) -> Iterator[ArchivedTask]:
         """Every record of a queue, newest file first (within a file, in the order written)."""
-        folder = self.directory / check_queue(queue)
-        if not folder.is_dir():
-            return
-        for path in sorted(folder.glob("*.jsonl.gz"), reverse=True):
-            with gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
-                    if line.strip():
-                        yield ArchivedTask.from_json(json.loads(line))
+        for path in self._files(queue):
+            for line in _lines(path):
+                yield ArchivedTask.from_json(json.loads(line))
 
     def find(self, task_id: str) -> ArchivedTask | None:
         """The last record of a task (a crash between archiving and deleting may have written two)."""
-        queue = parse_task_id(task_id)
-        found: ArchivedTask | None = None
-        folder = self.directory / queue
-        if not folder.is_dir():
-            return None
-        for path in sorted(folder.glob("*.jsonl.gz"), reverse=True):
-            with gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
-                    if task_id in line:
-                        rec = ArchivedTask.from_json(json.loads(line))
-                        if rec.task_id == task_id:
-                            found = rec
+        for path in self._files(parse_task_id(task_id)):
+            found: ArchivedTask | None = None
+            for line in _lines(path):
+                if task_id in line:
+                    rec = ArchivedTask.from_json(json.loads(line))
+                    if rec.task_id == task_id:
+                        found = rec
             if found is not None:
                 return found
         return None
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The JSON lines of one archive file, member by member: a damaged gzip member (a torn append of the
+    earlier layout) is skipped, and the members after it are still read."""
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+        d = zlib.decompressobj(wbits=31)
+        try:
+            text = d.decompress(data[pos:]) + d.flush()
+            ok = d.eof
+        except zlib.error:
+            ok, text = False, b""
+        if ok:
+            yield from (ln for ln in text.decode("utf-8", "surrogateescape").splitlines() if ln.strip())
+            pos = len(data) - len(d.unused_data)
+            continue
+        nxt = data.find(b"\x1f\x8b\x08", pos + 1)  # resync at the next gzip member
+        log.warning("archive file %s: a damaged gzip member at byte %d is skipped", path, pos)
+        if nxt < 0:
+            return
+        pos = nxt

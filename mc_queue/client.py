@@ -990,7 +990,7 @@ class Client:
         state it was in, or None when there was no such task. Refused (TransitionRefused) in another state."""
         tk = self._task_keys(task_id)
         reply = self.runner.run("retire", self._retire_keys(tk),
-                                self._retire_argv(states, reason, actor, tombstone_s, score, log_each))
+                                self._retire_argv(states, reason, actor, tombstone_s, score, log_each, ""))
         if reply[0] == "NOOP":
             return None
         raise_for_reply(reply, script="retire", task_id=task_id)
@@ -1004,7 +1004,7 @@ class Client:
                 "tomb": tk.tomb}
 
     def _retire_argv(self, states: Sequence[str], reason: str, actor: str | None, tombstone_s: float,
-                     score: int | None, log_each: bool) -> dict[str, Any]:
+                     score: int | None, log_each: bool, seen: str) -> dict[str, Any]:
         bad = set(states) - set(ENDED_STATES)
         if not states or bad:
             raise InvalidArgument(f"states must be some of {', '.join(ENDED_STATES)}; got {sorted(states)}")
@@ -1014,7 +1014,7 @@ class Client:
             raise InvalidArgument(f"tombstone_s must be between 0 and 3650 days in seconds, got {tombstone_s!r}")
         return {"states": "|" + "|".join(sorted(set(states))) + "|", "score": "" if score is None else score,
                 "actor": actor or self.actor, "reason": reason, "tombstone_ms": int(tombstone_s * 1000),
-                "log": "task" if log_each else "", "epoch": self.ns.epoch or ""}
+                "log": "task" if log_each else "", "epoch": self.ns.epoch or "", "seen": seen}
 
     def ended_tasks(self, queue: str, kind: str, *, before_ms: int | None = None, keep_newest: int | None = None,
                     limit: int = 500) -> list[tuple[str, int]]:
@@ -1041,16 +1041,19 @@ class Client:
         return rows[:limit]
 
     def retire_batch(self, rows: Sequence[tuple[str, int]], *, states: Sequence[str], reason: str,
-                     tombstone_s: float, actor: str | None = None, log_each: bool = False) -> dict[str, int]:
+                     tombstone_s: float, actor: str | None = None, log_each: bool = False,
+                     seen: Mapping[str, str] | None = None) -> dict[str, int]:
         """Retire many tasks read from an index, each only if its entry still has the score read, in one
-        pipeline. Returns counts: retired, skipped (changed or gone since read), refused."""
+        pipeline. ``seen``: task id -> its version as archived (:meth:`task_snapshot`); such a task is
+        deleted only if it is still that version. Returns counts: retired, skipped (changed or gone
+        since read), refused."""
         calls = []
         for tid, score in rows:
             tk = self._task_keys_or_none(tid)
             if tk is None:
                 continue
             calls.append((self._retire_keys(tk), self._retire_argv(states, reason, actor, tombstone_s, score,
-                                                                   log_each)))
+                                                                   log_each, (seen or {}).get(tid, ""))))
         out = {"retired": 0, "skipped": 0, "refused": 0}
         for reply in self.runner.run_many("retire", calls) if calls else []:
             if isinstance(reply, Exception):
@@ -1299,8 +1302,19 @@ class Client:
         from its live keys or its packed document; None when there is no such task. What the archive keeps."""
         return self._read_task(task_id)[0]
 
+    def task_snapshot(self, task_id: str) -> tuple[Packed | None, str]:
+        """The task as stored (:meth:`task_record`) and its version as ``retire.lua``'s ``seen`` compares it:
+        ``'<updated_at> <last event id> <Attempt fields> <effects>'`` of its live keys ('0-0 0 0' when packed:
+        a packed task has no live event stream, Attempts or effects)."""
+        rec, _, _, version = self._read_task_versioned(task_id)
+        return rec, version
+
     def _read_task(self, task_id: str) -> tuple[Packed | None, str | None, int]:
         """One round trip: the task as stored (live or packed), its fence and its lease's PTTL."""
+        rec, fence, pttl, _ = self._read_task_versioned(task_id)
+        return rec, fence, pttl
+
+    def _read_task_versioned(self, task_id: str) -> tuple[Packed | None, str | None, int, str]:
         tk = self._task_keys(task_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(tk.task)
@@ -1311,11 +1325,12 @@ class Client:
         pipe.pttl(tk.lease)
         fields, att, events, fx, fence, pttl = pipe.execute()
         if not fields:
-            return None, None, int(pttl)
+            return None, None, int(pttl), ""
+        version = f"{fields.get('updated_at') or 0} {events[-1][0] if events else '0-0'} {len(att)} {len(fx)}"
         if fields.get("packed"):  # a packed task keeps its fence counter in its hash (pack.lua)
-            return self._unpacked(task_id, fields), fields.get("fence"), int(pttl)
+            return self._unpacked(task_id, fields), fields.get("fence"), int(pttl), version
         return (Packed(fields=fields, attempts=att, events=[(str(i), dict(f)) for i, f in events], effects=fx),
-                fence, int(pttl))
+                fence, int(pttl), version)
 
     @staticmethod
     def _unpacked(task_id: str, fields: Mapping[str, str]) -> Packed:

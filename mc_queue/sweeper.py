@@ -39,7 +39,7 @@ from typing import Any
 
 import redis
 
-from .archive import ArchiveSink, archive_tasks
+from .archive import ArchiveError, ArchiveSink, archive_and_retire
 from .client import PACK_AFTER_MS, Client
 from .errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
 from .keys import parse_attempt_id, parse_task_id
@@ -68,12 +68,13 @@ class SweepReport:
     retired: dict[str, int] = field(default_factory=dict)  # "<queue>/<done|held>" -> tasks deleted by retention
     archived: int = 0  # records handed to the archive
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
+    archive_error: str = ""  # why retention stopped in this pass: the archive failed (nothing deleted)
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
-                "namespace": self.namespace}
+                "namespace": self.namespace, "archive_error": self.archive_error}
 
 
 class Sweeper:
@@ -93,6 +94,7 @@ class Sweeper:
         self.pack_after_ms = pack_after_ms
         self.retention_budget_s = retention_budget_s
         self.retention_batch = retention_batch
+        self.archive_error: str | None = None  # set while the archive fails (retention stopped)
 
     def run_once(self) -> SweepReport:
         started = time.monotonic()
@@ -117,10 +119,12 @@ class Sweeper:
         else:
             self._sweep(report)
         # Liveness for metrics (mcq_sweeper_*): when the last pass ended (this host's clock), how long it
-        # took, how many passes. A refused write (Redis out of memory) costs the record, not the pass.
+        # took, how many passes, and why retention is stopped ('' when it is not: the archive fails).
+        # A refused write (Redis out of memory) costs the record, not the pass.
         pipe = self.client.redis.pipeline(transaction=True)
         pipe.hset(self.client.keys.sweeper, mapping={"last_pass_ms": int(time.time() * 1000),
-                                                     "pass_ms": round((time.monotonic() - started) * 1000, 3)})
+                                                     "pass_ms": round((time.monotonic() - started) * 1000, 3),
+                                                     "retention_error": self.archive_error or ""})
         pipe.hincrby(self.client.keys.sweeper, "passes", 1)
         try:
             pipe.execute()
@@ -289,11 +293,15 @@ class Sweeper:
                     rows = c.ended_tasks(queue, kind, before_ms=before, keep_newest=keep, limit=self.retention_batch)
                     if not rows:
                         break
-                    if self.archive is not None:
-                        report.archived += archive_tasks(c, self.archive, [t for t, _ in rows], reason=reason,
-                                                         now_ms=now)
-                    out = c.retire_batch(rows, states=states, reason=reason, tombstone_s=policy.tombstone_s,
-                                         actor=self.actor)
+                    try:
+                        out = archive_and_retire(c, self.archive, rows, states=states, reason=reason,
+                                                 tombstone_s=policy.tombstone_s, now_ms=now, actor=self.actor)
+                    except ArchiveError as exc:
+                        # Nothing was deleted. Retention stops here (until the archive works again); the
+                        # other steps of every pass go on: leases expire, suspects are reconciled.
+                        self._archive_failed(report, exc)
+                        return
+                    report.archived += out["archived"]
                     total += out["retired"]
                     if out["refused"]:
                         report.errors.append(f"{queue}/{kind}: {out['refused']} index entries named tasks in "
@@ -304,7 +312,17 @@ class Sweeper:
                     report.retired[f"{queue}/{kind}"] = total
                     c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
                                               "reason": reason, "archive": repr(self.archive) if self.archive else ""})
+        self.archive_error = None
         c.trim_idempotency(limit=1000)
+
+    def _archive_failed(self, report: SweepReport, exc: ArchiveError) -> None:
+        first = self.archive_error is None
+        self.archive_error = exc.message
+        report.errors.append(f"retention stopped: {exc.message}")
+        report.archive_error = exc.message
+        (log.error if first else log.warning)(
+            "retention is stopped: %s. Tasks are kept in Redis until the archive can be written again (free "
+            "space, a writable folder); leases, reconciliation and dispatch go on", exc.message)
 
     def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
         """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
