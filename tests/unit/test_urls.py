@@ -204,3 +204,214 @@ def test_redis_py_client_default_is_unchanged_for_plain_urls() -> None:
     r = make_redis("redis://127.0.0.1:1/0")
     assert isinstance(r, redis.Redis) and r.connection_pool.connection_kwargs["port"] == 1
     r.close()
+
+
+# --------------------------------------------------------------------------- issue 15: URLs on every Python
+
+# Every form the README documents, with IPv6 sentinels and data nodes among them.
+README_FORMS = [
+    ("redis+sentinel://127.0.0.1:26380,[::1]:26379/svc", (("127.0.0.1", 26380), ("::1", 26379)), "svc", 0),
+    ("redis+sentinel://u:p@[::1]:26379,[2001:db8::7],s3:26381/mymaster/2?min_replicas=1",
+     (("::1", 26379), ("2001:db8::7", 26379), ("s3", 26381)), "mymaster", 2),
+    ("rediss+sentinel://:pw@[::ffff:10.0.0.1]:26379,[fe80::1]:1/m?ssl_cert_reqs=none&sentinel_password=sp",
+     (("::ffff:10.0.0.1", 26379), ("fe80::1", 1)), "m", 0),
+    ("redis+sentinel://[::1],[::2]/svc/15", (("::1", 26379), ("::2", 26379)), "svc", 15),
+]
+
+
+def _strict_urlsplit(calls: list[str]):  # type: ignore[no-untyped-def]
+    """urlsplit as Debian's 3.11.2 and current CPython releases behave: a '[' in a netloc that holds more
+    than one host is 'Invalid IPv6 URL'. Records every URL it is asked to split."""
+    import urllib.parse
+    real = urllib.parse.urlsplit
+
+    def split(url, scheme="", allow_fragments=True):  # type: ignore[no-untyped-def]
+        text = url if isinstance(url, str) else url.decode()
+        calls.append(text)
+        netloc = text.partition("://")[2]
+        for stop in "/?#":
+            netloc = netloc.partition(stop)[0]
+        if "," in netloc and "[" in netloc:
+            raise ValueError("Invalid IPv6 URL")
+        return real(url, scheme, allow_fragments)
+    return split
+
+
+@pytest.mark.parametrize(("url", "sentinels", "service", "db"), README_FORMS)
+def test_the_suite_fails_on_a_fresh_debian_machine_ipv6_sentinel_urls_parse_where_urlsplit_refuses_them(
+        url: str, sentinels: tuple[tuple[str, int], ...], service: str, db: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.parse
+
+    import mc_queue.urls as urls
+    calls: list[str] = []
+    strict = _strict_urlsplit(calls)
+    monkeypatch.setattr(urllib.parse, "urlsplit", strict)
+    monkeypatch.setattr(urls, "urlsplit", strict, raising=False)
+    t = parse_url(url)
+    assert (t.sentinels, t.service, t.db) == (sentinels, service, db)
+    assert "," not in "".join(c.partition("://")[2].partition("/")[0] for c in calls), \
+        f"the parser split a multi-host netloc with urlsplit: {calls}"
+    assert sentinel_url(list(t.sentinels), t.service, db=t.db) and parse_url(sentinel_url(list(t.sentinels),
+                                                                                        t.service, db=t.db))
+    r = make_redis(t)  # the factory takes it too (no connection is made)
+    assert [s.connection_pool.connection_kwargs["host"] for s in r.connection_pool.sentinel_manager.sentinels] == \
+        [h for h, _ in sentinels]
+    r.close()
+
+
+@pytest.mark.parametrize("url", ["redis://[::1]:6379/0", "redis://u:p@[2001:db8::1]:6380/3", "rediss://[::1]/0",
+                                 "redis://localhost:6379/1", "unix:///run/redis/redis.sock?db=2"])
+def test_the_suite_fails_on_a_fresh_debian_machine_direct_forms_parse_where_urlsplit_is_strict(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.parse
+
+    import mc_queue.urls as urls
+    calls: list[str] = []
+    strict = _strict_urlsplit(calls)
+    monkeypatch.setattr(urllib.parse, "urlsplit", strict)
+    monkeypatch.setattr(urls, "urlsplit", strict, raising=False)
+    t = parse_url(url)
+    assert not t.sentinel and t.redis_url
+    make_redis(t).close()
+
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+def test_the_suite_fails_on_a_fresh_debian_machine_ipv6_sentinel_urls_parse_under_debians_python() -> None:
+    """The same forms parsed by Debian's own Python (3.11.2, whose urlsplit refuses them), when it can
+    import redis-py (a venv made from it runs the whole suite there anyway)."""
+    import subprocess
+    import sys
+    if not os.path.exists(DEBIAN_PYTHON) or os.path.realpath(DEBIAN_PYTHON) == os.path.realpath(sys.executable):
+        pytest.skip("no other /usr/bin/python3 (this suite runs under it already)")
+    repo = str(Path(__file__).resolve().parents[2])
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    probe = subprocess.run([DEBIAN_PYTHON, "-c", "import sys, urllib.parse as u\n"
+                            "try:\n u.urlsplit('redis+sentinel://a:1,[::1]:2/s')\nexcept ValueError:\n sys.exit(7)"],
+                           capture_output=True, timeout=30)
+    if probe.returncode != 7:
+        pytest.skip(f"{DEBIAN_PYTHON}'s urlsplit accepts a bracketed host in a multi-host netloc")
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]\n"
+            "from mc_queue.urls import parse_url\n"
+            "for u in sys.argv[2:]:\n"
+            "    t = parse_url(u); print(t.sentinels, t.service, t.db)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(site)}  # redis-py from this venv (pure Python is fine)
+    out = subprocess.run([DEBIAN_PYTHON, "-c", code, repo, *(f[0] for f in README_FORMS)], capture_output=True,
+                         text=True, timeout=60, env=env)
+    if "No module named" in out.stderr and "mc_queue" not in out.stderr.splitlines()[-1]:
+        pytest.skip(f"{DEBIAN_PYTHON} cannot import this venv's packages: {out.stderr.splitlines()[-1]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("\n") == len(README_FORMS)
+
+
+# --------------------------------------------------------------------------- issue 15: malformed URL parts
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis://h:99999/0", "port must be a whole number from 1 to 65535, not '99999'"),
+    ("redis://h:0/0", "port must be a whole number from 1 to 65535"),
+    ("redis://h:x/0", "port must be a whole number from 1 to 65535, not 'x'"),
+    ("redis://h:/0", "port must be a whole number from 1 to 65535, not ''"),
+    ("redis+sentinel://h:99999/m", "the port of sentinel h must be a whole number from 1 to 65535"),
+    ("redis://h/x", "db must be a whole number from 0 to"),
+    ("redis://h/-1", "db must be a whole number from 0 to"),
+    ("redis://h/99999999999", "db must be a whole number from 0 to"),
+    ("redis://h/0/1", "the path must be /db"),
+    ("redis+sentinel://h/m/99999999999", "db must be a whole number from 0 to"),
+    ("redis://h/0?socket_timeout=abc", "socket_timeout must be seconds"),
+    ("redis://h/0?socket_timeout=nan", "socket_timeout must be seconds"),
+    ("redis://h/0?socket_timeout=-1", "socket_timeout must be seconds"),
+    ("redis://h/0?socket_connect_timeout=inf", "socket_connect_timeout must be seconds"),
+    ("redis+sentinel://h/m?socket_timeout=abc", "socket_timeout must be seconds"),
+    ("redis://h/0?socket_keepalive=maybe", "socket_keepalive must be one of"),
+    ("redis://h/0?max_connections=-1", "max_connections must be a whole number"),
+    ("redis://h/0?health_check_interval=x", "health_check_interval must be a whole number"),
+    ("redis://h?db=x", "db must be a whole number"),
+    ("redis://h/1?db=2", "db is given twice"),
+    ("redis://h/0?foo=1", "unknown parameter 'foo'"),
+    ("redis://h/0?retry_on_error=x", "unknown parameter 'retry_on_error'"),
+    ("redis://h/0?socket_timeout=1&socket_timeout=2", "given twice"),
+    ("redis://h/0?ssl_ca_certs=/x", "need rediss://"),
+    ("rediss://h/0?ssl_cert_reqs=bogus", "ssl_cert_reqs must be none, optional or required"),
+    ("unix:///tmp/x.sock?db=abc", "db must be a whole number"),
+    ("unix://", "names no socket path"),
+    ("unix:///tmp/x.sock?foo=1", "unknown parameter 'foo'"),
+    ("redis://[::1/0", "unclosed '['"),
+    ("redis://[zz]:1/0", "not an IPv6 address"),
+    ("redis://h h:1/0", "host"),
+    ("redis://h:1/0#frag", "fragment"),
+    ("redis+sentinel://[::1]:1,[zz]:2/m", "not an IPv6 address"),
+    ("redis+sentinel://h:1,,h2:2/m", "has no host"),
+])
+def test_every_malformed_url_part_is_one_clear_error(url: str, says: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(says)) as exc:
+        parse_url(url)
+    assert str(exc.value).startswith("bad Redis URL "), str(exc.value)
+    with pytest.raises(ConfigurationError):
+        make_redis(url)
+
+
+def test_every_malformed_url_part_is_one_clear_error_and_a_good_one_passes_its_options_on() -> None:
+    t = parse_url("redis://h:6380/3?socket_timeout=2.5&socket_keepalive=yes&max_connections=9&client_name=w1")
+    assert t.redis_url == "redis://h:6380/3?socket_timeout=2.5&socket_keepalive=yes&max_connections=9&client_name=w1"
+    kw = make_redis(t).connection_pool.connection_kwargs
+    assert (kw["host"], kw["port"], kw["db"], kw["socket_timeout"], kw["socket_keepalive"]) == ("h", 6380, 3, 2.5,
+                                                                                              True)
+
+
+# --------------------------------------------------------------------------- issue 15: passwords in output
+
+SECRET_HEAD, SECRET_TAIL = "Hq7SECRETx", "Zt4TAILw"
+HOSTILE = ["#", "/", "?", "@", ":", "%", "&", "=", " ", "#/?@", "%zz", "@@", "ü", "/@/", "?a=1&b="]
+BAD_PARTS = ["", ":99999", ":x", "/99999999999", "/x", "?socket_timeout=abc", "?foo=1", "#frag", "/0/1"]
+
+
+def _hostile_urls() -> list[str]:
+    urls: list[str] = []
+    for mid in HOSTILE:
+        pw = f"{SECRET_HEAD}{mid}{SECRET_TAIL}"
+        for bad in BAD_PARTS:
+            port_and_path = {"": ":6379/0", ":99999": ":99999/0", ":x": ":x/0"}.get(bad, ":6379" + (
+                bad if bad.startswith("/") else "/0" + bad))
+            urls += [f"redis://user:{pw}@host{port_and_path}",
+                     f"redis://:{pw}@host{port_and_path}",
+                     *([f"rediss://{pw}@host{port_and_path}"] if ":" not in mid else []),  # else a user name
+                     f"unix://:{pw}@/tmp/r.sock{bad if bad.startswith(('?', '#')) else ''}",
+                     f"redis+sentinel://u:{pw}@s1:26379,[::1]{port_and_path.replace('/0', '/svc', 1)}",
+                     f"redis+sentinel://s1/svc?sentinel_password={pw}" + (bad if bad.startswith("?") else ""),
+                     f"redis://host:6379/0?ssl_password={pw}"]
+    return urls
+
+
+def test_passwords_in_output_never_appear_in_an_error_a_redacted_url_or_a_repr() -> None:
+    checked = refused = 0
+    for url in _hostile_urls():
+        shown: list[str] = [redacted(url)]
+        try:
+            t = parse_url(url)
+        except ConfigurationError as exc:
+            refused += 1
+            shown += [str(exc), repr(exc), repr(exc.args)]
+        else:
+            shown += [repr(t), str(t), t.where]
+            try:
+                r = make_redis(t)
+            except ConfigurationError as exc:
+                shown += [str(exc), repr(exc)]
+            else:
+                shown.append(repr(r))
+                r.close()
+        for text in shown:
+            assert SECRET_HEAD not in text and SECRET_TAIL not in text, (url, text)
+        checked += 1
+    assert checked == len(_hostile_urls()) and refused > checked // 2
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:pa#ss@h:1/0", "redis://u:pa/ss@h:1/0", "redis+sentinel://:pa?ss@h:1/m", "redis://pw@h/0",
+    "not a url :pw@h", "redis://[::1:pw@h", "redis://u:p@ss@h/0?x=1#y@z", "://:pw@", "redis://%zz:pw@h",
+])
+def test_passwords_in_output_redacted_masks_every_input(url: str) -> None:
+    out = redacted(url)
+    assert "pw" not in out and "pa" not in out and "ss" not in out.replace("redis+sentinel", ""), out
