@@ -3,9 +3,9 @@
 -- namespace log keeps a line saying who purged what and why). A tombstone stays for the retention
 -- window the operator chose: the task id (a key with that TTL) and the producer's idempotency key
 -- (its entry marked purged until then) are refused by enqueue, so the same work never runs again.
--- The task's fence counter is kept (a few bytes): the same task id enqueued again after the window
--- goes on from the fences it already issued, so a zombie of the purged incarnation holds a stale
--- fence for the new one, never a current one.
+-- The namespace fence floor is raised to the task's last fence and its fence counter deleted (as
+-- retire.lua does): the same task id enqueued again after the window gets fences above every fence
+-- the purged incarnation issued, and a zombie of that one is refused as stale ('fence_retired').
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -21,6 +21,7 @@
 -- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[14] held      the queue's tasks waiting for a person
 -- KEYS[15] idem_until retired producer keys -> when their entry may go (ms)
+-- KEYS[16] fence     the task's fence counter (deleted; the namespace floor keeps its value)
 -- ARGV[1] actor
 -- ARGV[2] reason       why its history may go (>= 10 characters)
 -- ARGV[3] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
@@ -34,7 +35,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
-  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15]}
+  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15], fence = KEYS[16]}
 local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
   'reason', 'text', 2000, false,
@@ -62,7 +63,10 @@ if t[3] ~= 'quarantined' then
 end
 local ts = now_ms()
 local until_ms = ts + A.tombstone_ms
-redis.call('DEL', K.task, K.attempts, K.events, K.effects)
+local fence = tonumber(redis.call('GET', K.fence) or '0') or 0
+local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
+if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
+redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
 redis.call('ZREM', K.dlq, t[1])
 redis.call('ZREM', K.held, t[1])
 redis.call('HDEL', K.attention, t[1])

@@ -17,7 +17,8 @@
 -- ARGV[2] fence      fence the caller holds
 -- ARGV[3] worker     worker id
 -- ARGV[4] key        operation key (minted from task, operation and content identity)
--- ARGV[5] record     intent record JSON (operation, identity, provider)
+-- ARGV[5] record     intent record JSON: operation (non-empty), identity, and the caller's own fields
+--                    (kept as sent, in record_json)
 -- ARGV[6] epoch
 -- ARGV[7] min_seq
 -- ARGV[8] proof      claim sequence of the fence when the caller's client was issued it, or ''
@@ -41,6 +42,18 @@ local A, bad = args(ARGV, with({
   'record', 'json', 65536, 'obj',
 }, fenced_args()))
 if bad then return bad end
+-- The record as every reader needs it (validated before anything is written): a non-empty operation
+-- and an identity, as strings, and none of the fields this script and effect_done write themselves.
+local given = cjson.decode(A.record)
+if type(given.operation) ~= 'string' or given.operation == '' or #given.operation > 200 then
+  return {'E_BADARG', 'record: operation must be a non-empty string of at most 200 bytes'}
+end
+if type(given.identity) ~= 'string' or #given.identity > 4096 then
+  return {'E_BADARG', 'record: identity must be a string of at most 4096 bytes'}
+end
+for _, f in ipairs(EFFECT_OWN_FIELDS) do
+  if given[f] ~= nil then return {'E_BADARG', 'record: ' .. f .. ' is written by mc_queue, not by the caller'} end
+end
 local n = A.raw.n
 local err, ts = fenced(K, A, A.worker, A.key, 'effect_begin', true)
 if err then return err end
@@ -55,13 +68,10 @@ if existing then
   if rec.state == 'intent' and tostring(rec.attempt) == n and tostring(rec.fence) == A.raw.fence then return {'OK'} end
   if rec.state ~= 'absent' then return {'PENDING', existing} end
 end
-local rec = cjson.decode(A.record)
-rec.state = 'intent'
-rec.attempt = A.n
-rec.fence = A.raw.fence
-rec.worker = A.worker
-rec.intent_at = ts
-rec.key = A.key
+-- The caller's record is kept as the text it came as (record_json): cjson would turn its [] into {} and
+-- its long integers into floats. The fields the scripts read are plain strings and numbers beside it.
+local rec = {operation = given.operation, identity = given.identity, record_json = A.record, state = 'intent',
+  attempt = A.n, fence = A.raw.fence, worker = A.worker, intent_at = ts, key = A.key}
 redis.call('HSET', K.effects, A.key, cjson.encode(rec))
 emit(K.events, 'effect_intent', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'key', A.key,
   'operation', rec.operation or ''})

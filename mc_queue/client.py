@@ -591,6 +591,7 @@ class Client:
         replay its receipt, or ("PENDING", record) when an earlier intent must be reconciled first."""
         task_id, n, tk = self._attempt(attempt_id)
         check_text(key, what="effect key", max_bytes=512, spaces=False)
+        _check_effect_record(record)
         reply = self._run("effect_begin", {
             **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
             "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease,
@@ -889,7 +890,7 @@ class Client:
                 **self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
                 "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats, "held": tk.held,
-                "idem_until": self.keys.idem_until,
+                "idem_until": self.keys.idem_until, "fence": tk.fence,
             }, {"actor": actor or self.actor, "reason": reason, "tombstone_ms": int(keep_key_s * 1000),
                 "request_id": req, "epoch": epoch})
 
@@ -1445,6 +1446,29 @@ def _attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
     cut = len(prefix)
     fields = {str(flat[i])[cut:]: str(flat[i + 1]) for i in range(0, len(flat), 2) if str(flat[i]).startswith(prefix)}
     return Attempt.from_fields(task_id, n, fields)
+
+
+# The fields of an effect record mc_queue writes itself (lua/includes/common.lua EFFECT_OWN_FIELDS).
+EFFECT_OWN_FIELDS = frozenset({"state", "attempt", "fence", "worker", "intent_at", "key", "record_json",
+                               "receipt_json", "receipt", "receipt_at", "receipt_attempt", "settled_by", "source",
+                               "note"})
+
+
+def _check_effect_record(record: Any) -> None:
+    """An intent record every reader can read: a JSON object with a non-empty ``operation`` and an
+    ``identity`` (strings), and none of the fields mc_queue writes itself."""
+    if not isinstance(record, Mapping):
+        raise InvalidArgument(f"effect record must be a mapping, got {type(record).__name__}")
+    op, ident = record.get("operation"), record.get("identity")
+    if not isinstance(op, str) or not op:
+        raise InvalidArgument(f"effect record needs an operation (a non-empty string), got {op!r}")
+    check_text(op, what="effect operation", max_bytes=200)
+    if not isinstance(ident, str):
+        raise InvalidArgument(f"effect record needs an identity (a string), got {ident!r}")
+    check_text(ident, what="effect identity", max_bytes=4096)
+    own = sorted(EFFECT_OWN_FIELDS & set(record))
+    if own:
+        raise InvalidArgument(f"effect record fields {', '.join(own)} are written by mc_queue, not by the caller")
 
 
 def _printable(text: str, limit: int) -> str:

@@ -303,11 +303,11 @@ class EffectRecord(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    key: str
-    operation: str
-    identity: str
-    state: str  # intent | done | absent | unknown
-    attempt: int
+    key: str = ""
+    operation: str = ""  # '' only in a record written past effect_begin's checks (it reconciles as unknown)
+    identity: str = ""
+    state: str = "intent"  # intent | done | absent | unknown
+    attempt: int = 0
     fence: str = ""
     worker: str = ""
     intent_at: int | None = None
@@ -321,6 +321,9 @@ class EffectRecord(BaseModel):
     @classmethod
     def from_json(cls, text: str) -> EffectRecord:
         data = json.loads(text)
+        given = data.pop("record_json", None)
+        if given:  # the caller's record as it was sent; the scripts' own fields beside it take precedence
+            data = {**json.loads(given), **data}
         raw = data.pop("receipt_json", None)
         if raw:
             data["receipt"] = json.loads(raw)

@@ -281,6 +281,10 @@ local function index_end(K, task_id, from, to, ts)
   end
 end
 
+-- The fields of an effect record that effect_begin and effect_done write (a caller's record may not).
+local EFFECT_OWN_FIELDS = {'state', 'attempt', 'fence', 'worker', 'intent_at', 'key', 'record_json', 'receipt_json',
+  'receipt', 'receipt_at', 'receipt_attempt', 'settled_by', 'source', 'note'}
+
 local function move_count(k_counts, queue, from, to)
   if from == to then return end
   if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, -1) end

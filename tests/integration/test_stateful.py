@@ -49,7 +49,9 @@ fail it again, see p72, m70 and m71 below):
 
 * BUG-1: ``dlq_purge`` deleted the task's fence counter, so a task id enqueued again after its
   purge (``keep_key_s=0``, or once the tombstone window passed) handed out fence 1, 2, ... again: a
-  zombie of the purged incarnation could complete the new one.
+  zombie of the purged incarnation could complete the new one. (Fixed first by keeping the counter;
+  since issue 15 the purge raises the namespace fence floor to the task's last fence instead, as
+  retention does, and deletes the counter: no key is left behind without a TTL.)
 * BUG-2: ``Client.expire()`` (expire_leases, void_leases) presented its cached epoch without the
   reload-and-resend ``_with_epoch`` gives the other calls, so a client (a running sweeper) connected
   before a recovery elsewhere silently expired and voided nothing afterwards (E_EPOCH landed in
@@ -143,7 +145,8 @@ time) caught 63 in 3/3 runs, 6 in 2/3 (m31, m48, m53, m68, m70, m71), and missed
 * m67 DECISIONS: stop leaves the task failed: caught 3/3
 * m68 cancel: refuses to cancel a failed task: caught 3/3
 * m69 enqueue: a task-id conflict recorded in the namespace log: caught 3/3
-* m70 dlq_purge: deletes the fence counter again (BUG-1): caught 3/3
+* m70 dlq_purge: deletes the fence counter again (BUG-1): caught 3/3 (before issue 15; the purge now
+  deletes it and raises the namespace floor instead, which the model expects)
 * m71 cancel: leaves the attention item again (BUG-3): caught 3/3
 * p72 Client.expire (Python): no epoch reload after a recovery elsewhere (BUG-2): caught 3/3
 """
@@ -438,11 +441,14 @@ class QueueMachine(RuleBasedStateMachine):
         """common.lua next_fence: INCR of the task's counter, raised above the namespace floor."""
         return max(t.fence + 1, self.floor + 1)
 
-    @staticmethod
-    def _refusal(t: ModelTask, n: int, fence: int, check_cancel: bool) -> tuple[type[McqError], str] | None:
-        """common.lua fence_check: a stale fence or not the latest attempt, then not running, then
-        expired, then (writes that may not go on after a cancel request) a cancel request."""
+    def _refusal(self, t: ModelTask, n: int, fence: int, check_cancel: bool) -> tuple[type[McqError], str] | None:
+        """fenced.lua fence_check: a fence above the current one (at or below the namespace floor: an
+        earlier incarnation's; above it: a caller's mistake, no claim record), a stale fence or not the
+        latest attempt, then not running, then expired, then (writes that may not go on after a cancel
+        request) a cancel request."""
         a = t.attempts[n - 1]
+        if fence > t.fence:
+            return StaleFence, "fence_retired" if fence <= self.floor else "fence_ahead"
         if fence != t.fence or n != len(t.attempts):
             return StaleFence, "stale_fence"
         if a.state != "running":
@@ -544,7 +550,9 @@ class QueueMachine(RuleBasedStateMachine):
             for key in [k for k in self.terminal_snapshots if k[0] == task.id]:
                 del self.terminal_snapshots[key]
             self.claims_ok.pop(task.id, None)  # the purge deleted the old history
-            t.fence = self.purged[task.id].fence  # BUG-1: the fence counter outlives the purge
+            # BUG-1: the purge raised the namespace floor to the old incarnation's last fence, so the
+            # new one's fences lie above every fence the old one issued (its counter starts again at 0).
+            assert self.floor >= self.purged[task.id].fence
         t.attempts.append(ModelAttempt(1, "first dispatch"))
         t.events.update(["task_created", "attempt_created"])
         self.model[task.id] = t
@@ -1048,6 +1056,7 @@ class QueueMachine(RuleBasedStateMachine):
         del self.model[task]
         self.nslog["task_purged"] += 1
         self.purged[task] = Purged(req, len(t.attempts), keep_s > 1, t.fence)
+        self.floor = max(self.floor, t.fence)  # dlq_purge raises the floor to the task's last fence
         if t.idem_key is not None:
             if keep_s == 0:
                 del self.idem[t.idem_key]  # the key is free at once
