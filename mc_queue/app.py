@@ -29,7 +29,9 @@ from .errors import InvalidArgument
 from .keys import check_queue
 from .producer import AppClient
 
-DEFAULT_PHASES: tuple[str, ...] = (
+# A handler that declares no phases names them freely: their order is the order an Attempt reaches
+# them. These are the seed's phases; `source_capture_done` (read-only work) is reusable by default.
+SEED_PHASES: tuple[str, ...] = (
     "claimed", "workspace_prepared", "verification_passed", "source_capture_done", "commit_done",
     "result_pending", "result_submitted",
 )
@@ -48,7 +50,7 @@ class HandlerSpec:
     budget: Budget
     lease_ms: int
     timeout_s: float
-    phases: tuple[str, ...]
+    phases: tuple[str, ...] | None  # the declared order, or None: any name, in the order an Attempt reaches it
     reusable_phases: frozenset[str]
 
 
@@ -86,7 +88,13 @@ class App:
                 budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
                 phases: tuple[str, ...] | None = None,
                 reusable_phases: frozenset[str] | None = None) -> Callable[[Handler], Handler]:
-        """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time."""
+        """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time.
+
+        ``phases``: the checkpoint phases (``ctx.checkpoint(phase)``) in the order an Attempt must reach
+        them; a phase not in the list stops the task as a configuration failure. Without it any phase
+        name goes, in the order the Attempt first reaches it (a phase already reached cannot be recorded
+        again with other data). ``reusable_phases``: phases whose data a later Attempt may reuse when
+        its scope binding is identical (default: ``source_capture_done``)."""
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise InvalidArgument(f"invalid handler name {name!r}: use 1-128 letters, digits, '_', '.', ':', '-'")
         if name in self.handlers:
@@ -100,9 +108,16 @@ class App:
             raise InvalidArgument(f"handler {name!r}: timeout_s must be a number of seconds up to 30 days")
         if timeout * 1000 < lease:
             raise InvalidArgument(f"handler {name!r}: timeout_s must be at least one lease length")
-        ph = tuple(phases or DEFAULT_PHASES)
-        reusable = frozenset(DEFAULT_REUSABLE & set(ph) if reusable_phases is None else reusable_phases)
-        if not reusable <= set(ph):
+        ph = None if phases is None else tuple(phases)
+        if ph is not None and (not ph or len(set(ph)) != len(ph) or not all(
+                isinstance(p, str) and _NAME_RE.fullmatch(p) for p in ph)):
+            raise InvalidArgument(f"handler {name!r}: phases must be distinct names (letters, digits, '_', '.', ':', "
+                                  f"'-'), in the order an Attempt reaches them; got {phases!r}")
+        if reusable_phases is None:
+            reusable = frozenset(DEFAULT_REUSABLE if ph is None else DEFAULT_REUSABLE & set(ph))
+        else:
+            reusable = frozenset(reusable_phases)
+        if ph is not None and not reusable <= set(ph):
             raise InvalidArgument(f"handler {name!r}: reusable phases {sorted(reusable - set(ph))} are not phases")
 
         def register(fn: Handler) -> Handler:

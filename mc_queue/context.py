@@ -28,7 +28,7 @@ from .codec import canonical_json, digest
 from .effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from .errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
 from .models import Attempt, Manifest, Task
-from .policy import BudgetExceeded
+from .policy import BudgetExceeded, ConfigurationFailure
 
 log = logging.getLogger("mc_queue.worker")
 
@@ -66,6 +66,7 @@ class Context:
         self._lock = threading.Lock()
         self._beat_lock = threading.Lock()  # serialises background heartbeats with their stop
         self._beating = False
+        self._reached: list[str] = []  # phases this Attempt recorded, in order (their index is their place)
 
     @property
     def workspace(self) -> Path:
@@ -171,17 +172,32 @@ class Context:
         return digest(canonical_json({"execution_digest": self.execution_digest, "task": self.task.id,
                                       **{k: scope.get(k) for k in ("repository", "base", "branch", "generation")}}))
 
+    def _phase_index(self, phase: str) -> int:
+        """Where ``phase`` lies in this Attempt's order: its declared position, or (no phases declared)
+        its position among the phases this Attempt reached, a new one after them all."""
+        declared = self.spec.phases
+        if declared is None:
+            return self._reached.index(phase) if phase in self._reached else len(self._reached)
+        if phase not in declared:
+            raise ConfigurationFailure(
+                f"handler {self.spec.name!r} declares the phases {list(declared)}, and {phase!r} is not one of "
+                f"them: add it to @app.handler({self.spec.name!r}, phases=...) in the order it is reached, or "
+                "declare no phases at all (any name goes then, in the order first reached)")
+        return declared.index(phase)
+
     def checkpoint(self, phase: str, data: Any = None, *, scope: Mapping[str, Any] | None = None) -> None:
         """Record that this Attempt reached ``phase`` (fenced; phases only move forward)."""
         self.check()
-        if phase not in self.spec.phases:
-            raise InvalidArgument(f"unknown phase {phase!r}; handler {self.spec.name!r} declares {self.spec.phases}")
+        if not isinstance(phase, str):
+            raise InvalidArgument(f"a phase is a name, got {type(phase).__name__}")
+        index = self._phase_index(phase)
         scope = dict(scope or {})
         record = {"phase": phase, "data": data, "scope": scope, "scope_digest": self.scope_digest(scope),
                   "task": self.task.id, "attempt": self.attempt.number}
         try:
-            self.client.checkpoint(self.attempt_id, self.fence, phase, self.spec.phases.index(phase), record,
-                                   worker_id=self.worker_id)
+            self.client.checkpoint(self.attempt_id, self.fence, phase, index, record, worker_id=self.worker_id)
+            if phase not in self._reached:
+                self._reached.append(phase)
         except PhaseOutOfOrder:
             raise
         except WriteRefused as exc:

@@ -238,7 +238,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
         finally:
             ctx.stop_heartbeats()
         ctx.check()
-        if ctx.effects_used and "result_pending" in spec.phases:
+        if ctx.effects_used and (spec.phases is None or "result_pending" in spec.phases):
             # Seed 003: the result is on file before the completion, so a worker dying in between
             # leaves a result the reconciler can prove, not a rerun of every effect.
             ctx.checkpoint("result_pending", {"result": result})

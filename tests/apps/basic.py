@@ -84,3 +84,18 @@ def checkpoints(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 @app.handler("crashes")
 def crashes(ctx: Context, payload: dict[str, Any]) -> None:
     raise KeyError("bug in the handler")
+
+
+@app.handler("own-phases")
+def own_phases(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Phases of its own, no list declared (issue 15: `ctx.checkpoint("started")` quarantined the task)."""
+    ctx.checkpoint("started", {"n": 1})
+    ctx.checkpoint("pushed", {"n": 2})
+    return {"ok": True}
+
+
+@app.handler("declared-phases", phases=("prepare", "push"))
+def declared_phases(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    ctx.checkpoint("prepare")
+    ctx.checkpoint("started")  # not declared: a configuration failure, said as such
+    return {"ok": True}

@@ -605,6 +605,27 @@ def test_checkpoint_for_an_earlier_phase_is_refused(h: Harness) -> None:
         ("workspace_prepared", "source_capture_done"), ("source_capture_done", "source_capture_done")]
 
 
+def test_a_phase_name_of_the_handler_s_own_is_recorded_not_quarantined(h: Harness) -> None:
+    """Issue 15: a handler that declares no phases names them freely, in the order it reaches them."""
+    task = h.basic.enqueue("own-phases", {})
+    final = h.drive(task.id, "simple")
+    assert final.state is TaskState.SUCCEEDED, final.attempts[0].failure
+    a = final.attempts[0]
+    assert a.phase == "pushed" and a.checkpoints["started"]["data"] == {"n": 1}
+    assert [e.fields["phase"] for e in events(final, "checkpoint_recorded")] == ["started", "pushed"]
+
+
+def test_a_phase_outside_the_declared_list_stops_the_task_and_says_how_to_declare_it(h: Harness) -> None:
+    task = h.basic.enqueue("declared-phases", {})
+    h.drive(task.id, "simple")
+    final = h.task(task.id)
+    assert final.state is TaskState.BLOCKED, final.state  # configuration: stopped for a person, not quarantined
+    f = final.attempts[0].failure
+    assert f is not None and f.failure_class is FailureClass.CONFIGURATION
+    assert "'started' is not one of them" in f.message and "phases=" in f.message
+    assert h.client.redis.zscore(h.client.keys.dlq, task.id) is None
+
+
 def test_checkpoint_with_a_stale_fence_is_refused_and_audited(h: Harness, tmp_path: Path) -> None:
     spec = basic.app.spec("checkpoints")
     task = h.enqueue_undispatched(h.basic, "checkpoints", {"repo": "example/app", "base": "abc123"})
