@@ -25,7 +25,9 @@ DEFAULT_PORT = 9465
 
 @dataclass
 class Running:
-    """A console being served: its address, its token, and how to stop it."""
+    """A console being served: its address, its token, and how to stop it. ``token_url`` is the
+    address to print and open: every request needs the token (unless ``trust_loopback``), and this
+    one carries it (it moves into a cookie and leaves the address bar)."""
 
     url: str
     token: str
@@ -34,15 +36,21 @@ class Running:
     server: Any
     sock: socket.socket
     thread: threading.Thread | None = None
+    trust_loopback: bool = False
 
     @property
     def token_url(self) -> str:
         return f"{self.url}?token={self.token}"
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving (its sampler with it); a background console's thread is waited for, and forced
+        to end when a connection still holds it after ``timeout``."""
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout)
+            if self.thread.is_alive():
+                self.server.force_exit = True
+                self.thread.join(timeout)
 
 
 def bind(host: str, port: int, *, fallback: bool = False) -> socket.socket:
@@ -64,18 +72,19 @@ def bind(host: str, port: int, *, fallback: bool = False) -> socket.socket:
 
 def start(client: Client, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, read_only: bool = False,
           background: bool = False, fallback_port: bool = False, token: str | None = None,
-          **app_options: Any) -> Running:
+          trust_loopback: bool = False, **app_options: Any) -> Running:
     """Serve the console of ``client``'s namespace. ``background``: in a daemon thread (returns at once;
     ``Running.stop()`` ends it); else serve it in this thread with :func:`serve_forever`.
-    The token is ``token``, else ``MCQ_DASHBOARD_TOKEN``, else a new random one. ``app_options`` go to
-    :func:`create_app` (``poll_ms``, ``sample_interval_s``, ``sampling``)."""
+    The token is ``token``, else ``MCQ_DASHBOARD_TOKEN``, else a new random one; every request needs it
+    but, with ``trust_loopback`` (``mcq dashboard --trust-loopback``), a local one. ``app_options`` go
+    to :func:`create_app` (``poll_ms``, ``sample_interval_s``, ``sampling``)."""
     import uvicorn
 
     env_token = os.environ.get("MCQ_DASHBOARD_TOKEN") or None
     chosen = token or env_token
     if chosen is not None and len(chosen) < MIN_TOKEN_CHARS:
         raise ConfigurationError(f"MCQ_DASHBOARD_TOKEN must have at least {MIN_TOKEN_CHARS} characters")
-    app = create_app(client, read_only=read_only, token=chosen, **app_options)
+    app = create_app(client, read_only=read_only, token=chosen, trust_loopback=trust_loopback, **app_options)
     sock = bind(host, port, fallback=fallback_port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
@@ -84,7 +93,8 @@ def start(client: Client, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, 
     server = uvicorn.Server(config)
     running = Running(url=f"http://{shown}:{bound_port}/", token=app.state.console.guard.token,
                       token_from_env=chosen is not None and token is None,
-                      loopback_only=is_loopback_address(str(sock.getsockname()[0])), server=server, sock=sock)
+                      loopback_only=is_loopback_address(str(sock.getsockname()[0])), server=server, sock=sock,
+                      trust_loopback=trust_loopback)
     if background:
         running.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="mcq-console",
                                           daemon=True)

@@ -1,6 +1,6 @@
 """The console's web app (Starlette): pages, live fragments, the actions, and the rules around them.
 
-Routes (every one behind :class:`~mc_queue.console.security.Guard`'s local-or-token rule):
+Routes (every one behind :class:`~mc_queue.console.security.Guard`: the token, unless the operator trusts loopback):
 
 ==========================  =====================================================================
 GET  /                      overview: namespace state, per queue depth, age (now and the last hour),
@@ -51,7 +51,9 @@ from ..models import TaskState
 from ..render import duration
 from . import pages
 from .samples import INTERVAL_S, sample
-from .security import CSRF_COOKIE, FLASH_COOKIE, TOKEN_COOKIE, Guard, cookie_kwargs
+from .security import CSRF_COOKIE, FLASH_COOKIE, TOKEN_COOKIE, Guard, cookie_kwargs, local_path
+
+__all__ = ["Console", "create_app", "local_path"]
 
 log = logging.getLogger("mc_queue.console")
 HERE = Path(__file__).resolve().parent
@@ -159,7 +161,8 @@ class Console:
                            page_url=page_url)
 
     def overview(self, request: Request) -> Response:
-        return self.page(request, "overview.html", "Overview", lambda: pages.overview(self.client))
+        params = {"page": request.query_params.get("page", "")}
+        return self.page(request, "overview.html", "Overview", lambda: pages.overview(self.client, params))
 
     def tasks(self, request: Request) -> Response:
         params: dict[str, Any] = {k: request.query_params.get(k, "") for k in
@@ -182,13 +185,26 @@ class Console:
 
     def attention(self, request: Request, *, error: str | None = None, status: int = 200,
                   form: Mapping[str, str] | None = None) -> Response:
-        return self.page(request, "attention.html", "Attention", lambda: pages.attention(self.client),
-                         error=error, status=status, form=form, page_url="/attention" if form is not None else None)
+        return self.listing(request, "attention.html", "Attention", "/attention", pages.attention, error=error,
+                            status=status, form=form)
 
     def dlq(self, request: Request, *, error: str | None = None, status: int = 200,
             form: Mapping[str, str] | None = None) -> Response:
-        return self.page(request, "dlq.html", "Dead-letter queue", lambda: pages.dlq(self.client),
-                         error=error, status=status, form=form, page_url="/dlq" if form is not None else None)
+        return self.listing(request, "dlq.html", "Dead-letter queue", "/dlq", pages.dlq, error=error, status=status,
+                            form=form)
+
+    def listing(self, request: Request, template: str, title: str, path: str,
+                read: Callable[[Client, dict[str, Any]], dict[str, Any]], *, error: str | None, status: int,
+                form: Mapping[str, str] | None) -> Response:
+        """A paged page with forms: the page asked for in the address or, answering a refused form, the
+        one the form was sent from (its ``list_page``), whose address the script then polls."""
+        if form is None:
+            page, own = request.query_params.get("page", ""), None
+        else:
+            page = form.get("list_page", "")
+            own = path + (f"?page={page}" if page.isdigit() and page != "1" else "")
+        return self.page(request, template, title, lambda: read(self.client, {"page": page}), error=error,
+                         status=status, form=form, page_url=own)
 
     def go(self, request: Request) -> Response:
         """The "open a task by id" box: to the task's page, or say what a task id looks like."""
@@ -198,7 +214,7 @@ class Console:
         except ValueError as exc:
             return self.render(request, "message.html", {"heading": "Bad input", "message": str(exc)}, status=400,
                                title="Bad input")
-        return RedirectResponse(f"/tasks/{tid}", status_code=303)
+        return RedirectResponse(local_path(f"/tasks/{tid}"), status_code=303)
 
     def workers(self, request: Request) -> Response:
         return self.page(request, "workers.html", "Workers", lambda: pages.workers(self.client))
@@ -232,7 +248,7 @@ class Console:
             kind = {400: "Bad input", 404: "Not found"}.get(status, "Refused")
             error = f"{name.capitalize()}: {kind.lower()}: {exc.message}"
             return await run_in_threadpool(self.back, request, page, form, error, status)
-        response = RedirectResponse(target, status_code=303)
+        response = RedirectResponse(local_path(target), status_code=303)
         response.set_cookie(FLASH_COOKIE, self.guard.flash_value("ok", message), **cookie_kwargs())
         return response
 
@@ -262,8 +278,7 @@ class Console:
             return f"{task_id}: {outcome}{note}", f"/tasks/{task_id}"
         if name == "replay":
             if fingerprint and not task_id:
-                return self.each(self.group(fingerprint), lambda t: c.dlq_replay(t, reason, hypothesis, actor=actor),
-                                 "replayed", f"fingerprint {fingerprint}"), "/dlq"
+                return self.bulk(form, lambda t: c.dlq_replay(t, reason, hypothesis, actor=actor), "replayed"), "/dlq"
             a = c.dlq_replay(_need(task_id, "task id"), reason, hypothesis, actor=actor)
             return f"{a.id} created ({a.state.value}): replayed from the dead-letter queue", f"/tasks/{task_id}"
         # purge
@@ -271,9 +286,8 @@ class Console:
             raise InvalidArgument("purging deletes the task and its whole history for good: tick the confirmation")
         keep_days = _keep_days(form.get("keep_days", "30"))
         if fingerprint and not task_id:
-            return self.each(self.group(fingerprint),
-                             lambda t: c.dlq_purge(t, reason=reason, actor=actor, keep_key_s=keep_days * 86_400),
-                             "purged", f"fingerprint {fingerprint}"), "/dlq"
+            return self.bulk(form, lambda t: c.dlq_purge(t, reason=reason, actor=actor, keep_key_s=keep_days * 86_400),
+                             "purged"), "/dlq"
         n = c.dlq_purge(_need(task_id, "task id"), reason=reason, actor=actor, keep_key_s=keep_days * 86_400)
         return (f"{task_id} purged ({n} attempt(s)); its id and producer key are refused for {keep_days:g} day(s)",
                 "/dlq")
@@ -284,19 +298,38 @@ class Console:
             raise InvalidArgument(f"no quarantined task's last failure has fingerprint {fingerprint[:40]!r}")
         return ids
 
-    @staticmethod
-    def each(ids: list[str], act: Callable[[str], Any], verb: str, what: str) -> str:
-        """Act on each task of a group; the first refusal stops nothing. All refused: raise the first."""
+    def bulk(self, form: Mapping[str, str], act: Callable[[str], Any], verb: str) -> str:
+        """A group's "replay all" or "purge all": on the tasks its form names (the ones the page showed
+        the operator) that are still in the group, never on one quarantined since; said which."""
+        fingerprint = form.get("fingerprint", "").strip()
+        seen = _named_tasks(form.get("ids", ""))
+        current = self.group(fingerprint)
+        named = set(seen)
+        targets = [t for t in current if t in named]
+        what = f"with fingerprint {fingerprint}"
+        if not targets:
+            raise InvalidArgument(f"none of the {len(seen)} task(s) shown {what} is in that group any more: "
+                                  "nothing was done; reload the page to see the group as it is now")
         done, refused = 0, []
-        for tid in ids:
+        for tid in targets:  # the first refusal stops nothing; all refused: raise the first
             try:
                 act(tid)
                 done += 1
             except McqError as exc:
                 refused.append((tid, exc))
-        if not done and refused:
+        if not done:
             raise refused[0][1]
-        text = f"{verb} {done} of {len(ids)} task(s) with {what}"
+        text = f"{verb} {done} of the {len(seen)} task(s) shown {what}"
+        if len(seen) > len(targets):
+            text += f"; {len(seen) - len(targets)} had left the group"
+        unseen = len(current) - len(targets)
+        if unseen and _int(form.get("count")) > len(seen):
+            text += (f"; {unseen} task(s) of the group the form did not name (beyond its oldest {len(seen)}, or "
+                     "quarantined since the page was shown) were left alone")
+        elif unseen:
+            one = unseen == 1
+            text += (f"; {unseen} task{'' if one else 's'} quarantined since the page was shown "
+                     f"{'was' if one else 'were'} left alone (reload the page to see {'it' if one else 'them'})")
         if refused:
             text += "; refused: " + "; ".join(f"{t}: {e.message}" for t, e in refused[:5])
         return text
@@ -331,6 +364,29 @@ def _bytes(n: int | None) -> str:
     return f"{size:.1f} GB"
 
 
+def _named_tasks(text: str) -> list[str]:
+    """The task ids a group's form names (what the page showed): each a task id, at most BULK_MAX."""
+    ids = list(dict.fromkeys(text.split()))
+    if not ids:
+        raise InvalidArgument("this form names no task (a page from before the console's last update, or a "
+                              "hand-made form): reload the page and send it again")
+    if len(ids) > pages.BULK_MAX:
+        raise InvalidArgument(f"a group's form names at most {pages.BULK_MAX} tasks")
+    for tid in ids:
+        try:
+            parse_task_id(tid)
+        except ValueError as exc:
+            raise InvalidArgument(f"the form names {tid[:80]!r}: {exc}") from None
+    return ids
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
 def _need(value: str, what: str) -> str:
     if not value:
         raise InvalidArgument(f"no {what} given")
@@ -348,7 +404,7 @@ def _keep_days(text: str) -> float:
 
 
 class GuardMiddleware(BaseHTTPMiddleware):
-    """Local requests pass; any other needs the token (module docstring of :mod:`.security`)."""
+    """Every request needs the token, but a local one when loopback is trusted (:mod:`.security`)."""
 
     def __init__(self, app: Any, console: Console) -> None:
         super().__init__(app)
@@ -358,18 +414,18 @@ class GuardMiddleware(BaseHTTPMiddleware):
         guard = self.console.guard
         headers = {k.lower(): v for k, v in request.headers.items()}
         peer = request.client.host if request.client else None
-        local = guard.is_local(peer, headers)
-        request.state.local = local
+        trusted = guard.trusted(peer, headers)
+        request.state.local = trusted
         request.state.actor = f"console:{peer or 'unknown'}"
         presented = guard.presented_token(headers, dict(request.cookies), dict(request.query_params))
-        if not local and not guard.token_ok(presented):
+        if not trusted and not guard.token_ok(presented):
             body = self.console.env.get_template("denied.html").render(
-                {"presented": bool(presented), "loopback_peer": peer})
+                {"presented": bool(presented), "trust_loopback": guard.trust_loopback})
             return HTMLResponse(body, status_code=401, headers=_security_headers())
         if request.method == "GET" and "token" in request.query_params and guard.token_ok(presented):
             rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            response: Response = RedirectResponse(request.url.path + (f"?{urlencode(rest)}" if rest else ""),
-                                                  status_code=303)
+            target = local_path(request.url.path) + (f"?{urlencode(rest)}" if rest else "")
+            response: Response = RedirectResponse(target, status_code=303)
             response.set_cookie(TOKEN_COOKIE, guard.token, **cookie_kwargs())
         else:
             response = await call_next(request)
@@ -383,12 +439,14 @@ def _security_headers() -> dict[str, str]:
             "X-Frame-Options": "DENY"}
 
 
-def create_app(client: Client, *, read_only: bool = False, token: str | None = None,
+def create_app(client: Client, *, read_only: bool = False, token: str | None = None, trust_loopback: bool = False,
                sample_interval_s: float = INTERVAL_S, sampling: bool = True, poll_ms: int = POLL_MS) -> Starlette:
-    """The console's ASGI app over ``client``'s namespace. ``token``: required for non-local requests
-    (default: a new random one, ``app.state.console.guard.token``). ``sampling``: sample the queues
-    every ``sample_interval_s`` while the app runs (its lifespan)."""
-    guard = Guard(token=token, read_only=read_only) if token else Guard(read_only=read_only)
+    """The console's ASGI app over ``client``'s namespace. ``token``: required for every request
+    (default: a new random one, ``app.state.console.guard.token``), but a local one when
+    ``trust_loopback`` (:mod:`.security`). ``sampling``: sample the queues every ``sample_interval_s``
+    while the app runs (its lifespan)."""
+    rules: dict[str, Any] = {"read_only": read_only, "trust_loopback": trust_loopback}
+    guard = Guard(token=token, **rules) if token else Guard(**rules)
     console = Console(client, guard, sample_interval_s=sample_interval_s, sampling=sampling, poll_ms=poll_ms)
 
     @contextlib.asynccontextmanager

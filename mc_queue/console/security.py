@@ -1,19 +1,25 @@
 """Who may use the console, and how a form proves it came from the console's own page.
 
-- **Local or token.** A request is *local* when its peer address is a loopback address (127.0.0.0/8
-  or ::1, also as an IPv4-mapped IPv6 address), it carries no forwarding header (``Forwarded``,
-  ``X-Forwarded-For``, ``X-Real-IP``, ``X-Forwarded-Host``: a proxy on this machine relays someone
-  else, so its loopback address proves nothing) and its ``Host`` header names this machine
-  (``localhost``, a 127.x address or ``[::1]``: a page of another site whose name was rebound to
-  127.0.0.1 sends its own name there). A local request needs nothing more; any other request needs
-  the console's token, given once as ``?token=...`` (kept in an HttpOnly cookie from then on), or as
-  ``Authorization: Bearer ...`` on every request. uvicorn runs with ``proxy_headers=False``, so the
-  peer address is the TCP peer's, never a header's.
+- **The token, always.** Every request needs the console's token, given once as ``?token=...`` (it
+  moves into an HttpOnly cookie and leaves the address bar) or as ``Authorization: Bearer ...`` on
+  every request, wherever it comes from: a proxy on this machine (nginx's ``proxy_pass
+  http://127.0.0.1:9465;``) relays anyone's request from 127.0.0.1, naming 127.0.0.1, and adds no
+  header saying so, so a loopback peer proves nothing. The console prints an address that carries
+  the token (Jupyter's rule).
+- **Trusting loopback, when the operator says so** (``trust_loopback``, ``mcq dashboard
+  --trust-loopback``): then a *local* request needs nothing more. Local: its peer address is a
+  loopback address (127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address), it carries no
+  forwarding header (``Forwarded``, ``X-Forwarded-For``, ``X-Real-IP``, ``X-Forwarded-Host``) and its
+  ``Host`` header names this machine (``localhost``, a 127.x address or ``[::1]``: a page of another
+  site whose name was rebound to 127.0.0.1 sends its own name there). Only for a machine where no
+  proxy forwards to the console and every local user may act on the queue. uvicorn runs with
+  ``proxy_headers=False``, so the peer address is the TCP peer's, never a header's.
 - **CSRF.** Every form carries a hidden ``csrf`` field, ``<nonce>.<HMAC(secret, nonce)>``, and the
   page sets the nonce in a SameSite=Strict cookie; a POST is refused unless the field's signature
   is the console's and its nonce is the cookie's, and unless its ``Origin`` (when sent) is the host
   it was sent to. The secret lives in the console's process: a restart refuses old forms.
 - **Read-only.** With ``read_only`` every POST is refused and the pages show no form.
+- **Redirects stay here.** Every redirect's target is :func:`local_path`: a path of this site.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
 TOKEN_COOKIE = "mcq_token"
@@ -66,13 +73,23 @@ def is_loopback_host_header(host_header: str | None) -> bool:
     return name == "localhost" or is_loopback_address(name)
 
 
+def local_path(path: str) -> str:
+    """``path`` as a target of this site only: one leading ``/`` (never ``//`` or ``/\\``, which a
+    browser takes for another host), backslashes read as the browser reads them (``/``), runs of
+    slashes made one, everything else percent-encoded (no CR/LF, no space reaches a header)."""
+    cleaned = re.sub(r"/{2,}", "/", "/" + path.replace("\\", "/"))
+    return quote(cleaned, safe="/!$&'()*+,;=:@-._~")
+
+
 @dataclass
 class Guard:
-    """The console's access rules (module docstring). ``token``: from ``MCQ_DASHBOARD_TOKEN``, else generated."""
+    """The console's access rules (module docstring). ``token``: from ``MCQ_DASHBOARD_TOKEN``, else
+    generated. ``trust_loopback``: a local request needs no token (the operator's explicit choice)."""
 
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     read_only: bool = False
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    trust_loopback: bool = False
 
     def __post_init__(self) -> None:
         if len(self.token) < MIN_TOKEN_CHARS:
@@ -89,6 +106,10 @@ class Guard:
         if any(h in headers for h in FORWARDING_HEADERS):
             return False
         return is_loopback_host_header(headers.get("host"))
+
+    def trusted(self, peer: str | None, headers: dict[str, str]) -> bool:
+        """A request that needs no token: only a local one, and only with ``trust_loopback``."""
+        return self.trust_loopback and self.is_local(peer, headers)
 
     def token_ok(self, presented: str | None) -> bool:
         return bool(presented) and hmac.compare_digest(str(presented).encode(), self.token.encode())

@@ -19,6 +19,7 @@ import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, StaleFence, make_failure, reconcile_attempt
+from mc_queue.console.security import TOKEN_COOKIE
 from mc_queue.producer import AppClient
 from mc_queue.testing import RedisServer, unique_prefix
 from tests.apps import basic
@@ -141,9 +142,14 @@ def story(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
     s.client.close()
 
 
-def local(app: Any, **kw: Any) -> TestClient:
-    """A TestClient whose requests come from 127.0.0.1 to the console's own address."""
-    return TestClient(app, client=LOCAL, base_url=LOCAL_URL, **kw)
+def local(app: Any, *, token: bool = True, **kw: Any) -> TestClient:
+    """A TestClient whose requests come from 127.0.0.1 to the console's own address: a browser on this
+    machine that opened the address the console printed (its token in the cookie); ``token=False``:
+    one that did not."""
+    c = TestClient(app, client=LOCAL, base_url=LOCAL_URL, **kw)
+    if token:
+        c.cookies.set(TOKEN_COOKIE, app.state.console.guard.token)
+    return c
 
 
 def csrf_of(html: str) -> str:
@@ -155,3 +161,15 @@ def csrf_of(html: str) -> str:
 def alert_of(html: str) -> str:
     m = re.search(r'role="alert"[^>]*>([^<]+)<', html)
     return m.group(1).replace("&#39;", "'").replace("&quot;", '"') if m else ""
+
+
+def hidden_fields(html: str, action: str, *, within: str = "") -> dict[str, str]:
+    """The hidden fields of the page's form ``data-action=action`` (the first one after ``within``, a
+    piece of the page such as a group's ``data-fingerprint="..."``), as a browser would send them."""
+    import html as html_lib
+
+    start = html.index(within) if within else 0
+    m = re.search(rf'<form [^>]*data-action="{re.escape(action)}"[^>]*>(.*?)</form>', html[start:], re.S)
+    assert m, f"no form {action!r} on the page"
+    return {name: html_lib.unescape(value) for name, value in
+            re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', m.group(1))}

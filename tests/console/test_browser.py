@@ -2,8 +2,9 @@
 downloaded browser): every page at 1280x800 and 390x844 against a namespace holding every state (no
 horizontal scrolling on a phone, no script error), a task followed from the list to its timeline, a
 DLQ replay from the page, a short reason refused with the contract's message, live updates without a
-reload, and a request from a non-loopback address refused without the token. Screenshots of every
-page go to artifacts/console/."""
+reload, and a request from a non-loopback address refused without the token. Each browser opens the
+address the console prints first (it carries the token, which moves into a cookie), as a person
+does: every request needs the token. Screenshots of every page go to artifacts/console/."""
 
 from __future__ import annotations
 
@@ -61,10 +62,18 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+def open_console(pg: Any, running: Running) -> None:
+    """Open the address the console printed (``…/?token=…``): the token moves into a cookie and leaves
+    the address bar."""
+    response = pg.goto(running.token_url)
+    assert response is not None and response.status == 200 and "token=" not in pg.url, pg.url
+
+
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
+def page(browser: Any, console: Running) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
+    open_console(pg, console)
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
     # a refused action answers 4xx on purpose (Chromium logs those as failed loads): script errors only
@@ -87,6 +96,7 @@ def test_every_page_at_desktop_and_phone_width(browser: Any, console: Running, s
         errors: list[str] = []
         pg.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
         pg.on("console", lambda msg, errors=errors: errors.append(msg.text) if msg.type == "error" else None)
+        open_console(pg, console)
         for name, path in pages.items():
             response = pg.goto(console.url.rstrip("/") + path)
             assert response is not None and response.status == 200, (name, response and response.status)
@@ -193,6 +203,21 @@ def test_a_request_from_a_non_loopback_address_needs_the_token(browser: Any, con
             remote.stop()
 
 
+def test_a_browser_on_this_machine_needs_the_printed_address(browser: Any, console: Running) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        pg = context.new_page()
+        response = pg.goto(console.url + "dlq")
+        assert response is not None and response.status == 401 and "needs its token" in pg.inner_text("main")
+        open_console(pg, console)
+        assert "Namespace" in pg.inner_text("#namespace")
+        pg.click("nav a[href='/dlq']")
+        pg.wait_for_url("**/dlq")
+        assert pg.locator("#dlq-groups").count() == 1
+    finally:
+        context.close()
+
+
 def test_the_overview_draws_the_samples_the_console_took(page: Any, console: Running, story: Story) -> None:
     deadline = time.monotonic() + 5
     while story.client.redis.xlen(story.client.keys.queue_samples("agents")) < 2:
@@ -214,7 +239,7 @@ def test_redis_going_down_is_a_banner_on_the_open_page(browser: Any, own_redis: 
     try:
         client.enqueue("jobs", "fix-issue", {"n": 1})
         pg = context.new_page()
-        pg.goto(running.url)
+        open_console(pg, running)
         assert pg.locator("#banner .banner-down").count() == 0
         own_redis.stop()
         pg.wait_for_selector("#banner .banner-down", timeout=10_000)  # on the open page, without a reload

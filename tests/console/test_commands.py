@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import pytest
 
 import mc_queue
 from mc_queue.testing import RedisServer, free_port, unique_prefix
@@ -53,16 +54,22 @@ def test_mcq_dashboard_serves_the_namespace_with_its_rules(redis_server: RedisSe
     seen: list[str] = []
     try:
         assert proc.stderr is not None
-        _read_until(proc.stderr.fileno(), r"need the token in MCQ_DASHBOARD_TOKEN", 20, seen)
+        _read_until(proc.stderr.fileno(), r"MCQ_DASHBOARD_TOKEN", 20, seen)
         assert f"at http://127.0.0.1:{port}/ (read-only)" in "".join(seen)
         assert token not in "".join(seen)  # a token from the environment is not printed
         base = f"http://127.0.0.1:{port}"
-        r = httpx.get(f"{base}/tasks/{tid}", timeout=10)
+        bearer = {"Authorization": f"Bearer {token}"}
+        # every request needs the token, from this machine too (a proxy here would relay anyone from 127.0.0.1)
+        assert httpx.get(f"{base}/tasks/{tid}", timeout=10).status_code == 401
+        r = httpx.get(f"{base}/tasks/{tid}", headers=bearer, timeout=10)
         assert r.status_code == 200 and tid in r.text and 'method="post"' not in r.text
         assert httpx.get(f"{base}/", headers={"X-Forwarded-For": "198.51.100.4"}, timeout=10).status_code == 401
-        assert httpx.get(f"{base}/", headers={"X-Forwarded-For": "198.51.100.4", "Authorization": f"Bearer {token}"},
+        assert httpx.get(f"{base}/", headers={"X-Forwarded-For": "198.51.100.4", **bearer},
                          timeout=10).status_code == 200
-        refused = httpx.post(f"{base}/actions/cancel", data={"task_id": tid, "reason": "x" * 20}, timeout=10)
+        assert httpx.post(f"{base}/actions/cancel", data={"task_id": tid, "reason": "x" * 20},
+                          timeout=10).status_code == 401
+        refused = httpx.post(f"{base}/actions/cancel", data={"task_id": tid, "reason": "x" * 20}, headers=bearer,
+                             timeout=10)
         assert refused.status_code == 403 and "read-only" in refused.text
     finally:
         proc.terminate()
@@ -73,6 +80,36 @@ def test_mcq_dashboard_serves_the_namespace_with_its_rules(redis_server: RedisSe
     assert bad.returncode == 2 and "MCQ_DASHBOARD_TOKEN must have at least 16 characters" in bad.stderr
 
 
+@pytest.mark.xfail(strict=True, reason="needs cli.py's mcq dashboard to take --trust-loopback and pass it to "
+                   "console.start(trust_loopback=True) (cli.py is another helper's: asked for in the report)")
+def test_mcq_dashboard_trust_loopback_is_the_operators_choice(redis_server: RedisServer) -> None:
+    prefix = unique_prefix("dash")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
+                             "dashboard", "--port", str(port), "--trust-loopback"], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        _read_until(proc.stderr.fileno(), rf"at http://127\.0\.0\.1:{port}/", 20, seen)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = httpx.get(f"{base}/", timeout=10)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert r.status_code == 200  # loopback trusted: a local request needs nothing
+        assert httpx.get(f"{base}/", headers={"X-Forwarded-For": "198.51.100.4"}, timeout=10).status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.xfail(strict=True, reason="needs cli.py's demo to print the console's Running.token_url (every "
+                   "request needs the token): cli.py is another helper's, asked for in the report")
 def test_mcq_demo_at_a_terminal_keeps_the_console_open_until_enter(tmp_path: Path) -> None:
     master, slave = pty.openpty()  # the demo's standard input is a terminal, as for a person
     proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--home", str(tmp_path / "home"), "demo",
@@ -82,12 +119,15 @@ def test_mcq_demo_at_a_terminal_keeps_the_console_open_until_enter(tmp_path: Pat
     seen: list[str] = []
     try:
         assert proc.stdout is not None
-        m = _read_until(proc.stdout.fileno(), r"in the console: (http://127\.0\.0\.1:\d+/)", 90, seen)
-        url = m.group(1)
+        m = _read_until(proc.stdout.fileno(), r"in the console: (http://127\.0\.0\.1:\d+/)(\S*)\s", 90, seen)
+        url, rest = m.group(1), m.group(2)
+        assert rest.startswith("?token="), f"the demo's console address carries no token: {m.group(0)!r}"
         assert "press Enter" in "".join(seen)
-        page = httpx.get(url, timeout=10)
-        assert page.status_code == 200 and "Namespace" in page.text and "demo" in page.text
-        assert httpx.get(url + "tasks", timeout=10).status_code == 200
+        with httpx.Client(timeout=10) as browser:  # the address as printed, then the cookie it set
+            page = browser.get(url + rest, follow_redirects=True)
+            assert page.status_code == 200 and "Namespace" in page.text and "demo" in page.text
+            assert browser.get(url + "tasks").status_code == 200
+        assert httpx.get(url, timeout=10).status_code == 401  # without the token: refused
         assert proc.poll() is None  # still serving, waiting for Enter
         os.write(master, b"\n")
         assert proc.wait(30) == 0, "".join(seen)[-3000:]

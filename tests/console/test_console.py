@@ -5,18 +5,19 @@ message, the actor recorded), Redis down shown as such, no secret rendered, the 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 import mc_queue
-from mc_queue.console import create_app
+from mc_queue.console import create_app, start
 from mc_queue.console.samples import KEEP, sample
 from mc_queue.console.security import Guard, is_loopback_address, is_loopback_host_header
 from mc_queue.models import TaskState
-from mc_queue.testing import RedisServer, free_port
+from mc_queue.testing import RedisServer, free_port, unique_prefix
 
-from .conftest import LOCAL_URL, REASON, Story, TestClient, alert_of, csrf_of, local, quarantine
+from .conftest import LOCAL_URL, REASON, Story, TestClient, alert_of, csrf_of, hidden_fields, local, quarantine
 
 TOKEN = "a-token-for-these-tests-0123456789"
 
@@ -104,13 +105,23 @@ def test_requests_not_from_this_machine_need_the_token(app, story: Story) -> Non
     assert r.status_code == 303 and r.headers["location"] == "/tasks?state=running"
     assert "mcq_token=" in r.headers["set-cookie"] and "HttpOnly" in r.headers["set-cookie"]
     assert remote.get("/tasks?state=running").status_code == 200
-    # a loopback peer is not enough: behind a local proxy, or under another site's name (DNS rebinding)
-    proxied = local(app, headers={"X-Forwarded-For": "203.0.113.7"})
-    assert proxied.get("/").status_code == 401
-    rebound = TestClient(app, client=("127.0.0.1", 40101), base_url="http://evil.example:9465")
-    assert rebound.get("/").status_code == 401
+    # a loopback peer is not enough: a proxy on this machine relays anyone from 127.0.0.1 (test_proxy.py)
+    assert local(app, token=False).get("/").status_code == 401
+    assert local(app, token=False, headers={"X-Forwarded-For": "203.0.113.7"}).get("/").status_code == 401
+
+
+def test_trust_loopback_lets_local_requests_in_and_nothing_else(story: Story) -> None:
+    app = create_app(story.client, token=TOKEN, sampling=False, trust_loopback=True)
+    assert local(app, token=False).get("/").status_code == 200
     assert TestClient(app, client=("127.0.0.2", 1), base_url="http://127.0.0.2:9465").get("/").status_code == 200
     assert TestClient(app, client=("::1", 1), base_url="http://[::1]:9465").get("/").status_code == 200
+    # not behind a proxy that says so, nor under another site's name (DNS rebinding), nor from elsewhere
+    assert local(app, token=False, headers={"X-Forwarded-For": "203.0.113.7"}).get("/").status_code == 401
+    rebound = TestClient(app, client=("127.0.0.1", 40101), base_url="http://evil.example:9465")
+    assert rebound.get("/").status_code == 401
+    remote = TestClient(app, client=("192.0.2.10", 50000), base_url="http://192.0.2.2:9465")
+    assert remote.get("/").status_code == 401
+    assert remote.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_an_action_from_a_non_loopback_origin_without_token_is_refused(app, story: Story) -> None:  # type: ignore[no-untyped-def]
@@ -191,11 +202,12 @@ def test_a_group_replay_by_fingerprint(app, story: Story) -> None:  # type: igno
     ids = [quarantine(q, "group-replay"), quarantine(q, "group-replay")]
     fp = next(fp for fp, members in q.dlq_fingerprints().items() if ids[0] in members)
     c = local(app)
-    csrf = csrf_of(c.get("/dlq").text)
-    r = c.post("/actions/replay", data={"csrf": csrf, "fingerprint": fp, "reason": REASON, "page": "dlq"})
-    assert r.status_code == 200 and f"replayed 2 of 2 task(s) with fingerprint {fp}" in r.text
+    fields = hidden_fields(c.get("/dlq").text, "replay-group", within=f'data-fingerprint="{fp}"')
+    assert fields["ids"].split() == ids and fields["count"] == "2"
+    r = c.post("/actions/replay", data={**fields, "reason": REASON})
+    assert r.status_code == 200 and f"replayed 2 of the 2 task(s) shown with fingerprint {fp}" in r.text
     assert all(q.get_task(t).state is TaskState.PENDING for t in ids)
-    r = c.post("/actions/replay", data={"csrf": csrf, "fingerprint": "0" * 16, "reason": REASON, "page": "dlq"})
+    r = c.post("/actions/replay", data={**fields, "fingerprint": "0" * 16, "reason": REASON})
     assert r.status_code == 400 and "no quarantined task" in alert_of(r.text)
 
 
@@ -227,6 +239,7 @@ def test_redis_down_is_a_banner_and_no_secret_is_rendered(tmp_path: Path) -> Non
             assert "Redis cannot be reached" in r.text
             assert "s3cret" not in r.text and "redis://:***@127.0.0.1" in r.text
         nonce = "m" * 24
+        c = local(app)  # a browser that holds the token and this page's CSRF cookie, nothing else
         c.cookies.set("mcq_csrf", nonce)
         r = c.post("/actions/cancel", data={"csrf": app.state.console.guard.csrf_field(nonce),
                                             "task_id": "jobs:01ARZ3NDEKTSV4RRFFQ69G5FAV", "reason": REASON})
@@ -250,24 +263,39 @@ def test_redis_going_away_and_coming_back(own_redis: RedisServer) -> None:
         client.close()
 
 
-def test_queue_samples_are_capped_kept_in_redis_and_drawn(story: Story) -> None:
-    q = story.client
-    key = q.keys.queue_samples("agents")
-    q.redis.delete(key)
-    assert sample(q, interval_s=10) >= 2  # every queue of the namespace
-    assert sample(q, interval_s=10) == 0  # another console sampled less than an interval ago: skipped
-    assert sample(q, interval_s=0) >= 2
-    entries = q.redis.xrange(key)
-    assert len(entries) == 2
-    assert set(entries[0][1]) == {"age_ms", "depth", "running", "succeeded", "failed", "canceled"}
-    for _ in range(KEEP + 5):
-        q.redis.xadd(key, {"age_ms": 1000, "depth": 1, "running": 0, "succeeded": 0, "failed": 0, "canceled": 0},
-                     maxlen=KEEP, approximate=False)
-    assert q.redis.xlen(key) == KEEP
-    # a console started afresh draws what Redis kept
-    html = local(create_app(q, sampling=False)).get("/").text
-    assert re.search(r'<path class="line" d="M[0-9.]+,[0-9.]+ L', html)
-    assert "Attempts finished" in html
+def test_queue_samples_are_capped_kept_in_redis_and_drawn(story: Story, redis_server: RedisServer) -> None:
+    """The test alone samples its namespace (no console's sampler runs on it: it once raced a console
+    sampling the shared story namespace, issue 15); one such console samples the story meanwhile."""
+    story_key = story.client.keys.queue_samples("agents")
+    before = story.client.redis.xrevrange(story_key, count=1)
+    racer = start(story.client, host="127.0.0.1", port=0, background=True, token=TOKEN, sample_interval_s=0.001)
+    q = mc_queue.connect(redis_server.url, prefix=unique_prefix("samples"))
+    try:
+        deadline = time.monotonic() + 10
+        while story.client.redis.xrevrange(story_key, count=1) == before:  # the racer is sampling
+            assert time.monotonic() < deadline, "the racing console took no sample"
+            time.sleep(0.01)
+        for queue in ("agents", "other"):
+            q.enqueue(queue, "fix-issue", {"queue": queue})
+        key = q.keys.queue_samples("agents")
+        assert sample(q, interval_s=10) == 2  # every queue of the namespace
+        assert sample(q, interval_s=10) == 0  # another console sampled less than an interval ago: skipped
+        assert sample(q, interval_s=0) == 2
+        entries = q.redis.xrange(key)
+        assert len(entries) == 2
+        assert set(entries[0][1]) == {"age_ms", "depth", "running", "succeeded", "failed", "canceled"}
+        for _ in range(KEEP + 5):
+            q.redis.xadd(key, {"age_ms": 1000, "depth": 1, "running": 0, "succeeded": 0, "failed": 0,
+                               "canceled": 0}, maxlen=KEEP, approximate=False)
+        assert q.redis.xlen(key) == KEEP
+        # a console started afresh draws what Redis kept
+        html = local(create_app(q, sampling=False)).get("/").text
+        assert re.search(r'<path class="line" d="M[0-9.]+,[0-9.]+ L', html)
+        assert "Attempts finished" in html
+        assert q.redis.xlen(key) == KEEP  # and sampled nothing of its own
+    finally:
+        racer.stop()
+        q.close()
 
 
 def test_every_response_carries_the_security_headers(app) -> None:  # type: ignore[no-untyped-def]
@@ -315,3 +343,63 @@ def test_pages_of_the_task_list_and_a_paused_queue(app, story: Story) -> None:  
         assert "Paused by operator: the provider asked us to slow down" in html
     finally:
         q.resume_queue("many", reason="the provider is fine again", actor="operator")
+
+
+def _fingerprint_of(q: mc_queue.Client, task_id: str) -> str:
+    return next(fp for fp, members in q.dlq_fingerprints().items() if task_id in members)
+
+
+def _flash(response) -> str:  # type: ignore[no-untyped-def]
+    m = re.search(r'id="flash">([^<]+)<', response.text)
+    return m.group(1).replace("&#39;", "'") if m else ""
+
+
+def _shown_then_grown(c: TestClient, q: mc_queue.Client, message: str,
+                      action: str) -> tuple[list[str], str, dict[str, str], str]:
+    """Two tasks of one group shown on the DLQ page, the group's ``action`` form as the page has it,
+    then a third task quarantined in that group after the page was shown."""
+    seen = [quarantine(q, message), quarantine(q, message)]
+    fp = _fingerprint_of(q, seen[0])
+    html = c.get("/dlq").text
+    assert f"{action.split('-')[0].capitalize()} all 2" in html
+    fields = hidden_fields(html, action, within=f'data-fingerprint="{fp}"')
+    newcomer = quarantine(q, message)  # quarantined after the page was shown, in the same group
+    return seen, fp, fields, newcomer
+
+
+def test_purge_all_acts_on_the_tasks_the_operator_saw(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    c = local(app)
+    seen, fp, fields, newcomer = _shown_then_grown(c, q, "purge-what-was-seen", "purge-group")
+    assert set(q.dlq_fingerprints()[fp]) == {*seen, newcomer}
+    r = c.post("/actions/purge", data={**fields, "reason": REASON, "confirm": "yes", "keep_days": "1"})
+    assert r.status_code == 200, alert_of(r.text)
+    assert all(q.tombstone(t) for t in seen)
+    assert q.get_task(newcomer).state is TaskState.QUARANTINED and q.tombstone(newcomer) is None
+    assert q.dlq_fingerprints()[fp] == [newcomer]
+    said = _flash(r)
+    assert f"purged 2 of the 2 task(s) shown with fingerprint {fp}" in said
+    assert "1 task quarantined since the page was shown was left alone" in said
+
+
+def test_replay_all_acts_on_the_tasks_the_operator_saw(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    c = local(app)
+    seen, fp, fields, newcomer = _shown_then_grown(c, q, "replay-what-was-seen", "replay-group")
+    q.dlq_replay(seen[1], "replayed from the command line meanwhile", actor="operator")  # gone from the group
+    r = c.post("/actions/replay", data={**fields, "reason": REASON})
+    assert r.status_code == 200, alert_of(r.text)
+    assert q.get_task(seen[0]).state is TaskState.PENDING
+    assert len(q.get_task(seen[1]).attempts) == 2  # replayed once (by the command line), not twice
+    assert q.get_task(newcomer).state is TaskState.QUARANTINED
+    said = _flash(r)
+    assert f"replayed 1 of the 2 task(s) shown with fingerprint {fp}" in said
+    assert "1 had left the group" in said and "1 task quarantined since the page was shown was left alone" in said
+    # every task shown has left the group since: refused, nothing changes
+    r = c.post("/actions/replay", data={**fields, "reason": REASON})
+    assert r.status_code == 400 and "none of the 2 task(s) shown" in alert_of(r.text)
+    assert q.get_task(newcomer).state is TaskState.QUARANTINED
+    # a group form that lists no task (an old page, a hand-made form) is refused
+    r = c.post("/actions/replay", data={"csrf": fields["csrf"], "fingerprint": fp, "page": "dlq", "reason": REASON})
+    assert r.status_code == 400 and "reload the page" in alert_of(r.text)
+    assert q.get_task(newcomer).state is TaskState.QUARANTINED
