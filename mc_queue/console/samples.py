@@ -9,6 +9,10 @@ the counters behind ``mcq_attempts_finished_total``). Throughput and failure rat
 differences of those totals between the first and the last sample. When several consoles watch one
 namespace, a console skips a queue whose newest sample is younger than most of an interval.
 
+Only the queues ``Client.queues()`` lists and that hold a task are sampled: a queue whose tasks were
+all retired adds no sample (its stream ages out of the window; the core forgets such a queue and
+deletes its samples), so the sampler's cost follows the queues in use, not every queue ever named.
+
 The chart is drawn on the server as inline SVG (no script, no library): one line per run of
 samples, broken where the console was not running.
 """
@@ -53,12 +57,13 @@ def finished_totals(stats: Mapping[str, str]) -> dict[str, dict[str, int]]:
 
 
 def sample(client: Client, *, interval_s: float = INTERVAL_S) -> int:
-    """Append one sample per queue (skipping queues another console sampled less than ~an interval
-    ago); returns how many were written."""
+    """Append one sample per listed queue that holds a task (skipping queues another console sampled
+    less than ~an interval ago); returns how many were written."""
     status = client.status()
+    listed = set(client.queues())
     stats = cast(dict[str, str], client.redis.hgetall(client.keys.stats))
     totals = finished_totals(stats)
-    queues = [q for q in sorted(status) if _valid_queue(q)]
+    queues = [q for q in sorted(status) if q in listed and any(status[q]["counts"].values()) and _valid_queue(q)]
     if not queues:
         return 0
     now = redis_now_ms(client)
