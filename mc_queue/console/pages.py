@@ -4,6 +4,10 @@ Each function returns the template's context (plain dicts and records). Nothing 
 keyspace: the overview reads the counts hash, the indexes, the stats and sweeper hashes, the
 console's own samples and RQ's worker registry (as ``mcq workers``), the task list pages through
 ``Client.list_tasks``, the task page is ``Client.get_task`` + ``Client.effects``.
+
+Every list is paged, and a page reads what it shows: the overview the samples of its queues, the
+attention page the items of its page (``HMGET``, never the whole hash), the DLQ page the summaries of
+the tasks it lists. Per-queue and per-task reads go in one pipeline.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from .samples import chart, finished_totals, read_series, redis_now_ms
 
 STATES = [s.value for s in TaskState]  # the order the overview's depth columns use
 SWEEPER_LATE_S = 30.0  # a sweeper whose last pass is older than this is shown as not running
-PAGE_SIZE = 25
+PAGE_SIZE = 25  # tasks, attention items
+OVERVIEW_PAGE_SIZE = 20  # queue cards (each with its chart of the hour)
+DLQ_GROUPS_PAGE = 10  # fingerprint groups of the DLQ per page
+DLQ_TASKS_SHOWN = 10  # tasks listed in one group (its bulk forms carry up to BULK_MAX)
+BULK_MAX = 500  # tasks one "replay all" / "purge all" form names: what the operator saw, and acts on
+MAX_LIST_PAGE = 100_000
 EVENT_TEXT_CHARS = 240  # an event's sentence on the timeline; its fields hold the whole of it
 MAX_PAGES = 40  # list_tasks looks at 10 x (page x size) index entries at most: bounded by the page asked for
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
@@ -53,6 +62,26 @@ def parse_duration(text: str, what: str) -> int | None:
     if not m:
         raise InvalidArgument(f"{what} {text[:40]!r} is not a duration: use e.g. 90s, 15m, 2h, 7d")
     return int(float(m.group(1)) * _UNITS[m.group(2) or "s"])
+
+
+def page_number(text: Any, *, high: int = MAX_LIST_PAGE, beyond: str = "") -> int:
+    """A page asked for in the address: '' -> 1; a number from 1 to ``high``; else InvalidArgument
+    (``beyond``: what to do instead, said when the number is out of range)."""
+    raw = str(text or "1").strip()
+    if not raw.isdigit() or len(raw) > 9:
+        raise InvalidArgument(f"page {raw[:20]!r} is not a number")
+    page = int(raw)
+    if not 1 <= page <= high:
+        raise InvalidArgument(f"page must be between 1 and {high}{beyond}")
+    return page
+
+
+def paging(total: int, page: int, size: int) -> dict[str, Any]:
+    """Where page ``page`` of ``total`` rows starts and stops, and the pager's links (``prev`` of a
+    page beyond the last is the last one)."""
+    pages = max(1, -(-total // size))
+    return {"page": page, "pages": pages, "total": total, "start": (page - 1) * size, "stop": page * size,
+            "prev": min(page - 1, pages) if page > 1 else None, "next": page + 1 if page < pages else None}
 
 
 def _number(value: str | None) -> float:
@@ -101,7 +130,10 @@ def namespace_advice(state: str, prefix: str) -> str:
     return ""
 
 
-def overview(client: Client) -> dict[str, Any]:
+def overview(client: Client, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``params``: page (of the queue cards). Every queue's counts and age are read (one pipeline);
+    the samples only of the page's queues."""
+    page = page_number((params or {}).get("page"))
     ns = client.namespace()
     status = client.status()
     ov = client.overview()
@@ -113,7 +145,8 @@ def overview(client: Client) -> dict[str, Any]:
     now = redis_now_ms(client)
     workers = live_workers(client)
     totals = finished_totals(stats)
-    queues = sorted(status)
+    pager = paging(len(status), page, OVERVIEW_PAGE_SIZE)
+    queues = sorted(status)[pager["start"]:pager["stop"]]
     series = read_series(client, queues, now)
     rows = []
     for q in queues:
@@ -137,7 +170,7 @@ def overview(client: Client) -> dict[str, Any]:
     }
     memory = {k: ov.get(k) for k in ("memory_used_bytes", "memory_max_bytes", "enqueue_headroom_bytes")}
     return {
-        "ns": ns, "advice": namespace_advice(ns.state, ns.prefix), "queues": rows, "ov": ov,
+        "ns": ns, "advice": namespace_advice(ns.state, ns.prefix), "queues": rows, "pager": pager, "ov": ov,
         "sweeper": sweeper_row, "memory": memory,
         "workers_alive": sum(1 for w in workers if w["alive"]), "workers_total": len(workers),
         "workers_healthy": sum(1 for w in workers if w["healthy"]),
@@ -155,12 +188,7 @@ def task_list(client: Client, params: dict[str, Any]) -> dict[str, Any]:
     queue = str(params.get("queue") or "").strip() or None
     states = [s for s in params.get("states", []) if s]
     handler = str(params.get("handler") or "").strip() or None
-    try:
-        page = int(str(params.get("page") or "1"))
-    except ValueError:
-        raise InvalidArgument(f"page {str(params.get('page'))[:20]!r} is not a number") from None
-    if not 1 <= page <= MAX_PAGES:
-        raise InvalidArgument(f"page must be between 1 and {MAX_PAGES}: narrow the filters to see older tasks")
+    page = page_number(params.get("page"), high=MAX_PAGES, beyond=": narrow the filters to see older tasks")
     older = parse_duration(str(params.get("older_than") or ""), "older than")
     newer = parse_duration(str(params.get("since") or ""), "since")
     now = redis_now_ms(client)
@@ -270,7 +298,8 @@ def task_page(client: Client, task_id: str) -> dict[str, Any]:
     task: Task = client.get_task(task_id)
     effects = client.effects(task_id)
     now = redis_now_ms(client)
-    item = next((i for i in client.attention_items() if i.get("task_id") == task_id), None)
+    raw_item = client.redis.hget(client.keys.attention, task_id)
+    item = cast(dict[str, Any], json.loads(cast(str, raw_item))) if raw_item else None
     quarantined = task.state is TaskState.QUARANTINED
     fx = []
     for rec in effects.values():
@@ -302,17 +331,41 @@ def _ms_iso(ms: int | None) -> str:
 # ---------------------------------------------------------------------- attention, DLQ, workers
 
 
-def attention(client: Client) -> dict[str, Any]:
-    dlq = {t for t, _ in client.dlq()}
+def attention(client: Client, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``params``: page. The items of that page, by task id (as ``Client.attention_items``): the
+    hash's field names, then that page's items and their DLQ membership in one pipeline."""
+    page = page_number((params or {}).get("page"))
+    ids = sorted(str(k) for k in cast(list[str], client.redis.hkeys(client.keys.attention)))
+    pager = paging(len(ids), page, PAGE_SIZE)
+    shown = ids[pager["start"]:pager["stop"]]
+    found, since = _attention_of(client, shown)
     items = []
-    for item in client.attention_items():
-        tid = str(item.get("task_id") or "")
+    for field_id in shown:
+        item = found.get(field_id)
+        if item is None:
+            continue  # settled between the two reads
+        tid = str(item.get("task_id") or field_id)
         budget = item.get("budget")
-        items.append({"item": item, "task_id": tid, "quarantined": tid in dlq,
+        quarantined = since[field_id] is not None
+        items.append({"item": item, "task_id": tid, "quarantined": quarantined,
                       "budget": sorted(budget.items()) if isinstance(budget, dict) else [],
                       "tried": [_tried(row) for row in item.get("tried") or [] if isinstance(row, dict)],
-                      "next_step": next_step(item, tid in dlq)})
-    return {"items": items}
+                      "next_step": next_step(item, quarantined)})
+    return {"items": items, "pager": pager}
+
+
+def _attention_of(client: Client, task_ids: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """These tasks' attention items (those that have one) and DLQ scores (None: not quarantined), in
+    one pipeline."""
+    if not task_ids:
+        return {}, {}
+    pipe = client.redis.pipeline(transaction=False)
+    pipe.hmget(client.keys.attention, task_ids)
+    for tid in task_ids:
+        pipe.zscore(client.keys.dlq, tid)
+    raw, *scores = pipe.execute()
+    items = {t: cast(dict[str, Any], json.loads(text)) for t, text in zip(task_ids, raw, strict=True) if text}
+    return items, dict(zip(task_ids, scores, strict=True))
 
 
 def _tried(row: dict[str, Any]) -> dict[str, Any]:
@@ -322,16 +375,26 @@ def _tried(row: dict[str, Any]) -> dict[str, Any]:
             "fingerprint": row.get("fingerprint"), "rest": sorted((str(k), str(v)) for k, v in rest.items())}
 
 
-def dlq(client: Client) -> dict[str, Any]:
+def dlq(client: Client, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``params``: page (of the fingerprint groups, biggest first). A group lists its oldest
+    DLQ_TASKS_SHOWN tasks (their quarantine time and attention summary read in one pipeline); its
+    bulk forms name its oldest BULK_MAX tasks, the ones a bulk action acts on."""
+    page = page_number((params or {}).get("page"))
+    everything = sorted(client.dlq_fingerprints().items(), key=lambda g: (-len(g[1]), g[0]))
+    pager = paging(len(everything), page, DLQ_GROUPS_PAGE)
+    shown = everything[pager["start"]:pager["stop"]]
+    listed = [t for _, ids in shown for t in ids[:DLQ_TASKS_SHOWN]]
+    items, since = _attention_of(client, listed)
     now = redis_now_ms(client)
-    when_q = dict(client.dlq())
-    items = {str(i.get("task_id")): i for i in client.attention_items()}
     groups = []
-    for fp, ids in sorted(client.dlq_fingerprints().items(), key=lambda g: (-len(g[1]), g[0])):
-        tasks = [{"task_id": t, "since": ago(when_q.get(t), now), "summary": items.get(t, {}).get("summary", ""),
-                  "why": items.get(t, {}).get("why_unsafe", "")} for t in ids]
-        groups.append({"fingerprint": fp, "count": len(ids), "tasks": tasks})
-    return {"groups": groups, "total": len(when_q)}
+    for fp, ids in shown:
+        tasks = [{"task_id": t, "since": ago(int(since[t]) if since.get(t) else None, now),
+                  "summary": items.get(t, {}).get("summary", ""), "why": items.get(t, {}).get("why_unsafe", "")}
+                 for t in ids[:DLQ_TASKS_SHOWN]]
+        bulk = ids[:BULK_MAX]
+        groups.append({"fingerprint": fp, "count": len(ids), "tasks": tasks, "more": len(ids) - len(tasks),
+                       "bulk": len(bulk), "bulk_ids": " ".join(bulk)})
+    return {"groups": groups, "total": sum(len(ids) for _, ids in everything), "pager": pager}
 
 
 def workers(client: Client) -> dict[str, Any]:
