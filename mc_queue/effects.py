@@ -39,6 +39,12 @@ Reconcile = Callable[[str], Any]
 class EffectUnknown(NonRetryable):
     """The provider cannot tell whether the operation happened: no automatic decision is safe."""
 
+    why_unsafe = ("mc_queue could not find out from the provider whether an earlier side effect of this task "
+                  "happened (its lookup failed or could not tell): another automatic Attempt could do it a second "
+                  "time. Check the provider for the effect's key, then retry (it will replay what is found) or "
+                  "cancel")
+    attention_kind = "effect_unknown"
+
     def __init__(self, message: str, **_: Any) -> None:
         super().__init__(message, failure_class=FailureClass.PROVIDER)
 

@@ -82,7 +82,12 @@ class Retry(HandlerError):
 
 
 class NonRetryable(HandlerError):
-    """A failure no automatic Attempt can fix: the task stops and asks for attention."""
+    """A failure no automatic Attempt can fix: the task stops and asks for attention.
+
+    ``why_unsafe`` (a class attribute) says why in the attention item; None: the handler declared it so."""
+
+    why_unsafe: str | None = None
+    attention_kind = "non_retryable"
 
     def __init__(self, message: str = "", *, failure_class: FailureClass | str = FailureClass.VALIDATION) -> None:
         super().__init__(message)
@@ -102,6 +107,8 @@ class Classified:
     hypothesis: str | None = None
     retry_after: float | None = None
     non_retryable: bool = False
+    why_unsafe: str | None = None  # a NonRetryable's own explanation (mc_queue's, e.g. EffectUnknown)
+    attention_kind: str = "non_retryable"
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -134,7 +141,9 @@ def classify(exc: BaseException) -> Classified:
     failure = Failure(failure_class=fc, type=type_name, message=message[:2000],
                       fingerprint=fingerprint(fc, type_name, message),
                       retryable=not isinstance(exc, NonRetryable), traceback=format_traceback(exc))
-    return Classified(failure, hypothesis, retry_after, isinstance(exc, NonRetryable))
+    if isinstance(exc, NonRetryable):
+        return Classified(failure, hypothesis, retry_after, True, exc.why_unsafe, exc.attention_kind)
+    return Classified(failure, hypothesis, retry_after)
 
 
 # Exception types outside mc_queue mapped to a failure class: providers register their own errors
@@ -237,7 +246,8 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
     if failure.type == BudgetExceeded.__qualname__:
         return stop("budget_exhausted", f"budget exhausted: {failure.message}", "cost_or_tokens")
     if classified.non_retryable:
-        return stop("non_retryable", f"the handler declared this {fc.value} failure non-retryable")
+        return stop(classified.attention_kind,
+                    classified.why_unsafe or f"the handler declared this {fc.value} failure non-retryable")
     if action == "quarantine":
         return Decision("quarantine", f"{fc.value} failures quarantine the task for a person to examine",
                         attention=attention("quarantined", "an internal failure means the platform or the handler "

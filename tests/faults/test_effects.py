@@ -463,3 +463,30 @@ def test_effect_whose_reconcile_cannot_tell_blocks_the_task_for_a_person(h: Harn
     assert again.state is TaskState.BLOCKED and len(again.attempts) == 1 and len(again.events) == before
     assert h.queued() == 0
     assert forge.count_by_key() == {key: 1}
+
+
+def test_an_effect_still_unknown_at_the_next_attempt_is_explained_as_mc_queue_s_own_stop(
+        h: Harness, forge: ForgeServer) -> None:
+    """Issue 15: `mcq attention` said "the handler declared this provider failure non-retryable" when
+    mc_queue itself raised EffectUnknown (the provider still could not tell at Attempt 2)."""
+    head = "deadbeef02"
+    task = h.app.enqueue("open-pr", {"head": head, "kill_at": "after_call"})
+    key = mint_key(task.id, "open-pr", head)
+    h.run_worker("simple")
+    forge.lookups_unavailable(1000)
+    h.sweep_until(lambda t: t.state in FINAL, task.id, 15, "the suspect Attempt to be settled")
+    h.client.retry_task(task.id, "the operator asks Attempt 2 to look again", "the forge answers lookups again")
+    h.sweeper.run_once()  # dispatch Attempt 2
+    h.run_worker("simple")
+    final = h.sweep_until(lambda t: t.state in FINAL and len(t.attempts) == 2, task.id, 15, "Attempt 2 to stop")
+    assert final.state is TaskState.BLOCKED, explain(final)
+    f = final.attempts[1].failure
+    assert f is not None and f.type == "EffectUnknown", explain(final)
+    out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", h.server.url, "--prefix", h.prefix,
+                          "attention", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "MCQ_HOME": str(h.home)})
+    assert out.returncode == 0, out.stderr
+    item = next(i for i in json.loads(out.stdout) if i["task_id"] == task.id)
+    assert item["kind"] == "effect_unknown", item
+    assert "handler declared" not in item["why_unsafe"] and "mc_queue could not find out" in item["why_unsafe"]
+    assert forge.count_by_key() == {key: 1}  # never a second pull request
