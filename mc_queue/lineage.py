@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import zlib
 from collections.abc import Mapping
@@ -36,6 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .embedded import DirRule, StateFileRefused, check_private_dir, open_state_file, private_dir, read_state_file
+
+log = logging.getLogger("mc_queue.lineage")
+STATE_RULE = DirRule("MCQ_STATE_DIR", "the replication watermark's slot files",
+                     "MCQ_STATE_DIR=DIR or Client(state_dir=DIR)")
 NO_REPLID = "0" * 40
 SLOT_BYTES = 2048  # one record, padded; rewritten in place
 MAX_SLOTS = 512
@@ -174,21 +180,52 @@ class Watermark:
 
 
 class SlotStore:
-    """This process's slot file under ``directory`` (one per namespace), and reading everyone's."""
+    """This process's slot file under ``directory`` (one per namespace), and reading everyone's.
+
+    An existing state dir (or its ``lineage`` folders) that others may change is refused here, before
+    anything is written (:class:`~mc_queue.embedded.StateFileRefused`, a ConfigurationError)."""
 
     def __init__(self, directory: str | os.PathLike[str], prefix: str) -> None:
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in prefix)[:60]
         digest = hashlib.sha1(prefix.encode()).hexdigest()[:8]
-        self.dir = Path(directory) / "lineage" / f"{name}-{digest}"
+        self.state = Path(directory)
+        self.dir = self.state / "lineage" / f"{name}-{digest}"
         self._fd: int | None = None
         self._pid = 0
         self.slot: int | None = None
+        self._warned: set[str] = set()
+        self._check(create=False)
+
+    def _folders(self) -> list[tuple[Path, bool]]:
+        return [(self.state, True), (self.state / "lineage", False), (self.dir, False)]  # (folder, follow)
+
+    def _check(self, *, create: bool) -> bool:
+        """Refuse a folder others may change; create missing ones (0700) with ``create``. False when a
+        folder is missing (and not created)."""
+        for folder, follow in self._folders():
+            if create:
+                private_dir(folder, STATE_RULE, follow=follow)
+            elif os.path.lexists(folder):
+                check_private_dir(folder, STATE_RULE, follow=follow)
+            else:
+                return False
+        return True
+
+    def _skip(self, path: Path, why: StateFileRefused) -> None:
+        if str(path) not in self._warned:
+            self._warned.add(str(path))
+            log.warning("watermark slot skipped: %s", why)
 
     def _acquire(self, into: Watermark) -> int:
         """Take a free slot (lock it), merge what it holds into ``into``; returns its descriptor."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self._check(create=True)
         for i in range(MAX_SLOTS):
-            fd = os.open(self.dir / f"slot-{i:03d}", os.O_RDWR | os.O_CREAT, 0o600)
+            path = self.dir / f"slot-{i:03d}"
+            try:
+                fd = open_state_file(path, os.O_RDWR, create=True)
+            except StateFileRefused as exc:
+                self._skip(path, exc)
+                continue
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -211,16 +248,20 @@ class SlotStore:
         os.pwrite(self._fd, wm.encode(), 0)
 
     def read_all(self) -> Watermark:
-        """Every slot's watermark merged (torn or foreign records skipped)."""
+        """Every slot's watermark merged (torn, foreign or planted records skipped)."""
         out = Watermark()
-        if not self.dir.is_dir():
+        if not self._check(create=False):
             return out
         for path in sorted(self.dir.glob("slot-*")):
             for _ in range(3):  # a record being rewritten right now: read again
                 try:
-                    with open(path, "rb") as f:
-                        data = f.read(SLOT_BYTES)
+                    data = read_state_file(path, SLOT_BYTES)
+                except StateFileRefused as exc:
+                    self._skip(path, exc)
+                    break
                 except OSError:
+                    break
+                if data is None:
                     break
                 wm = Watermark.decode(data)
                 if wm is not None or not data.strip():

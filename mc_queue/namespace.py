@@ -16,15 +16,26 @@ marked ``lost`` (and refuses every transition until ``mcq recover``) on exactly 
    was raised, by an earlier incarnation of a task id that retention deleted, or before a recovery.
 
 Reads never create a namespace (only writers run ``init``).
+
+The witness file is read without following a symbolic link (a planted one is ignored, and logged) and
+replaced whole through a new file of this process (never written through a link); a witness in a
+folder others may change is refused (:class:`~mc_queue.embedded.StateFileRefused`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+from .embedded import DirRule, StateFileRefused, check_private_dir, read_state_file, replace_state_file
+
+log = logging.getLogger("mc_queue.namespace")
+WITNESS_RULE = DirRule("the witness's folder", "the namespace witness",
+                       "MCQ_HOME=DIR, or a private folder for Client(witness_path=...)")
 
 
 class NamespaceState:
@@ -66,26 +77,35 @@ class NamespaceState:
 
     # ------------------------------------------------------------------ the witness (embedded server only)
 
-    def read_witness(self) -> str | None:
-        if not self.witness_path or not self.witness_path.exists():
-            return None
+    def _witness_data(self) -> dict[str, Any]:
+        """What the witness file holds ({} when there is none, it is unreadable, or it is not a regular
+        file of this user: a planted symbolic link is ignored, and logged)."""
+        assert self.witness_path is not None
+        if not os.path.lexists(self.witness_path.parent):
+            return {}
+        check_private_dir(self.witness_path.parent, WITNESS_RULE)
         try:
-            data: Any = json.loads(self.witness_path.read_text())
-        except (OSError, ValueError):
+            raw = read_state_file(self.witness_path)
+        except StateFileRefused as exc:
+            log.warning("witness ignored: %s", exc)
+            return {}
+        except OSError:
+            return {}
+        try:
+            data: Any = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def read_witness(self) -> str | None:
+        if not self.witness_path:
             return None
-        value = data.get(self.prefix) if isinstance(data, dict) else None
+        value = self._witness_data().get(self.prefix)
         return value if isinstance(value, str) else None
 
     def write_witness(self, epoch: str) -> None:
         if not self.witness_path:
             return
-        try:
-            data = json.loads(self.witness_path.read_text()) if self.witness_path.exists() else {}
-        except (OSError, ValueError):
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
+        data = self._witness_data()
         data[self.prefix] = epoch
-        tmp = self.witness_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.witness_path)
+        replace_state_file(self.witness_path, json.dumps(data).encode())

@@ -99,3 +99,12 @@ def test_a_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
     f.write_text("x")
     with pytest.raises(ConfigurationError, match="not a directory"):
         prepare_home(f)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_state_files_a_home_another_user_owns_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "theirs"
+    home.mkdir(mode=0o755)
+    os.chown(home, 4242, 4242)  # mode 755, but its owner (not us) may plant anything there
+    with pytest.raises(ConfigurationError, match="owned by uid 4242"):
+        prepare_home(home)
