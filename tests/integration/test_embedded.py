@@ -6,10 +6,13 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 import mc_queue
 from mc_queue.embedded import ensure_server, stop_server
@@ -73,3 +76,53 @@ def test_wheel_ships_the_lua_scripts(tmp_path: Path) -> None:
         assert f"mc_queue/lua/{script}.lua" in names
     assert "mc_queue/lua/includes/common.lua" in names
     assert "mc_queue/py.typed" in names
+
+
+# --------------------------------------------------------------------------- issue 15: `mcq server stop`
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process (a `sleep 60` this test starts), ended at teardown."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def test_server_stop_never_signals_a_pid_it_cannot_prove_to_be_the_server(tmp_path: Path,
+                                                                         bystander: subprocess.Popen[bytes]) -> None:
+    home = tmp_path / "h"
+    home.mkdir(mode=0o700)
+    (home / "redis.pid").write_text(f"{bystander.pid}\n")  # a crashed server's pid file, the pid reused since
+    outcome = stop_server(home)
+    time.sleep(0.3)
+    assert bystander.poll() is None, "stop_server signalled a process that redis.pid named but nothing proved"
+    assert not outcome and str(bystander.pid) in outcome.message and "not signalled" in outcome.message
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
+    env["MCQ_HOME"] = str(home)
+    out = subprocess.run([sys.executable, "-m", "mc_queue", "server", "stop"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    time.sleep(0.3)
+    assert bystander.poll() is None, "`mcq server stop` signalled a process it could not prove to be the server"
+    assert "not signalled" in out.stderr + out.stdout and "Traceback" not in out.stderr, (out.stdout, out.stderr)
+
+
+def test_server_stop_signals_the_pid_the_server_reports_not_the_pid_file(tmp_path: Path,
+                                                                          bystander: subprocess.Popen[bytes]) -> None:
+    home = tmp_path / "h"
+    try:
+        server = ensure_server(home)
+        (home / "redis.pid").write_text(f"{bystander.pid}\n")  # the file says one thing, the server another
+        outcome = stop_server(home)
+        time.sleep(0.3)
+        assert bystander.poll() is None, "stop_server signalled the pid file's process instead of the server"
+        assert outcome and outcome.pid == server.pid != bystander.pid, outcome
+        stat_file = Path(f"/proc/{server.pid}/stat")  # gone, or a zombie until init reaps it
+        assert not stat_file.exists() or stat_file.read_text().rpartition(")")[2].split()[0] == "Z"
+        r = redis.Redis(unix_socket_path=str(home / "redis.sock"), socket_timeout=2, socket_connect_timeout=2)
+        with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+            r.ping()
+        r.close()
+    finally:
+        stop_server(home)
