@@ -19,7 +19,7 @@ from mc_queue.console.pages import OVERVIEW_PAGE_SIZE, PAGE_SIZE
 from mc_queue.console.samples import sample
 from mc_queue.testing import RedisServer, unique_prefix
 
-from .conftest import local, quarantine
+from .conftest import hidden_fields, local, quarantine
 
 TOKEN = "bounds-test-token-0123456789abcdef"
 
@@ -67,6 +67,12 @@ def test_attention_is_paged_and_its_refresh_bounded(client: mc_queue.Client) -> 
     second = c.get("/attention", params={"page": "2"}).text
     assert shown.findall(second) == ids[PAGE_SIZE:2 * PAGE_SIZE]
     assert 'href="/attention?page=1"' in second and 'href="/attention?page=3"' in second
+    # a form refused on page 2 answers with page 2 (and the script goes on polling page 2)
+    fields = hidden_fields(second, "replay", within=f'data-task="{ids[PAGE_SIZE]}"')
+    assert fields["list_page"] == "2"
+    refused = c.post("/actions/replay", data={**fields, "reason": "too short"})
+    assert refused.status_code == 400 and shown.findall(refused.text) == ids[PAGE_SIZE:2 * PAGE_SIZE]
+    assert 'data-page-url="/attention?page=2"' in refused.text and "too short</textarea>" in refused.text
     # the live refresh asks for the page shown (its address carries the page), and gets that page only
     assert 'data-page-url="/attention?page=3"' in c.get("/attention", params={"page": "3"}).text
     last = c.get("/attention", params={"page": "3", "partial": "1"}).text
