@@ -1,13 +1,17 @@
 """Per-Attempt workspaces, owned per namespace, and the crash cleanup that never leaves its root.
 
 Each Attempt gets a fresh directory ``<root>/task-<ns>-<ulid>-<n>``, where ``<ns>`` is a digest of
-the namespace (key prefix): two namespaces may share one root and still never name, nor remove, each
-other's workspaces. The default root is ``<home>/workspaces/<prefix>`` (``<home>``: ``--home`` or
+the namespace: its key prefix and, when the worker gives it, the namespace epoch (made anew each time
+the namespace is created on a Redis server, and by ``mcq recover``). Two namespaces may share one root,
+and so may the same prefix on two Redis servers, and still never name, nor remove, each other's
+workspaces. The default root is ``<home>/workspaces/<prefix>`` (``<home>``: ``--home`` or
 ``$MCQ_HOME``, the embedded server's folder).
 
 When a worker starts, stale workspaces (left by a crash) are removed before it polls for work. A
 directory is removed only when it is provably this namespace's stale workspace: its name is one
-this namespace makes, and its Attempt holds no lease (asked again right before each removal). Any
+this namespace makes (with the epoch: this namespace on this server, in its current epoch), and its
+Attempt holds no lease (asked again right before each removal). A workspace of an earlier epoch of
+the same namespace (before a ``mcq recover``) cannot be told from another server's and is left alone. Any
 other ``task-*`` entry (another namespace's, an older unnamespaced name, a symlink, a file) is left
 where it is. The boundary is checked on the real path, symlinks are never followed: a ``task-*``
 entry that is a symlink is refused and reported, never deleted through, and ``shutil.rmtree``
@@ -28,12 +32,15 @@ from .embedded import prepare_home
 from .keys import PREFIX_RE, parse_attempt_id
 
 _ULID = r"[0-9A-HJKMNP-TV-Z]{26}"
+_EPOCH_RE = re.compile(r"[0-9]{1,20}\.[0-9A-Za-z]{1,64}")  # '<time>.<nonce>', as init.lua makes it
 _ANY_NAME_RE = re.compile(rf"task-(?:([0-9a-f]{{12}})-)?{_ULID}-[0-9]+")
 
 
-def namespace_tag(prefix: str) -> str:
-    """The part of a workspace name that says which namespace (key prefix) it belongs to."""
-    return hashlib.sha256(f"mc_queue workspace\0{prefix}".encode()).hexdigest()[:12]
+def namespace_tag(prefix: str, epoch: str | None = None) -> str:
+    """The part of a workspace name that says which namespace it belongs to: a digest of the key prefix
+    and, when given, the namespace epoch (unique to one creation of the namespace on one server)."""
+    text = f"mc_queue workspace\0{prefix}" + (f"\0{epoch}" if epoch else "")
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def default_root(prefix: str, home: str | os.PathLike[str] | None = None) -> Path:
@@ -63,18 +70,24 @@ class CleanupReport:
 
 
 class WorkspaceRoot:
-    """The workspaces of one namespace under ``root`` (a root may be shared by several namespaces)."""
+    """The workspaces of one namespace under ``root`` (a root may be shared by several namespaces, and by
+    the same prefix on several Redis servers). ``epoch``: the namespace epoch
+    (``client.open_namespace().epoch``); without it the names carry the prefix alone, and the same
+    prefix on another server that shares the root could not be told apart."""
 
-    def __init__(self, root: str | os.PathLike[str], *, namespace: str) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, namespace: str, epoch: str | None = None) -> None:
         if not isinstance(namespace, str) or not PREFIX_RE.fullmatch(namespace):
             raise WorkspaceError(f"invalid namespace {namespace!r} for a workspace root")
+        if epoch is not None and (not isinstance(epoch, str) or not _EPOCH_RE.fullmatch(epoch)):
+            raise WorkspaceError(f"invalid namespace epoch {epoch!r} for a workspace root (expected '<time>.<nonce>')")
         path = Path(root)
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         if path.is_symlink():
             raise WorkspaceError(f"workspace root {path} is a symlink: give the real directory")
         self.root = path.resolve(strict=True)
         self.namespace = namespace
-        self.tag = namespace_tag(namespace)
+        self.epoch = epoch
+        self.tag = namespace_tag(namespace, epoch)
         self._mine = re.compile(rf"task-{self.tag}-{_ULID}-[0-9]+")
 
     def name_for(self, attempt_id: str) -> str:
@@ -107,7 +120,8 @@ class WorkspaceRoot:
         if not self._inside(path):
             raise WorkspaceError(f"{path} is not directly inside the workspace root {self.root}")
         if not self.owns(path.name):
-            raise WorkspaceError(f"{path.name} is not a workspace of namespace {self.namespace!r}")
+            raise WorkspaceError(f"{path.name} is not a workspace of namespace {self.namespace!r}"
+                                 + (f" (epoch {self.epoch})" if self.epoch else ""))
         shutil.rmtree(path)
 
     def cleanup_stale(self, keep: set[str] | Callable[[], set[str]] | None = None) -> CleanupReport:
@@ -115,7 +129,8 @@ class WorkspaceRoot:
         Attempts holding a lease). Call before polling. ``keep`` may be a function: it is asked again
         right before each removal, so a workspace created meanwhile for a live Attempt is kept (an
         Attempt's lease exists before its workspace does). Other namespaces' workspaces are listed in
-        ``others`` and never touched; any other ``task-*`` entry is refused and reported."""
+        ``others`` and never touched (so are workspaces of this prefix on another server, or of an earlier
+        epoch, when the root knows its epoch); any other ``task-*`` entry is refused and reported."""
         report = CleanupReport()
         current: Callable[[], set[str]] = keep if callable(keep) else (lambda: keep or set())
         with os.scandir(self.root) as entries:

@@ -108,3 +108,18 @@ def test_state_files_a_home_another_user_owns_is_refused(tmp_path: Path) -> None
     os.chown(home, 4242, 4242)  # mode 755, but its owner (not us) may plant anything there
     with pytest.raises(ConfigurationError, match="owned by uid 4242"):
         prepare_home(home)
+
+
+def test_a_workspace_root_shared_by_two_redis_servers_names_carry_the_namespace_epoch(tmp_path: Path) -> None:
+    here = WorkspaceRoot(tmp_path / "root", namespace="team-a", epoch="1796155584988539.28c15191")
+    there = WorkspaceRoot(tmp_path / "root", namespace="team-a", epoch="1796155590000000.0a1b2c3d")
+    legacy = WorkspaceRoot(tmp_path / "root", namespace="team-a")
+    aid = f"jobs:{new_ulid()}/1"
+    names = {here.name_for(aid), there.name_for(aid), legacy.name_for(aid)}
+    assert len(names) == 3 and not here.owns(there.name_for(aid)) and not here.owns(legacy.name_for(aid))
+    theirs = there.create(aid)
+    report = here.cleanup_stale()
+    assert report.removed == [] and report.others == [theirs.name] and theirs.is_dir()
+    for bad in ("", "x", "1.", "1.a/b", "../1.a"):
+        with pytest.raises(WorkspaceError, match="epoch"):
+            WorkspaceRoot(tmp_path / "root", namespace="team-a", epoch=bad)
