@@ -26,7 +26,9 @@
 -- ARGV[4] min_seq    highest claim sequence this client has seen (state-loss detection)
 -- ARGV[5] request_id the caller's id for this claim; a resend returns the same lease
 -- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
--- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms} | {'DUP', ...same...}
+-- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at} | {'DUP', ...same...}
+--          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
+--          have lost effect records, so its worker asks the provider before each first call)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_claimed | claim_refused
@@ -67,7 +69,7 @@ local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n ..
 local ts = now_ms()
 
 if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
-  return {'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or ''}
+  return {'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or ''}
 end
 
 local why = nil
@@ -102,4 +104,4 @@ move_count(K.counts, queue, state, 'running')
 emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'lease_ms', lease_s})
 observe(K.stats, t[6], 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
-return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s}
+return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''}

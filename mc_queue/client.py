@@ -503,7 +503,7 @@ class Client:
         aid = attempt_id(task_id, n)
         self.ns.note_claim(aid, fence, seq)
         return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,
-                     number=n, seq=seq, lease_ms=int(reply[6] or 0))
+                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0))
 
     def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
                     lease_ms: int | None = None) -> int:

@@ -44,7 +44,7 @@ class Context:
 
     def __init__(self, client: Client, spec: HandlerSpec, task: Task, attempt: Attempt, fence: int,
                  worker_id: str, workspace: Path | Callable[[], Path],
-                 operations: Mapping[str, Reconcile] | None = None) -> None:
+                 operations: Mapping[str, Reconcile] | None = None, *, recovered_at_ms: int = 0) -> None:
         self.client = client
         self.spec = spec
         self.task = task
@@ -59,6 +59,12 @@ class Context:
         self.manifest: Manifest = attempt.manifest or task.manifest
         self.execution_digest = digest(self.manifest.model_dump_json())
         self.operations: Mapping[str, Reconcile] = operations or {}
+        # Before an effect's first call, ask the provider whether it already happened when "no intent on
+        # record" may not mean "never done": the task was re-sent with its producer key after Redis lost
+        # the first one, or it was created before the namespace's last recovery (a failover or restart
+        # may have taken its effect records, never its effect key, which is built from the task id).
+        created_ms = int(task.created_at.timestamp() * 1000) if task.created_at else 0
+        self.ask_first = bool(task.idempotency_key) or (recovered_at_ms > 0 and created_ms <= recovered_at_ms)
         self.effects_used = False
         self._lost: str | None = None
         self._cancelled = False
@@ -242,8 +248,10 @@ class Context:
         certainly absent -> performed now; unknown -> :class:`EffectUnknown` (nothing is repeated).
         A task with a producer idempotency key asks the provider before its first call too: its key
         comes from the producer's (:attr:`work_id`), so a task re-sent after Redis lost the first one
-        finds the first one's effects instead of repeating them (a failed lookup then fails the
-        Attempt with the lookup's own error, classified as usual; the intent is reconciled later).
+        finds the first one's effects instead of repeating them. So does every task created before
+        the namespace's last recovery (``mcq recover``): a loss may have taken its effect records, but
+        not its effect keys. A failed lookup fails the Attempt with the lookup's own error, classified
+        as usual; the intent is reconciled later.
 
         ``assume``: what the call may take for granted, read *before* this call and recorded in the
         intent under the fence (a git remote's head for ``--force-with-lease``): the provider fences
@@ -264,8 +272,8 @@ class Context:
         if status == "DONE":
             assert existing is not None
             return existing.receipt
-        if status == "OK" and self.task.idempotency_key:
-            found = ask(key)  # a resend after a loss: the provider may hold the lost task's effect
+        if status == "OK" and self.ask_first:
+            found = ask(key)  # after a loss the provider may hold an effect whose record Redis lost
             if found is not None:
                 self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", found,
                                                              source="reconcile", actor=self.worker_id))

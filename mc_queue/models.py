@@ -256,6 +256,7 @@ class Lease:
     number: int
     seq: int = 0  # the namespace's claim sequence when this lease was issued
     lease_ms: int = 0  # the lease length granted (each renewal extends it by as much)
+    recovered_at_ms: int = 0  # when the namespace was last recovered (Redis clock), 0: never
 
     @property
     def expires_at(self) -> datetime:

@@ -229,7 +229,8 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
                                f"{rt.worker_id}")
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
-                  functools.partial(rt.workspaces.create, attempt_id), rt.app.operations)
+                  functools.partial(rt.workspaces.create, attempt_id), rt.app.operations,
+                  recovered_at_ms=lease.recovered_at_ms)
     ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
     outcome: dict[str, Any]
     try:
