@@ -1163,18 +1163,29 @@ class Client:
                     candidates.append(tid)
 
         seen: set[str] = set()
+        qs = [queue] if queue else self.queues()
+        reads = self.redis.pipeline(transaction=False)  # every index read in one round trip, in this order
+        groups: list[tuple[int, bool]] = []  # (replies, strip the attempt number)
         if wanted & {"pending", "backoff"}:
-            for q in [queue] if queue else self.queues():
-                take(cast(list[Any], self.redis.zrange(self.keys.pending(q), 0, cap)), False)
+            for q in qs:
+                reads.zrange(self.keys.pending(q), 0, cap)
+            groups.append((len(qs), False))
         if "running" in wanted:
-            take(cast(list[Any], self.redis.zrange(self.keys.leases, 0, cap)), True)
-            take(cast(list[Any], self.redis.zrange(self.keys.suspect, 0, cap)), True)
+            reads.zrange(self.keys.leases, 0, cap)
+            reads.zrange(self.keys.suspect, 0, cap)
+            groups.append((2, True))
         if wanted & {"failed", "blocked", "quarantined"}:
-            for q in [queue] if queue else self.queues():
-                take(cast(list[Any], self.redis.zrange(self.keys.held(q), 0, cap)), False)
+            for q in qs:
+                reads.zrange(self.keys.held(q), 0, cap)
+            groups.append((len(qs), False))
         if wanted & {"succeeded", "canceled"}:
-            for q in [queue] if queue else self.queues():
-                take(cast(list[Any], self.redis.zrevrange(self.keys.done(q), 0, cap)), False)
+            for q in qs:
+                reads.zrevrange(self.keys.done(q), 0, cap)
+            groups.append((len(qs), False))
+        replies = iter(reads.execute())
+        for n, strip in groups:
+            for _ in range(n):
+                take(cast(list[Any], next(replies)), strip)
         pipe = self.redis.pipeline(transaction=False)
         keep: list[str] = []
         for tid in candidates:

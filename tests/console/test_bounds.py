@@ -131,8 +131,6 @@ def test_the_overview_reads_the_series_of_the_queues_it_shows(client: mc_queue.C
     assert re.findall(r'<h3><a href="/tasks\?queue=([^"]+)">', last)[-1] == "q299"
 
 
-@pytest.mark.xfail(strict=True, reason="needs Client.list_tasks to read the per-queue indexes in one pipeline "
-                   "(client.py is the lead's: asked for in the console's report)")
 def test_the_task_list_pipelines_its_per_queue_reads(client: mc_queue.Client, own_redis: RedisServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(300):
