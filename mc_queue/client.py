@@ -925,6 +925,15 @@ class Client:
         """A queue's retention policy in force and where it comes from: 'operator', 'app' or 'default'."""
         self._queue_name(queue)
         op, app = cast(list[str | None], self.redis.hmget(self.keys.retention, queue, f"app:{queue}"))
+        return self._policy_in_force(queue, op, app)
+
+    def retention_policies(self, queues: Sequence[str]) -> dict[str, tuple[Retention, str]]:
+        """:meth:`retention` of each queue, in one read."""
+        stored = cast(dict[str, str], self.redis.hgetall(self.keys.retention))
+        return {q: self._policy_in_force(q, stored.get(q), stored.get(f"app:{q}")) for q in queues}
+
+    @staticmethod
+    def _policy_in_force(queue: str, op: str | None, app: str | None) -> tuple[Retention, str]:
         for text, source in ((op, "operator"), (app, "app")):
             if text:
                 try:
@@ -1068,6 +1077,40 @@ class Client:
             else:
                 raise_for_reply(reply, script="retire")
         return out
+
+    def forget_empty_queues(self, *, limit: int = 100, actor: str | None = None) -> list[str]:
+        """Forget up to ``limit`` queues that hold no task, have no retention policy and are not paused
+        (``lua/queue_forget.lua`` re-checks each): they leave the queue set with their zero counters and
+        the console's samples. The next enqueue on one brings it back. Returns the queues forgotten."""
+        check_int(limit, what="limit", low=1, high=10_000)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.smembers(self.keys.queues)
+        pipe.hgetall(self.keys.counts)
+        pipe.hkeys(self.keys.retention)
+        pipe.hkeys(self.keys.paused)
+        queues, counts, policies, paused = pipe.execute()
+        busy = {f.rpartition("|")[0] for f, v in counts.items() if v not in ("0", 0)}
+        kept = set(paused) | {p.removeprefix("app:") for p in policies}
+        calls = []
+        for queue in sorted(set(queues) - busy - kept)[:limit]:
+            try:
+                check_queue(queue)
+            except ValueError:
+                continue
+            calls.append(({**self._ns_keys(), "queues": self.keys.queues, "counts": self.keys.counts,
+                           "retention": self.keys.retention, "paused": self.keys.paused,
+                           "pending": self.keys.pending(queue), "done": self.keys.done(queue),
+                           "held": self.keys.held(queue), "samples": self.keys.queue_samples(queue)},
+                          {"queue": queue, "actor": actor or self.actor, "epoch": self.ns.epoch or ""}))
+        forgotten = []
+        for (_, argv), reply in zip(calls, self.runner.run_many("queue_forget", calls) if calls else [], strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            if reply[0] == Code.OK:
+                forgotten.append(str(argv["queue"]))
+            elif reply[0] != "NOOP":
+                raise_for_reply(reply, script="queue_forget")
+        return forgotten
 
     def task_states(self, task_ids: Sequence[str]) -> dict[str, str | None]:
         """Each task's state now (None: no such task), in one round trip."""

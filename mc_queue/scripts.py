@@ -52,9 +52,9 @@ ACKNOWLEDGED = frozenset({
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
 # again by the next sweep; lineage records a loss that is found again. And one read-only script.
 # A pack, a retirement or a trim lost is done again by the next sweep (the task is still finished, still
-# past its retention; an archive record written twice is read as its last).
+# past its retention; an archive record written twice is read as its last); so is a forgotten queue.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
-                       "pack", "retire", "idem_trim"})
+                       "pack", "retire", "idem_trim", "queue_forget"})
 
 
 def lua_dir() -> Path:

@@ -69,12 +69,13 @@ class SweepReport:
     archived: int = 0  # records handed to the archive
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
     archive_error: str = ""  # why retention stopped in this pass: the archive failed (nothing deleted)
+    forgotten: list[str] = field(default_factory=list)  # queues with no task and no policy, forgotten
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
-                "namespace": self.namespace, "archive_error": self.archive_error}
+                "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
 
 
 class Sweeper:
@@ -268,7 +269,8 @@ class Sweeper:
         return report
 
     def _bound(self, report: SweepReport) -> None:
-        """Step 5: pack, retire, forget expired producer keys; at most retention_budget_s of work."""
+        """Step 5: pack, retire, forget expired producer keys and empty queues; at most retention_budget_s of
+        work for packing and retiring."""
         deadline = time.monotonic() + self.retention_budget_s
         c = self.client
         while time.monotonic() < deadline:
@@ -276,9 +278,18 @@ class Sweeper:
             report.packed += n
             if n < self.retention_batch:
                 break
+        self._retire(report, deadline)
+        c.trim_idempotency(limit=1000)
+        report.forgotten.extend(c.forget_empty_queues(limit=100, actor=self.actor))
+
+    def _retire(self, report: SweepReport, deadline: float) -> None:
+        """Delete what each queue's retention policy lets go (archived first when an archive is set)."""
+        c = self.client
         now = c.redis_time_ms()
-        for queue in c.queues():
-            policy, source = c.retention(queue)
+        queues = c.queues()
+        policies = c.retention_policies(queues)  # one read for every queue
+        for queue in queues:
+            policy, source = policies[queue]
             for kind, age_s, keep, states in (
                     ("done", policy.done_s, policy.done_keep, ("succeeded", "canceled")),
                     ("held", policy.held_s, policy.held_keep, ("failed", "blocked", "quarantined"))):
@@ -313,7 +324,6 @@ class Sweeper:
                     c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
                                               "reason": reason, "archive": repr(self.archive) if self.archive else ""})
         self.archive_error = None
-        c.trim_idempotency(limit=1000)
 
     def _archive_failed(self, report: SweepReport, exc: ArchiveError) -> None:
         first = self.archive_error is None

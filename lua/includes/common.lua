@@ -264,6 +264,7 @@ end
 -- ----------------------------------------------------------------------------------- finished tasks
 
 -- The states a task waits in for a person (retention keeps them longer) and the ones it ends in.
+local TASK_STATES = {'pending', 'running', 'backoff', 'succeeded', 'failed', 'blocked', 'quarantined', 'canceled'}
 local HELD = {failed = true, blocked = true, quarantined = true}
 local DONE = {succeeded = true, canceled = true}
 

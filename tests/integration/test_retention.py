@@ -302,3 +302,25 @@ def test_mcq_retention_set_and_show(h: Harness) -> None:  # noqa: F811
     assert q.retention("jobs")[0].done_s is None
     assert h.mcq("retention", "set", "jobs", "--clear", "--reason", "back to the App's policy").returncode == 0
     assert q.retention("jobs")[1] == "default"
+
+
+def test_queues_with_no_task_and_no_policy_are_forgotten_with_their_samples(q: mc_queue.Client) -> None:
+    """Issue 15: after 300 queues' tasks were all retired, the console still sampled and listed all 300."""
+    gone, busy, kept, paused = (f"q{i}" for i in range(4))
+    for queue in (gone, busy, kept, paused):
+        tid = finish(q, queue=queue)
+        q.retire_task(tid, states=["succeeded"], reason=REASON, tombstone_s=0)
+        q.redis.xadd(q.keys.queue_samples(queue), {"age_ms": "0"})
+    q.enqueue(busy, "h", {"n": 1})  # still holds a task
+    q.set_retention(kept, Retention(done_s=60), reason="the operator keeps a policy for it")
+    q.pause_queue(paused, reason="the operator paused it on purpose")
+    report = Sweeper(q).run_once()
+    assert report.forgotten == [gone], report.as_dict()
+    assert set(q.queues()) == {busy, kept, paused}
+    assert not q.redis.exists(q.keys.queue_samples(gone))
+    assert all(q.redis.exists(q.keys.queue_samples(x)) for x in (busy, kept, paused))
+    assert not [f for f in q.redis.hkeys(q.keys.counts) if f.startswith(f"{gone}|")]
+    assert any(e["type"] == "queue_forgotten" and e["queue"] == gone for e in q.namespace_events())
+    assert Sweeper(q).run_once().forgotten == []  # nothing more to forget
+    q.enqueue(gone, "h", {"n": 2})  # the next enqueue brings it back
+    assert gone in q.queues()

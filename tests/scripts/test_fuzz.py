@@ -165,6 +165,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "pack": lambda: q.pack_tasks([w.ids["succeeded"]]),
         "retire": lambda: q.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
         "idem_trim": lambda: q.trim_idempotency(limit=10),
+        "queue_forget": lambda: q.forget_empty_queues(limit=10),
     }
 
 

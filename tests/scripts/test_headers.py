@@ -568,7 +568,8 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending",
                 "effects": r":t:[^:]+:[0-9A-Z]{26}:fx", "fence": r":t:[^:]+:[0-9A-Z]{26}:fence",
                 "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}",
-                "done": r":q:[^:]+:done", "held": r":q:[^:]+:held"}
+                "done": r":q:[^:]+:done", "held": r":q:[^:]+:held",
+                "samples": r":q:[^:]+:samples"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
     return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
 
@@ -627,6 +628,10 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     assert q.pack_tasks([a.id]) == 1  # a succeeded above: its history is packed, then it is retired
     q.retire_task(a.id, states=["succeeded"], reason="header test retires", tombstone_s=0.001)
     q.trim_idempotency()
+    e = q.enqueue("emptied", "h", {"n": 4})
+    q.cancel_task(e.id, reason="header test empties a queue")
+    q.retire_task(e.id, states=["canceled"], reason="header test retires", tombstone_s=0)
+    assert q.forget_empty_queues() == ["emptied"]
     q.pause_queue("jobs", reason="header test pauses")
     q.resume_queue("jobs", reason="header test resumes")
     q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
