@@ -13,6 +13,10 @@ refusal kind, reconciliation outcome, decision and failure class, budget; every 
 (queue, handler) pair the stats hash has seen (from the first claim of that pair on), and for every
 handler of the ``app`` given to the collector from the start.
 
+A namespace that has never existed (``missing``: no process wrote to it yet) is usable: every process
+may start first, in any order. ``mcq_namespace_ok`` is 1 for it, and ``mcq_namespace_state`` says
+which of ok, missing, lost, recovering it is; only lost and recovering refuse transitions.
+
 When Redis cannot be reached, a scrape still answers (HTTP 200) with ``mcq_redis_up 0`` and
 ``mcq_namespace_ok 0`` and nothing else: every other series is ABSENT from that scrape (not a stale
 copy), so Prometheus marks them stale and alerts on them resolve; alert on ``mcq_redis_up == 0``
@@ -22,12 +26,21 @@ copy), so Prometheus marks them stale and alerts on them resolve; alert on ``mcq
 metric                                     labels / meaning
 =========================================  =====================================================
 mcq_redis_up                               1 when Redis answered this scrape, else 0
-mcq_namespace_ok                           1 when the namespace is ok, 0 when lost / recovering /
-                                           missing, or Redis is down
+mcq_namespace_ok                           1 when the namespace is usable (ok, or missing: never used
+                                           yet), 0 when lost or recovering, or Redis is down
+mcq_namespace_state                        state (ok | missing | lost | recovering): 1 for the current
+                                           state, 0 for the others
+mcq_namespace_created_timestamp_seconds    when the namespace was created (Unix time, Redis's clock;
+                                           absent while it is missing)
 mcq_tasks                                  queue, state: tasks in each state (0 for empty states)
 mcq_queue_depth                            queue: pending or backoff tasks
 mcq_queue_age_seconds                      queue: wait of the oldest claimable pending Attempt
 mcq_workers_live                           queue: RQ workers serving it whose heartbeat is recent
+mcq_workers_busy                           queue: live workers serving it that are running an Attempt
+                                           (RQ's state busy, or holding a lease): busy for each queue
+                                           they serve
+mcq_workers_idle                           queue: live workers serving it that wait for work (neither
+                                           busy nor suspended by ``rq suspend``)
 mcq_leases_live                            running Attempts holding a lease
 mcq_attempts_suspect                       Attempts suspect or reconciling
 mcq_attention_items                        tasks stopped for a person
@@ -117,9 +130,9 @@ class NamespaceCollector(Collector):
         pipe = c.redis.pipeline(transaction=False)
         pipe.hgetall(k.stats)
         pipe.hgetall(k.sweeper)
-        raw_stats, raw_sweeper = pipe.execute()
-        yield GaugeMetricFamily("mcq_namespace_ok", "1 when the namespace is ok",
-                                value=1.0 if ov["namespace_state"] == "ok" else 0.0)
+        pipe.hget(k.meta, "created_at")
+        raw_stats, raw_sweeper, created_ms = pipe.execute()
+        yield from _namespace(str(ov["namespace_state"]), created_ms)
 
         tasks = GaugeMetricFamily("mcq_tasks", "Tasks by queue and state", labels=["queue", "state"])
         depth = GaugeMetricFamily("mcq_queue_depth", "Pending or backoff tasks", labels=["queue"])
@@ -132,7 +145,7 @@ class NamespaceCollector(Collector):
             depth.add_metric([queue], counts.get("pending", 0) + counts.get("backoff", 0))
             age.add_metric([queue], info["queue_age_ms"] / 1000)
         yield from (tasks, depth, age)
-        yield self._workers(sorted(status))
+        yield from self._workers(sorted(status))
 
         for name, doc, value in (
             ("mcq_leases_live", "Running Attempts holding a lease", ov["leases_live"]),
@@ -146,19 +159,27 @@ class NamespaceCollector(Collector):
         yield from _sweeper(cast(dict[str, str], raw_sweeper))
         yield from self._counters({f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
 
-    def _workers(self, queues: list[str]) -> GaugeMetricFamily:
+    def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
+        """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and
+        state, mc_queue's liveness keys and lease holders)."""
         from .worker import live_workers
 
-        live: dict[str, int] = dict.fromkeys(queues, 0)
+        counts = {kind: dict.fromkeys(queues, 0) for kind in ("live", "busy", "idle")}
         for w in live_workers(self.client):
-            if w["healthy"]:
-                for queue in w["queues"]:
-                    live[queue] = live.get(queue, 0) + 1
-        family = GaugeMetricFamily("mcq_workers_live", "RQ workers serving the queue with a recent heartbeat",
-                                   labels=["queue"])
-        for queue, n in sorted(live.items()):
-            family.add_metric([queue], n)
-        return family
+            if not w["healthy"]:
+                continue
+            busy = w["state"] == "busy" or bool(w["leases"])
+            kinds = ("live", "busy") if busy else ("live",) if w["state"] == "suspended" else ("live", "idle")
+            for queue in w["queues"]:
+                for kind in kinds:
+                    counts[kind][queue] = counts[kind].get(queue, 0) + 1
+        for kind, doc in (("live", "RQ workers serving the queue with a recent heartbeat"),
+                          ("busy", "Live workers serving the queue that are running an Attempt"),
+                          ("idle", "Live workers serving the queue that wait for work")):
+            family = GaugeMetricFamily(f"mcq_workers_{kind}", doc, labels=["queue"])
+            for queue in sorted(counts["live"]):
+                family.add_metric([queue], counts[kind].get(queue, 0))
+            yield family
 
     def _memory(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -256,6 +277,25 @@ def _cumulative(per_bucket: list[int] | None) -> list[tuple[str, float]]:
         total += n
         out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
     return out
+
+
+NAMESPACE_STATES = ("ok", "missing", "lost", "recovering")
+
+
+def _namespace(state: str, created_ms: Any) -> Iterable[Metric]:
+    """Usable (ok, or missing: never used yet, so nothing was lost), the state itself, and when it was
+    created (absent while it is missing, or when its meta has no creation time)."""
+    yield GaugeMetricFamily("mcq_namespace_ok", "1 when the namespace is usable (ok, or never used yet)",
+                            value=1.0 if state in ("ok", "missing") else 0.0)
+    family = GaugeMetricFamily("mcq_namespace_state", "1 for the namespace's state (ok, missing, lost, recovering)",
+                               labels=["state"])
+    for name in sorted({*NAMESPACE_STATES, state}):
+        family.add_metric([name], 1.0 if name == state else 0.0)
+    yield family
+    if created_ms and str(created_ms).isdigit():
+        yield GaugeMetricFamily("mcq_namespace_created_timestamp_seconds",
+                                "When the namespace was created (Unix time, Redis's clock)",
+                                value=int(created_ms) / 1000)
 
 
 def _sweeper(raw: dict[str, str]) -> Iterable[Metric]:

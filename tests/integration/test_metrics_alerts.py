@@ -4,9 +4,11 @@ HTTP 200 and mcq_redis_up 0, sweeper liveness, live workers, and the example ale
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rq import Worker
@@ -33,8 +36,10 @@ from mc_queue.metrics import (
 from mc_queue.models import TaskState
 from mc_queue.scripts import lua_dir
 from mc_queue.sweeper import Sweeper
-from mc_queue.testing import RedisServer, free_port
+from mc_queue.testing import RedisServer, free_port, unique_prefix
 from mc_queue.transport import rq_connection, rq_queue_name
+from mc_queue.worker import live_workers
+from tests.apps import lifecycle_app
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "ops" / "alerts.yml"
@@ -318,6 +323,44 @@ tests:
         values: '1x12'
       - series: 'mcq_namespace_ok{{job="mc_queue", instance="y"}}'
         values: '1 0x11'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="y", state="ok"}}'
+        values: '1 0x11'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="y", state="lost"}}'
+        values: '0 1x11'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="y", state="recovering"}}'
+        values: '0x12'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="y", state="missing"}}'
+        values: '0x12'
+      # z: a namespace never used, no sweeper yet: nothing pages
+      - series: 'mcq_namespace_ok{{job="mc_queue", instance="z"}}'
+        values: '1x30'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="z", state="missing"}}'
+        values: '1x30'
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="z", state="ok"}}'
+        values: '0x30'
+      - series: 'mcq_sweeper_last_pass_timestamp_seconds{{job="mc_queue", instance="z"}}'
+        values: '0x30'
+      # w: a namespace created at 60 s whose sweeper never started: pages 5 minutes (and the for) later
+      - series: 'mcq_namespace_state{{job="mc_queue", instance="w", state="ok"}}'
+        values: '1x30'
+      - series: 'mcq_namespace_created_timestamp_seconds{{job="mc_queue", instance="w"}}'
+        values: '60x30'
+      - series: 'mcq_sweeper_last_pass_timestamp_seconds{{job="mc_queue", instance="w"}}'
+        values: '0x30'
+      # s: queue busyq has every live worker busy and its oldest Attempt waits longer each minute;
+      # queue calm has work waiting too, but an idle worker
+      - series: 'mcq_queue_age_seconds{{job="mc_queue", instance="s", queue="busyq"}}'
+        values: '0+60x30'
+      - series: 'mcq_workers_busy{{job="mc_queue", instance="s", queue="busyq"}}'
+        values: '2x30'
+      - series: 'mcq_workers_idle{{job="mc_queue", instance="s", queue="busyq"}}'
+        values: '0x30'
+      - series: 'mcq_queue_age_seconds{{job="mc_queue", instance="s", queue="calm"}}'
+        values: '400x30'
+      - series: 'mcq_workers_busy{{job="mc_queue", instance="s", queue="calm"}}'
+        values: '1x30'
+      - series: 'mcq_workers_idle{{job="mc_queue", instance="s", queue="calm"}}'
+        values: '1x30'
       - series: 'mcq_queue_age_seconds{{job="mc_queue", instance="x", queue="jobs"}}'
         values: '1000x12'
       - series: 'mcq_queue_depth{{job="mc_queue", instance="x", queue="jobs"}}'
@@ -346,9 +389,9 @@ tests:
       - eval_time: 10m
         alertname: McqNamespaceNotOk
         exp_alerts:
-          - exp_labels: {{severity: critical, job: mc_queue, instance: y}}
+          - exp_labels: {{severity: critical, job: mc_queue, instance: y, state: lost}}
             exp_annotations:
-              summary: "mc_queue namespace on y is lost, recovering or missing"
+              summary: "mc_queue namespace on y is lost"
               description: "{namespace}"
       - eval_time: 10m
         alertname: McqQueueWaitTooLong
@@ -374,6 +417,9 @@ tests:
       - eval_time: 4m
         alertname: McqSweeperDead
         exp_alerts: []
+      - eval_time: 7m
+        alertname: McqSweeperDead
+        exp_alerts: []
       - eval_time: 10m
         alertname: McqSweeperDead
         exp_alerts:
@@ -381,6 +427,30 @@ tests:
             exp_annotations:
               summary: "No mc_queue sweeper pass for 8m 0s"
               description: "{sweeper_dead}"
+          - exp_labels: {{severity: critical, job: mc_queue, instance: w}}
+            exp_annotations:
+              summary: "No mc_queue sweeper pass for 9m 0s"
+              description: "{sweeper_dead}"
+      - eval_time: 25m
+        alertname: McqSweeperDead
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mc_queue, instance: w}}
+            exp_annotations:
+              summary: "No mc_queue sweeper pass for 24m 0s"
+              description: "{sweeper_dead}"
+      - eval_time: 25m
+        alertname: McqNamespaceNotOk
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: McqWorkersSaturated
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: McqWorkersSaturated
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: s, queue: busyq}}
+            exp_annotations:
+              summary: "Queue busyq: every live worker is busy and the oldest claimable Attempt has waited 7m 0s"
+              description: "{saturated}"
       - eval_time: 10m
         alertname: McqRedisMemoryHeadroomLow
         exp_alerts:
@@ -412,8 +482,177 @@ def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
         alerts=ALERTS,
         namespace="Transitions are refused until `mcq recover` has run (see `mcq status` and the namespace log).",
         sweeper_dead="Expired leases are not reconciled and the outbox is not sent while no sweeper runs "
-                     "(`mcq sweeper`). A pass on a namespace that is not ok is not recorded either.",
+                     "(`mcq sweeper`); when no pass was ever recorded, this counts from the namespace's creation. "
+                     "A pass on a lost or recovering namespace is not recorded either.",
+        saturated="Work waits for a worker: add workers serving this queue (`mcq worker --pool N`), or check "
+                  "for Attempts that run far longer than usual (`mcq workers`, `mcq status`).",
         memory="With noeviction, Redis refuses writes when full (claims, completions, reconciliations). "
                "Purge finished work or raise maxmemory."))
     out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- a deployment as the exporter sees it
+#
+# What `mcq metrics` (the CLI, a subprocess) answers for a namespace, fed to the shipped rules with
+# promtool: the scrape's samples from promtool's t=1h on (nothing before, so no alert's `for` has run
+# yet), held for an hour at 1 m steps as if nothing changed afterwards. Timestamps keep their age at
+# the scrape; the wait of the oldest claimable Attempt grows with the clock, as it does while nothing
+# claims it; everything else stays as scraped.
+
+LIFECYCLE_APP = "tests.apps.lifecycle_app:app"  # its handlers serve the queue "jobs"
+SCRAPED_AT = 3600  # promtool seconds at which the scrape is taken
+
+
+class Exporter:
+    """`mcq metrics` on a free loopback port, for one namespace."""
+
+    def __init__(self, url: str, prefix: str, tmp: Path) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", prefix,
+                                      "metrics", "--port", str(self.port)], cwd=ROOT, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "MCQ_HOME": str(tmp / "home-metrics")})
+
+    def scrape(self) -> tuple[str, float]:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                at = time.time()
+                return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text, at
+            except httpx.TransportError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, "mcq metrics did not come up"
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def scrape_once(url: str, prefix: str, tmp: Path) -> tuple[str, float]:
+    exporter = Exporter(url, prefix, tmp)
+    try:
+        return exporter.scrape()
+    finally:
+        exporter.close()
+
+
+def held_series(text: str, at: float) -> list[dict[str, str]]:
+    """promtool input_series holding one scrape's samples (see above)."""
+    out = [{"series": 'up{job="mc_queue", instance="x"}', "values": f"_x{SCRAPED_AT // 60} 1x60"}]
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = {"job": "mc_queue", "instance": "x", **s.labels}
+            series = s.name + "{" + ", ".join(f'{k}="{val}"' for k, val in sorted(labels.items())) + "}"
+            value = s.value
+            if s.name.endswith("_timestamp_seconds") and value > 0:
+                value = round(value - at) + SCRAPED_AT  # same age at the scrape
+            step = 60 if s.name == "mcq_queue_age_seconds" and value > 0 else 0
+            out.append({"series": series, "values": f"_x{SCRAPED_AT // 60} {value:.15g}+{step}x60"})
+    return out
+
+
+def firing(tmp_path: Path, series: list[dict[str, str]], expected: dict[int, set[str]]) -> None:
+    """promtool says which of the shipped alerts fire, N minutes after the scrape, for each N given."""
+    checks = [{"expr": 'count by (alertname) (ALERTS{alertstate="firing"})', "eval_time": f"{SCRAPED_AT // 60 + m}m",
+               "exp_samples": [{"labels": f'{{alertname="{name}"}}', "value": 1} for name in sorted(names)]}
+              for m, names in sorted(expected.items())]
+    tests = tmp_path / "deployment_test.yml"
+    tests.write_text(yaml.safe_dump({"rule_files": [str(ALERTS)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": checks}]}))
+    out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def _mcq(url: str, prefix: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", prefix, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MCQ_HOME": str(tmp / "home-cli")})
+
+
+@needs_promtool
+def test_sweeper_dead_and_namespace_not_ok_do_not_page_on_a_namespace_never_used(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """Issue 15: "No sweeper pass for 20788d" before any sweeper ran, and McqNamespaceNotOk on a namespace
+    never used. A namespace that never existed is usable (every process may start first): it pages nobody."""
+    prefix = unique_prefix("fresh")
+    text, at = scrape_once(redis_server.url, prefix, tmp_path)
+    m, _ = parse(text)
+    assert v(m, "mcq_namespace_ok") == 1 and v(m, "mcq_sweeper_last_pass_timestamp_seconds") == 0
+    assert {s: v(m, "mcq_namespace_state", state=s) for s in ("ok", "missing", "lost", "recovering")} == \
+        {"ok": 0, "missing": 1, "lost": 0, "recovering": 0}
+    firing(tmp_path, held_series(text, at), {m: set() for m in (1, 5, 10, 30, 59)})
+
+
+@needs_promtool
+def test_sweeper_dead_fires_after_a_grace_period_when_a_namespace_exists_and_no_sweeper_ever_ran(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """A fresh deployment whose sweeper never started: quiet for 5 minutes after the namespace was created
+    (its first enqueue), then McqSweeperDead (and the queue has work but no worker)."""
+    prefix = unique_prefix("nosweep")
+    out = _mcq(redis_server.url, prefix, tmp_path, "enqueue", "sleeps", "--app", LIFECYCLE_APP, "--payload",
+               '{"seconds": 1}')
+    assert out.returncode == 0, out.stderr
+    text, at = scrape_once(redis_server.url, prefix, tmp_path)
+    m, _ = parse(text)
+    assert v(m, "mcq_namespace_state", state="ok") == 1
+    assert 0 < at - v(m, "mcq_namespace_created_timestamp_seconds") < 60
+    firing(tmp_path, held_series(text, at), {1: set(), 4: set(),
+                                             7: {"McqSweeperDead", "McqQueueWithoutWorkers"}})
+
+
+@needs_promtool
+def test_sweeper_dead_fires_when_passes_stop_on_a_namespace_in_use(redis_server: RedisServer, tmp_path: Path) -> None:
+    prefix = unique_prefix("swept")
+    assert _mcq(redis_server.url, prefix, tmp_path, "enqueue", "sleeps", "--app", LIFECYCLE_APP, "--payload",
+               '{"seconds": 1}').returncode == 0
+    out = _mcq(redis_server.url, prefix, tmp_path, "sweeper", "--once")
+    assert out.returncode == 0, out.stderr
+    text, at = scrape_once(redis_server.url, prefix, tmp_path)
+    m, _ = parse(text)
+    assert 0 < at - v(m, "mcq_sweeper_last_pass_timestamp_seconds") < 60
+    firing(tmp_path, held_series(text, at), {1: set(), 4: set(), 7: {"McqSweeperDead", "McqQueueWithoutWorkers"}})
+
+
+def _live(q: mc_queue.Client, n: int) -> bool:
+    return sum(1 for w in live_workers(q) if w["healthy"]) == n
+
+
+@needs_promtool
+def test_saturated_workers_show_busy_and_page_while_work_waits(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Issue 15: nothing showed all workers busy while work waits. A real worker busy with one task and
+    a second task waiting: mcq_workers_busy 1, mcq_workers_idle 0, and McqWorkersSaturated once the
+    oldest waiting Attempt has waited 5 minutes."""
+    prefix = unique_prefix("busy")
+    q = mc_queue.connect(redis_server.url, prefix=prefix)
+    env = {**os.environ, "MCQ_HOME": str(tmp_path / "home-worker")}
+    worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
+                               "worker", "--app", LIFECYCLE_APP, "--kind", "simple", "--grace", "1"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    exporter = Exporter(redis_server.url, prefix, tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not _live(q, 1):
+            assert worker.poll() is None and time.monotonic() < deadline, "the worker did not come up"
+            time.sleep(0.1)
+        idle, _ = parse(exporter.scrape()[0])
+        assert v(idle, "mcq_workers_idle", queue="jobs") == 1 and v(idle, "mcq_workers_busy", queue="jobs") == 0
+        producer = lifecycle_app.app.connect(redis_server.url, prefix=prefix)
+        first = producer.enqueue("sleeps", {"seconds": 60})
+        producer.enqueue("sleeps", {"seconds": 60})
+        producer.close()
+        while q.get_task(first.id).state.value != "running":
+            assert time.monotonic() < deadline, "the first task was not claimed"
+            time.sleep(0.1)
+        time.sleep(1.5)  # the second one has waited a moment
+        text, at = exporter.scrape()
+        m, _ = parse(text)
+        assert v(m, "mcq_workers_live", queue="jobs") == 1
+        assert v(m, "mcq_workers_busy", queue="jobs") == 1 and v(m, "mcq_workers_idle", queue="jobs") == 0
+        assert v(m, "mcq_queue_age_seconds", queue="jobs") >= 1
+        firing(tmp_path, held_series(text, at), {1: set(), 3: set(),
+                                                 7: {"McqWorkersSaturated", "McqSweeperDead"}})
+    finally:
+        exporter.close()
+        worker.terminate()
+        worker.wait(30)
+        q.close()
