@@ -16,7 +16,6 @@ other steps go on.
 from __future__ import annotations
 
 import contextlib
-import errno
 import gzip
 import json
 import logging
@@ -29,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .embedded import write_all
 from .errors import McqError
 from .keys import check_queue, parse_task_id
 from .models import EffectRecord, Task
@@ -138,16 +138,6 @@ def _archived(task_id: str, rec: Packed, reason: str, now_ms: int) -> ArchivedTa
                         archived_at_ms=now_ms, reason=reason, record=rec)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Every byte, or an OSError: ``os.write`` may write less than asked (a file-size limit, a full disk)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.EIO, f"write wrote {n} bytes")
-        view = view[n:]
-
-
 class FileArchive:
     """gzip JSON lines under ``directory``: one file per batch, ``<queue>/<YYYY-MM-DD>T<HHMMSS.mmm>Z-<id>.jsonl.gz``.
 
@@ -186,7 +176,7 @@ class FileArchive:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
             try:
                 try:
-                    _write_all(fd, data)
+                    write_all(fd, data)
                     os.fsync(fd)
                 finally:
                     os.close(fd)

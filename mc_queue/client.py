@@ -61,6 +61,10 @@ from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, mak
 # so a long tool call is not expired while its process lives; a vanished worker is noticed within
 # one lease plus one sweep (about 11 s with the sweeper's 1 s default interval).
 DEFAULT_LEASE_MS = 10_000
+# With a redis+sentinel:// URL an acknowledged transition is on this many replicas unless the URL or the
+# Client says otherwise (?min_replicas=0): a planned SENTINEL FAILOVER leaves the old primary taking writes
+# for ~10 s, which vanish with it; WAIT turns them into ReplicationUnconfirmed errors instead.
+DEFAULT_SENTINEL_MIN_REPLICAS = 1
 DEFAULT_MAX_LEASE_MS = 3_600_000  # a namespace's lease ceiling unless it was created with another
 PACK_MAX_BYTES = 4_194_304  # a larger packed document is not swapped in (common.lua PACK_MAX_BYTES)
 NSLOG_MAX = 100_000  # the namespace log's cap (common.lua NSLOG_MAX)
@@ -104,7 +108,8 @@ class Client:
 
     ``min_replicas`` / ``replica_timeout_ms`` (or the URL's parameters of those names): an
     acknowledged transition returns only once ``WAIT`` confirmed it on that many replicas
-    (:class:`~mc_queue.errors.ReplicationUnconfirmed` otherwise). ``track_replication`` (auto | on |
+    (:class:`~mc_queue.errors.ReplicationUnconfirmed` otherwise). Default: 1 with a
+    ``redis+sentinel://`` URL, 0 with any other. ``track_replication`` (auto | on |
     off; auto: on with a sentinel URL, min_replicas > 0, or a primary that has replicas or took over
     another's history) keeps the replication watermark of every acknowledged write, in memory and,
     with ``state_dir`` (default ``$MCQ_STATE_DIR``), in a slot file a restarted process finds;
@@ -137,8 +142,10 @@ class Client:
             raise InvalidArgument(str(exc)) from None
         self.actor = check_text(actor or _default_actor(), what="actor", max_bytes=200, spaces=False)
         self.max_lease_ms = check_int(max_lease_ms, what="max_lease_ms", low=1000, high=7 * 86_400_000)
-        self.min_replicas = check_int(self.target.min_replicas or 0 if min_replicas is None else min_replicas,
-                                      what="min_replicas", high=MAX_MIN_REPLICAS)
+        if min_replicas is None:  # the URL's; else, with Sentinel, acknowledged means replicated (on 1 replica)
+            min_replicas = self.target.min_replicas if self.target.min_replicas is not None else \
+                (DEFAULT_SENTINEL_MIN_REPLICAS if self.target.sentinel else 0)
+        self.min_replicas = check_int(min_replicas, what="min_replicas", high=MAX_MIN_REPLICAS)
         self.replica_timeout_ms = check_int(
             (self.target.replica_timeout_ms or DEFAULT_REPLICA_TIMEOUT_MS) if replica_timeout_ms is None
             else replica_timeout_ms, what="replica_timeout_ms", low=1, high=60_000)
@@ -292,7 +299,11 @@ class Client:
             seen = Watermark()
             seen.merge(self.watermark)
             if self.slots is not None:
-                seen.merge(self.slots.read_all())
+                try:
+                    seen.merge(self.slots.read_all())
+                except OSError as exc:  # the state dir became unsafe (StateFileRefused): judge by memory alone
+                    log.error("cannot read the replication watermarks in %s (%s): judging by this process's own",
+                              self.slots.dir, exc)
             marks = seen.of_epoch(epoch)
             why, rebased, _unjudged = judge(marks, repl)
             min_seq = max(self.ns.seq_seen, seen.seqs.get(epoch, 0))
@@ -305,7 +316,13 @@ class Client:
             if epoch and min_seq > self.ns.seq_seen:
                 self.ns.seq_seen = min_seq  # the next claim presents it too
             if self.slots is not None and (rebased or self.watermark.seqs):
-                self.slots.write(self.watermark)
+                try:
+                    self.slots.write(self.watermark)
+                except OSError as exc:  # the watermark lives on in memory; a restarted process would not find it
+                    if self.slot_error is None:
+                        log.error("cannot write the replication watermark to %s (%s): a restarted process will "
+                                  "not find it", self.slots.dir, exc)
+                    self.slot_error = str(exc)
             return None
         finally:
             self._checking = False

@@ -489,8 +489,9 @@ def make_redis(target: RedisTarget | str, *, redis_class: type[redis.Redis] = re
     primary is whenever they (re)connect, so the client follows a failover."""
     t = parse_url(target) if isinstance(target, str) else target
     if not t.sentinel:
-        base = _DIRECT_CONNECTIONS[t.redis_url.partition("://")[0]]
-        kwargs.setdefault("connection_class", _explained(base, t.where))
+        if redis_class.__init__ is redis.Redis.__init__:  # not a client that brings its own connections (fakeredis)
+            base = _DIRECT_CONNECTIONS[t.redis_url.partition("://")[0]]
+            kwargs.setdefault("connection_class", _explained(base, t.where))
         return redis_class.from_url(t.redis_url, **kwargs)
     from redis.sentinel import Sentinel
 

@@ -528,7 +528,10 @@ def _install_runtime(name: str) -> Runtime:
     if _TEMPLATE is None:
         raise McqError("call mc_queue.worker.configure(app, client) before building a worker")
     app, client, root, grace_s = _TEMPLATE
-    workspaces = WorkspaceRoot(root, namespace=client.keys.prefix)
+    info = client.open_namespace()  # the epoch, loaded once here: forked work horses inherit it
+    # Workspace names carry the namespace's epoch: the same prefix on another Redis server sharing this
+    # root has another epoch, and its live workspaces are never taken for this namespace's stale ones.
+    workspaces = WorkspaceRoot(root, namespace=client.keys.prefix, epoch=info.epoch or None)
 
     def live() -> set[str]:
         return {workspaces.name_for(str(a)) for a in client.redis.zrange(client.keys.leases, 0, -1)}
@@ -537,7 +540,6 @@ def _install_runtime(name: str) -> Runtime:
     if report.removed or report.refused:
         log.warning("workspace cleanup in %s: removed %s; left alone %s", workspaces.root, report.removed,
                     report.refused)
-    client.open_namespace()  # load the epoch once here: forked work horses inherit it
     app.publish_retention(client)
     rt = Runtime(app=app, client=client, worker_id=_SAFE.sub("_", name), workspaces=workspaces,
                  cleanup=report, grace_s=grace_s)

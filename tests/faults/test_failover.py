@@ -62,7 +62,7 @@ def _fresh_process(url: str, prefix: str, state: Path) -> dict[str, str]:
 def test_failover_to_a_lagging_replica_is_detected_with_min_replicas_0(cluster: FailoverCluster,
                                                                         tmp_path: Path) -> None:
     prefix, state = "fo0", tmp_path / "state"
-    url = cluster.url()  # min_replicas=0: acknowledged when the primary has it
+    url = cluster.url(min_replicas=0)  # acknowledged when the primary has it (the Sentinel default is 1)
     producer = mc_queue.connect(url, prefix=prefix, state_dir=state)
     worker = mc_queue.connect(url, prefix=prefix, state_dir=state)
     try:

@@ -104,7 +104,7 @@ def test_an_archive_that_fails_stops_retention_never_the_sweeper(
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
     env["MCQ_HOME"] = str(home)
-    log = open(tmp_path / "sweeper.log", "wb")  # noqa: SIM115
+    log = open(tmp_path / "sweeper.log", "wb")
     p = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix",
                           q.keys.prefix, "sweeper", "--interval", "0.2", "--archive", str(archive)], cwd=REPO,
                          env=env, stdout=log, stderr=subprocess.STDOUT)

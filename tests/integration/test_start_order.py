@@ -73,7 +73,7 @@ def test_worker_and_sweeper_started_together_before_any_producer_run_the_first_t
     prefix, home = unique_prefix(), tmp_path / "home"
     home.mkdir(mode=0o700)
     base = [sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix]
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("sweeper", "worker")}  # noqa: SIM115
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("sweeper", "worker")}
     procs = {
         "sweeper": subprocess.Popen([*base, "sweeper", "--app", BASIC, "--interval", "0.1"], cwd=REPO,
                                     env=_env(home), stdout=logs["sweeper"], stderr=subprocess.STDOUT,

@@ -153,8 +153,6 @@ def test_a_workspace_root_shared_by_two_redis_servers_keeps_the_other_server_s_l
             c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs mc_queue/worker.py _install_runtime to pass the namespace epoch to "
-                                       "WorkspaceRoot (see the report of issue 15's state-files helper)")
 def test_a_workspace_root_shared_by_two_redis_servers_workers_never_remove_the_other_s_live_workspace(
         redis_server: RedisServer, own_redis: RedisServer, tmp_path: Path) -> None:
     prefix = unique_prefix("ws")  # the same prefix on both servers

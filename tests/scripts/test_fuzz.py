@@ -123,6 +123,10 @@ def build_world(q: mc_queue.Client) -> World:
     q.complete_attempt(w.aid("retired"), claim("retired"), {"ok": True}, worker_id="w1")
     # its tombstone's TTL outlives the test: a key expiring between save()'s SCAN and DUMP breaks the restore
     q.retire_task(w.ids["retired"], states=["succeeded"], reason=REASON, tombstone_s=3600)
+    # A queue left with nothing (its one task canceled and retired): queue_forget's to forget.
+    emptied = q.enqueue("emptied", "h", {"task": "emptied"}).id
+    q.cancel_task(emptied, REASON)
+    q.retire_task(emptied, states=["canceled"], reason=REASON, tombstone_s=3600)
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
     return w
 

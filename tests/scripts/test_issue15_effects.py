@@ -39,7 +39,7 @@ def running(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
     {"operation": "open-pr", "identity": "sha", "fence": "99"},
 ])
 def test_effect_begin_refuses_a_record_its_readers_cannot_read(q: mc_queue.Client, record: dict[str, Any]) -> None:
-    task, lease = running(q)
+    _, lease = running(q)
     before = every_key(q)
     with pytest.raises(mc_queue.InvalidArgument):
         q.effect_begin(lease.attempt_id, lease.fence, "open-pr:k:1", record, worker_id="w1")
