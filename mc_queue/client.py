@@ -37,7 +37,16 @@ from .codec import (
     model_json,
 )
 from .config import Budget, Decision, Retention, RetryPolicy
-from .errors import Code, ConfigurationError, InvalidArgument, McqError, NamespaceLost, TaskNotFound, raise_for_reply
+from .errors import (
+    Code,
+    ConfigurationError,
+    InvalidArgument,
+    McqError,
+    NamespaceLost,
+    ReplicationUnconfirmed,
+    TaskNotFound,
+    raise_for_reply,
+)
 from .failures import fingerprint
 from .keys import Keys, TaskKeys, attempt_id, check_queue, new_task_id, parse_attempt_id, parse_task_id
 from .lineage import Replication, SlotStore, Watermark, judge
@@ -205,7 +214,26 @@ class Client:
     def _run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
         if name in ACKNOWLEDGED:
             self._precheck(name)  # the link broke or the primary changed since the last write: judge first
-        return self.runner.run(name, keys, argv)
+        try:
+            return self.runner.run(name, keys, argv)
+        except ReplicationUnconfirmed:
+            # The node this write reached has no replica confirming it: maybe not the primary any more (a
+            # planned failover leaves the old one taking writes for seconds). The next call asks anew.
+            self._follow_primary()
+            raise
+
+    def _follow_primary(self) -> None:
+        """With a Sentinel URL: ask the sentinels where the primary is now. redis-py then drops this
+        client's idle connections to any other node, so the next command reaches the primary they name:
+        a connection left on a demoted primary, or on the old one still taking writes after a planned
+        failover, is neither where writes go nor what the lineage is judged by."""
+        if not self.target.sentinel:
+            return
+        for client in (self.writer, self.redis):
+            ask = getattr(client.connection_pool, "get_master_address", None)
+            if ask is not None:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    ask()
 
     def _precheck(self, name: str) -> None:
         """The lineage check due after a broken link, before ``name`` is sent. For init and recovery's
@@ -284,8 +312,12 @@ class Client:
             return None
         self._checking = True
         try:
+            self._follow_primary()  # judge the node the sentinels name, not one this client was left on
             try:
                 repl = Replication.parse(self.writer.info("replication"))
+                if repl.role != "master" and self.target.sentinel:  # demoted since: ask where the primary is
+                    self.writer.connection_pool.disconnect()
+                    repl = Replication.parse(self.writer.info("replication"))
             except redis.ResponseError:  # INFO not allowed for this user: replication cannot be judged
                 return None
             if repl.role != "master":

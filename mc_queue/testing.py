@@ -629,6 +629,28 @@ class FailoverCluster:
         self._wait(switched, time.monotonic() + timeout, "the sentinels to promote the replica")
         return want
 
+    def planned_failover(self, timeout: float = 30.0) -> tuple[str, int]:
+        """``SENTINEL FAILOVER``: the replica is promoted while the primary is alive; the sentinels turn
+        the old primary into a replica of the new one some seconds later (until then it takes writes).
+        Returns once every sentinel names the replica as the primary."""
+        c = self.sentinels[0].client()
+        try:
+            c.execute_command("SENTINEL", "FAILOVER", self.service)
+        finally:
+            c.close()
+        return self.wait_failover(timeout)
+
+    def wait_demoted(self, timeout: float = 60.0) -> None:
+        """After a planned failover: wait until the old primary replicates from the new one, in sync."""
+        master_port = self.promoted_address()[1]
+
+        def demoted() -> bool:
+            info = self.primary_info()
+            return bool(info.get("role") == "slave" and info.get("master_port") == master_port
+                        and info.get("master_link_status") == "up")
+
+        self._wait(demoted, time.monotonic() + timeout, "the old primary to turn into a replica of the new one")
+
     def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
         """Start the killed primary again on its own data; wait until the sentinels made it a replica
         of the new primary and it is in sync."""
