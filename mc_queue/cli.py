@@ -1,7 +1,9 @@
 """``mcq``: the operator's command line. Every read has ``--json``.
 
 Exit codes: 0 done; 1 refused by a contract (the refusal is recorded); 2 bad input, nothing
-written; 3 the namespace lost state and needs ``mcq recover``; 4 Redis cannot be reached.
+written (one line, no traceback); 3 the namespace lost state and needs ``mcq recover``; 4 Redis
+cannot be reached, or (a read on the embedded default) no embedded server is running: reads never
+start one.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +20,7 @@ import click
 import redis
 
 from .client import Client
-from .connection import connect
+from .connection import NoEmbeddedServer, connect, embedded_client
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -27,22 +30,114 @@ from .errors import (
     ReplicationUnconfirmed,
     TaskNotFound,
 )
+from .keys import parse_attempt_id, parse_task_id
 from .models import NamespaceInfo
-from .render import print_status, print_task, task_json
+from .render import mcq_invocation, print_status, print_task, task_json
+from .urls import redacted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Ctx:
-    def __init__(self, redis_url: str | None, prefix: str | None, home: str | None) -> None:
+    def __init__(self, redis_url: str | None, prefix: str | None, home: str | None, again: str = "mcq") -> None:
         self.redis_url, self.prefix, self.home = redis_url, prefix, home
+        self.again = again  # how to run mcq again as this one was run (its path, the global options typed)
         self._client: Client | None = None
 
     @property
     def client(self) -> Client:
+        """For commands that write: the embedded default is started when it does not run."""
+        return self._connect(start_embedded=True)
+
+    @property
+    def reader(self) -> Client:
+        """For commands that only read: never starts the embedded server (NoEmbeddedServer, exit 4)."""
+        return self._connect(start_embedded=False)
+
+    def _connect(self, *, start_embedded: bool) -> Client:
         if self._client is None:
-            self._client = connect(self.redis_url, prefix=self.prefix, home=self.home)
+            try:
+                self._client = connect(self.redis_url, prefix=self.prefix, home=self.home,
+                                       start_embedded=start_embedded)
+            except McqError:
+                raise
+            except ValueError as exc:  # what redis-py's URL parser raises (a port out of range, a bad parameter)
+                raise ConfigurationError(f"bad Redis URL {redacted(self.redis_url or '')!r}: {exc}") from None
         return self._client
+
+
+class OneLineUsageError(click.UsageError):
+    """A usage error as one line (``mcq cancel: Invalid value for '--ack-timeout': ...``), exit 2."""
+
+    def show(self, file: Any = None) -> None:
+        path = self.ctx.command_path if self.ctx is not None else "mcq"
+        click.echo(f"{path}: {self.format_message()} (see `{path} --help`)", err=True)
+
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    if isinstance(exc, (OneLineUsageError, click.exceptions.NoArgsIsHelpError)):
+        return exc
+    return OneLineUsageError(exc.format_message(), exc.ctx)
+
+
+class McqGroup(click.Group):
+    """mcq's root: every usage error of every command, however deep, is shown as one line."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
+
+
+class Finite(click.FloatRange):
+    """A number within the option's range, and finite: click's FloatRange lets ``nan`` through (every
+    comparison with it is false) and ``1e400`` is ``inf``."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class TaskIdType(click.ParamType[str]):
+    """A task id, checked before anything connects: a malformed one says what an id looks like and
+    where ids are found."""
+
+    name = "task id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            parse_task_id(value)
+        except ValueError:
+            self.fail(f"invalid task id {value!r}: a task id is <queue>:<26-character ULID>, e.g. "
+                      "agents:01M8SE9342NZ6XKW84V2J6Q1TB, as `mcq enqueue` prints it; `mcq tasks` lists them "
+                      "(`mcq tasks --state failed`, `mcq dlq list`)", param, ctx)
+        return value
+
+
+class AttemptIdType(click.ParamType[str]):
+    name = "attempt id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            parse_attempt_id(value)
+        except ValueError:
+            self.fail(f"invalid attempt id {value!r}: an attempt id is <task id>/<attempt number>, e.g. "
+                      "agents:01M8SE9342NZ6XKW84V2J6Q1TB/2; `mcq show TASK` lists a task's Attempts", param, ctx)
+        return value
+
+
+TASK_ID = TaskIdType()
+ATTEMPT_ID = AttemptIdType()
 
 
 def _fail(message: str, code: int) -> None:
@@ -52,6 +147,7 @@ def _fail(message: str, code: int) -> None:
 
 EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_LOST, EXIT_UNREACHABLE = 1, 2, 3, 4
 EXIT_OVERLOADED = 6  # Redis memory above the enqueue high-water mark: retry later (5 is `mcq worker`'s)
+MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less busy-looped)
 
 
 def handle_errors(fn: F) -> F:
@@ -61,6 +157,8 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (InvalidArgument, TaskNotFound, ConfigurationError) as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
+        except NoEmbeddedServer as exc:
+            _fail(str(exc), EXIT_UNREACHABLE)
         except NamespaceLost as exc:
             _fail(str(exc), EXIT_LOST)
         except Overloaded as exc:
@@ -69,6 +167,11 @@ def handle_errors(fn: F) -> F:
             _fail(str(exc), EXIT_REFUSED)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             _fail(f"cannot reach Redis: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE)
+        except redis.ResponseError as exc:
+            if "DB index is out of range" not in str(exc):
+                raise
+            _fail("bad Redis URL: the server has no database of the number its path names (redis://host:port/N; "
+                  "a server has 16 unless configured otherwise, 0-15)", EXIT_BAD_INPUT)
 
     return wrapper  # type: ignore[return-value]
 
@@ -83,7 +186,7 @@ def _exit_if_lost(info: NamespaceInfo) -> None:
         _fail(f"namespace {info.prefix!r} is {info.state}: {info.reason}. Run `mcq recover`.", 3)
 
 
-@click.group()
+@click.group(cls=McqGroup)
 @click.option("--redis-url", envvar="MCQ_REDIS_URL", default=None,
               help="redis://, rediss:// or unix:// URL (user:password@ for AUTH/ACL). Default: the embedded server.")
 @click.option("--prefix", envvar="MCQ_PREFIX", default="mcq", show_default=True, help="Namespace (key prefix).")
@@ -92,7 +195,11 @@ def _exit_if_lost(info: NamespaceInfo) -> None:
 @click.pass_context
 def main(ctx: click.Context, redis_url: str | None, prefix: str, home: str | None) -> None:
     """mc_queue: tasks with append-only attempts, fenced leases and an audit trail."""
-    ctx.obj = Ctx(redis_url, prefix, home)
+    typed = {name for name in ("redis_url", "prefix", "home")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
+    again = mcq_invocation(redis_url=redis_url if "redis_url" in typed else None,
+                           prefix=prefix if "prefix" in typed else None, home=home if "home" in typed else None)
+    ctx.obj = Ctx(redis_url, prefix, home, again)
 
 
 @main.command()
@@ -127,18 +234,19 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
     if as_json:
         _emit_json(task_json(task))
     else:
-        click.echo(task.id)
+        click.echo(task.id)  # stdout: the id alone, for scripts (TASK=$(mcq enqueue ...))
+        click.echo(f"follow it: {obj.again} show {task.id}  (all tasks: {obj.again} tasks)", err=True)
 
 
 @main.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
 def show(obj: Ctx, task_id: str, as_json: bool) -> None:
     """A task, its Attempts and its whole timeline."""
-    task = obj.client.get_task(task_id)
-    effects = obj.client.effects(task_id)
+    task = obj.reader.get_task(task_id)
+    effects = obj.reader.effects(task_id)
     if as_json:
         _emit_json(task_json(task, effects))
     else:
@@ -147,12 +255,14 @@ def show(obj: Ctx, task_id: str, as_json: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C.")
+@click.option("--watch", type=Finite(0.1, 3600), default=None, metavar="SECONDS",
+              help="Refresh every SECONDS (0.1 to 3600) until Ctrl-C.")
 @click.pass_obj
 @handle_errors
 def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
     """Per queue: tasks by state and queue age (the oldest claimable pending Attempt's wait)."""
-    if watch and not as_json:
+    client = obj.reader
+    if watch is not None and not as_json:
         import time
 
         from rich.live import Live
@@ -160,24 +270,24 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
         from .render import status_table, text_console
 
         console = text_console()
-        with Live(status_table(obj.client.status(), obj.client.overview(), console.width), console=console,
+        with Live(status_table(client.status(), client.overview(), console.width), console=console,
                   refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(status_table(obj.client.status(), obj.client.overview(), console.width))
-    data = obj.client.status()
-    overview = obj.client.overview()
-    paused = obj.client.paused_queues()
+                live.update(status_table(client.status(), client.overview(), console.width))
+    data = client.status()
+    overview = client.overview()
+    paused = client.paused_queues()
     if as_json:
-        _emit_json({"namespace": obj.client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
+        _emit_json({"namespace": client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
     else:
         print_status(data, overview)
         _echo_paused(paused)
-    _exit_if_lost(obj.client.namespace())
+    _exit_if_lost(client.namespace())
 
 
 @main.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--reason", required=True, help="Why another Attempt (at least ten characters).")
 @click.option("--hypothesis", default=None, help="What is different this time.")
 @click.option("--json", "as_json", is_flag=True)
@@ -210,7 +320,7 @@ def expire(obj: Ctx, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("attempt_id")
+@click.argument("attempt_id", type=ATTEMPT_ID)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
@@ -227,14 +337,27 @@ def reconcile(obj: Ctx, attempt_id: str, as_json: bool) -> None:
 
 @main.command()
 @click.option("--reason", default="operator ran mcq recover", show_default=True)
+@click.option("--yes", is_flag=True,
+              help="Confirm a recovery of a namespace that is ok (one that lost state or is recovering needs none).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
-def recover(obj: Ctx, reason: str, as_json: bool) -> None:
-    """After Redis lost state: new epoch, fence floor raised, every live lease voided."""
+def recover(obj: Ctx, reason: str, yes: bool, as_json: bool) -> None:
+    """After Redis lost state: new epoch, fence floor raised, every live lease voided.
+
+    On a namespace that is ok this voids leases that are live and well (their workers' next writes
+    are refused, their Attempts turn suspect and are reconciled): it asks for --yes first."""
     from .recovery import recover as run_recovery
 
-    report = run_recovery(obj.client, reason=reason, actor="operator")
+    client = obj.client
+    info = client.namespace()
+    if info.state == "ok" and not yes:
+        live = client.overview()["leases_live"]
+        _fail(f"namespace {info.prefix!r} is ok: `mcq recover` would retire its epoch {info.epoch}, raise the "
+              f"fence floor and void its {live} live lease(s) (their workers' next writes refused, their "
+              "Attempts turned suspect and reconciled). Nothing was done; add --yes to recover it anyway",
+              EXIT_BAD_INPUT)
+    report = run_recovery(client, reason=reason, actor="operator")
     if as_json:
         _emit_json(report)
     else:
@@ -249,9 +372,10 @@ def recover(obj: Ctx, reason: str, as_json: bool) -> None:
 def namespace(obj: Ctx, as_json: bool) -> None:
     """The namespace's state (ok | lost | recovering | missing), epoch, claim sequence and fence floor.
     Read only: it never creates a namespace. Exit 3 when the namespace lost state."""
-    info = obj.client.namespace()
-    refused = obj.client.refusals(count=100)
-    data = {**dataclasses.asdict(info), "events": obj.client.namespace_events(count=1000), "refused": refused}
+    client = obj.reader
+    info = client.namespace()
+    refused = client.refusals(count=100)
+    data = {**dataclasses.asdict(info), "events": client.namespace_events(count=1000), "refused": refused}
     if as_json:
         _emit_json(data)
     else:
@@ -302,11 +426,13 @@ EXIT_STOPPED_MIDWAY = 5  # `mcq worker` only: stopped before its Attempt finishe
 @click.option("--pool", type=click.IntRange(1, 64), default=None, help="Run N worker processes (RQ WorkerPool).")
 @click.option("--kind", type=click.Choice(["fork", "simple"]), default="fork", show_default=True,
               help="fork: each Attempt in a fresh child process; simple: in the worker process.")
-@click.option("--name", default=None, help="Worker name (default host.pid).")
+@click.option("--name", default=None,
+              help="Worker name (default host.pid); with --pool N the workers are NAME-1 .. NAME-N (a respawned one "
+                   "takes the next number).")
 @click.option("--workspace-root", default=None,
               help="Root of per-Attempt workspaces (default <home>/workspaces/<prefix>, home: --home / $MCQ_HOME). "
                    "Several namespaces may share one: workspace names carry the namespace.")
-@click.option("--grace", "grace_s", type=click.FloatRange(0, 86_400), default=30.0, show_default=True,
+@click.option("--grace", "grace_s", type=Finite(0, 86_400), default=30.0, show_default=True,
               help="Seconds a worker asked to stop (SIGTERM, SIGINT) gives its current Attempt to finish; then, or "
                    "at a second signal, it stops at once and leaves the Attempt to its lease and the sweeper.")
 @click.option("--log-level", default="WARNING", show_default=True)
@@ -352,13 +478,13 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         raise click.BadParameter("the app registers no handler and no --queue was given", param_hint="--app")
     client = obj.client
     configure(app, client, workspace_root, home=obj.home, grace_s=grace_s)  # refuses a home others can write
+    base = name or f"{socket.gethostname()}.{os.getpid()}"
     if pool:
         from rq.serializers import JSONSerializer
-        from rq.worker_pool import WorkerPool
 
-        wp = WorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], connection=rq_connection(client),
-                        num_workers=pool, worker_class=WORKER_CLASSES[kind], serializer=JSONSerializer,
-                        job_class=McqJob)
+        wp = _named_pool(base)([rq_queue_name(client.keys.prefix, q) for q in names],
+                               connection=rq_connection(client), num_workers=pool, worker_class=WORKER_CLASSES[kind],
+                               serializer=JSONSerializer, job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
         return
 
@@ -376,7 +502,6 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         except (redis_errors.ConnectionError, redis_errors.TimeoutError):
             return False
 
-    base = name or f"{socket.gethostname()}.{os.getpid()}"
     delay, round_ = 0.5, 0
     while True:
         # RQ's loop installs its own handlers and leaves them behind when it returns: ours are back here.
@@ -428,11 +553,30 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         delay = min(delay * 2, 10.0) if not worked else 0.5
 
 
+def _named_pool(base: str) -> Any:
+    """RQ's WorkerPool whose workers are named ``<base>-1`` .. ``<base>-N`` (RQ names them by uuid and has
+    no option for it); a respawned worker takes the next number, since RQ may still hold a dead one's name."""
+    from rq.worker_pool import WorkerData, WorkerPool
+
+    class NamedWorkerPool(WorkerPool):
+        spawned = 0
+
+        def start_worker(self, count: int | None = None, burst: bool = True, _sleep: float = 0,
+                         logging_level: str = "INFO") -> None:
+            self.spawned += 1
+            worker_name = f"{base}-{self.spawned}"
+            process = self.get_worker_process(worker_name, burst=burst, _sleep=_sleep, logging_level=logging_level)
+            process.start()
+            self.worker_dict[worker_name] = WorkerData(name=worker_name, pid=process.pid or 0, process=process)
+
+    return NamedWorkerPool
+
+
 @main.command()
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
-@click.option("--ack-timeout", type=float, default=30.0, show_default=True,
-              help="Seconds the executor has to acknowledge before its lease is voided.")
+@click.option("--ack-timeout", type=Finite(0, 86_400), default=30.0, show_default=True,
+              help="Seconds (0 to 86400) the executor has to acknowledge before its lease is voided.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
@@ -463,31 +607,26 @@ def dlq_list(obj: Ctx, by: str | None, as_json: bool) -> None:
     if by == "fingerprint":
         _dlq_by_fingerprint(obj, as_json)
         return
-    items = {i["task_id"]: i for i in obj.client.attention_items()}
+    client = obj.reader
+    items = {i["task_id"]: i for i in client.attention_items()}
     rows = [{"task_id": t, "quarantined_at_ms": at, "why": items.get(t, {}).get("why_unsafe"),
-             "summary": items.get(t, {}).get("summary")} for t, at in obj.client.dlq()]
+             "summary": items.get(t, {}).get("summary")} for t, at in client.dlq()]
     if as_json:
         _emit_json(rows)
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .render import print_dlq
 
-    table = Table(title="Dead-letter queue")
-    for col in ("task", "summary", "why"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(str(r["task_id"]), str(r["summary"] or ""), str(r["why"] or ""))
-    Console().print(table)
+    print_dlq(rows, again=obj.again)
 
 
 @dlq.command("show")
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
 def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
-    task = obj.client.get_task(task_id)
-    item = next((i for i in obj.client.attention_items() if i.get("task_id") == task_id), None)
+    task = obj.reader.get_task(task_id)
+    item = next((i for i in obj.reader.attention_items() if i.get("task_id") == task_id), None)
     if as_json:
         _emit_json({**task_json(task), "attention": item})
         return
@@ -499,7 +638,7 @@ def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
 
 
 @dlq.command("replay")
-@click.argument("task_id", required=False)
+@click.argument("task_id", required=False, type=TASK_ID)
 @click.option("--fingerprint", default=None,
               help="Instead of TASK_ID: every quarantined task whose last failure has this fingerprint.")
 @click.option("--reason", required=True, help="Why it may run again (at least ten characters).")
@@ -520,11 +659,11 @@ def dlq_replay(obj: Ctx, task_id: str | None, fingerprint: str | None, reason: s
 
 
 @dlq.command("purge")
-@click.argument("task_id", required=False)
+@click.argument("task_id", required=False, type=TASK_ID)
 @click.option("--older-than", default=None, metavar="DUR",
               help="Instead of TASK_ID: every task quarantined more than DUR ago (90s, 15m, 2h, 7d).")
 @click.option("--reason", required=True, help="Why its history may go (at least ten characters).")
-@click.option("--keep-key-for", "keep_days", type=click.FloatRange(0, 3650), default=30.0, show_default=True,
+@click.option("--keep-key-for", "keep_days", type=Finite(0, 3650), default=30.0, show_default=True,
               help="Days during which the task id and its producer key stay refused (0: free them at once).")
 @click.option("--yes", is_flag=True, help="Confirm: the task and its whole history are deleted.")
 @click.pass_obj
@@ -545,7 +684,8 @@ def dlq_purge(obj: Ctx, task_id: str | None, older_than: str | None, reason: str
 
 @main.command()
 @click.option("--once", is_flag=True, help="One pass, then print what it did.")
-@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds between passes.")
+@click.option("--interval", type=Finite(MIN_INTERVAL_S, 3600), default=1.0, show_default=True,
+              help=f"Seconds between passes ({MIN_INTERVAL_S:g} to 3600).")
 @click.option("--app", "app_spec", default=None,
               help="package.module:app whose registered operations reconcile effects with their providers.")
 @click.option("--archive", "archive_dir", default=None, metavar="DIR",
@@ -584,13 +724,13 @@ def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive
 @handle_errors
 def attention(obj: Ctx, as_json: bool) -> None:
     """Tasks stopped for a person: what was tried, what changed, why another Attempt is unsafe."""
-    items = obj.client.attention_items()
+    items = obj.reader.attention_items()
     if as_json:
         _emit_json(items)
         return
     from .render import print_attention
 
-    print_attention(items, quarantined={task_id for task_id, _ in obj.client.dlq()})
+    print_attention(items, quarantined={task_id for task_id, _ in obj.reader.dlq()})
 
 
 @main.command()
@@ -601,7 +741,7 @@ def workers(obj: Ctx, as_json: bool) -> None:
     """Live workers of this namespace: health probe (RQ heartbeat) and the leases each holds."""
     from .worker import live_workers
 
-    rows = live_workers(obj.client)
+    rows = live_workers(obj.reader)
     if as_json:
         _emit_json(rows)
         return
@@ -626,8 +766,9 @@ def metrics(obj: Ctx, host: str, port: int, app_spec: str | None) -> None:
     from .metrics import serve
 
     spec = app_spec or os.environ.get("MCQ_APP")
-    serve(obj.client, host=host, port=port, app=load_app(spec) if spec else None)
-    click.echo(f"serving metrics of namespace {obj.client.keys.prefix!r} at http://{host}:{port}/metrics", err=True)
+    client = obj.reader  # the exporter reads: it never starts the embedded server
+    serve(client, host=host, port=port, app=load_app(spec) if spec else None)
+    click.echo(f"serving metrics of namespace {client.keys.prefix!r} at http://{host}:{port}/metrics", err=True)
     while True:
         time.sleep(3600)
 
@@ -648,7 +789,7 @@ def dashboard(obj: Ctx, host: str, port: int, read_only: bool) -> None:
     a CSRF token. Actions are recorded with the actor console:<client address>."""
     from .console import serve_forever, start
 
-    client = obj.client
+    client = obj.reader  # the console serves a namespace that runs: it never starts the embedded server
     running = start(client, host=host, port=port, read_only=read_only)
     click.echo(f"mc_queue console of namespace {client.keys.prefix!r} at {running.url}"
                + (" (read-only)" if read_only else ""), err=True)
@@ -675,17 +816,31 @@ def server_stop(obj: Ctx) -> None:
     """Stop the embedded server (its data stays in the folder)."""
     from .embedded import home_dir, stop_server
 
-    click.echo("stopped" if stop_server(obj.home) else f"no embedded server running for {home_dir(obj.home)}")
+    outcome = stop_server(obj.home)
+    click.echo("stopped" if outcome else str(outcome) or f"no embedded server running for {home_dir(obj.home)}")
+
+
+@server.command("start")
+@click.pass_obj
+@handle_errors
+def server_start(obj: Ctx) -> None:
+    """Start the embedded server on its data (or find it running) and say where it is."""
+    from .embedded import ensure_server
+
+    s = ensure_server(obj.home)
+    click.echo(f"embedded redis-server {'started' if s.started else 'already running'}: pid {s.pid} at {s.url} "
+               f"(data in {s.home / 'redis'}; `mcq server stop` stops it)")
 
 
 @server.command("status")
 @click.pass_obj
 @handle_errors
 def server_status(obj: Ctx) -> None:
-    """Start the embedded server if needed and say where it is."""
-    from .embedded import ensure_server
-
-    s = ensure_server(obj.home)
+    """Say whether the embedded server runs, and where. It never starts it (exit 4 when it does not
+    run: `mcq server start`)."""
+    client = embedded_client(obj.home, start=False)
+    s = client.embedded
+    client.close()
     click.echo(f"embedded redis-server pid {s.pid} at {s.url} (data in {s.home / 'redis'})")
 
 
@@ -710,6 +865,145 @@ def demo(obj: Ctx, tasks: int, workers: int, contracts: bool, keep_server: bool,
 
     sys.exit(run_factory_demo(obj.redis_url, obj.home, tasks=tasks, workers=workers, keep_server=keep_server,
                               after=after))
+
+
+@main.group()
+def providers() -> None:
+    """Local providers to try an app against: a bare git remote and a pull-request API (the ones `mcq demo`
+    runs), served by a background process until `mcq providers stop`.
+
+    \b
+    eval "$(mcq providers start)"   # exports MCQ_GIT_REMOTE, MCQ_FORGE_URL, MCQ_FORGE_TIMEOUT
+    mcq providers stop
+    """
+
+
+def _providers_dir(obj: Ctx, folder: str | None) -> Any:
+    from pathlib import Path
+
+    from .embedded import prepare_home
+
+    root = Path(folder).resolve() if folder else prepare_home(obj.home) / "providers"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+def _providers_serving(root: Any) -> int:
+    """The pid of the process serving the providers of ``root`` (0: none). It holds ``root/serve.lock``
+    while it serves: a pid file alone could name whatever process took that pid since."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(root / "serve.lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int((root / "serve.pid").read_text())
+        except (OSError, ValueError):
+            return 0
+    finally:
+        os.close(fd)
+    return 0
+
+
+DIR_OPTION = click.option("--dir", "folder", default=None, metavar="DIR",
+                          help="Where they live (default <home>/providers; home: --home / $MCQ_HOME).")
+
+
+@providers.command("start")
+@DIR_OPTION
+@click.pass_obj
+@handle_errors
+def providers_start(obj: Ctx, folder: str | None) -> None:
+    """Start them (or find them running) and print their environment as shell `export` lines."""
+    import os
+    import subprocess
+    import time
+
+    root = _providers_dir(obj, folder)
+    env_file = root / "env"
+    if not _providers_serving(root):
+        env_file.unlink(missing_ok=True)
+        with open(root / "serve.log", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "providers", "serve", "--dir", str(root)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                    cwd=os.getcwd())
+        deadline = time.monotonic() + 30
+        while not env_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _fail(f"the providers did not start: see {root / 'serve.log'}", EXIT_REFUSED)
+            time.sleep(0.05)
+    click.echo(env_file.read_text(), nl=False)
+    click.echo(f"providers in {root}, served by pid {_providers_serving(root)} (`mcq providers stop` stops them)",
+               err=True)
+
+
+@providers.command("serve", hidden=True)
+@DIR_OPTION
+@click.pass_obj
+def providers_serve(obj: Ctx, folder: str | None) -> None:
+    """What `mcq providers start` runs in the background: serve until SIGTERM."""
+    import fcntl
+    import os
+    import shlex
+    import shutil
+    import signal
+
+    from .fleet import provider_env
+
+    root = _providers_dir(obj, folder)
+    lock = open(root / "serve.lock", "w")  # held (and locked) until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _fail(f"providers already served in {root}", EXIT_REFUSED)
+    run = root / "run"
+    shutil.rmtree(run, ignore_errors=True)  # fresh ones: the pull-request API keeps its pulls in memory
+    run.mkdir(mode=0o700)
+    env = provider_env(run, export=False)
+    (root / "serve.pid").write_text(str(os.getpid()))
+    lines = "".join(f"export {k}={shlex.quote(env.env[k])}\n"
+                    for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL", "MCQ_FORGE_TIMEOUT"))
+    (root / "env.tmp").write_text(lines)
+    os.replace(root / "env.tmp", root / "env")  # whole, or not there: `start` waits for it
+    stop = {"now": False}
+
+    def done(signum: int, frame: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, done)
+    signal.signal(signal.SIGINT, done)
+    while not stop["now"]:
+        signal.pause()
+    env.stop()
+    for name in ("env", "serve.pid"):
+        (root / name).unlink(missing_ok=True)
+
+
+@providers.command("stop")
+@DIR_OPTION
+@click.pass_obj
+@handle_errors
+def providers_stop(obj: Ctx, folder: str | None) -> None:
+    """Stop them (the git remote stays in DIR/run until the next start)."""
+    import os
+    import signal
+    import time
+
+    root = _providers_dir(obj, folder)
+    pid = _providers_serving(root)
+    if not pid:
+        click.echo(f"no providers are served in {root}")
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while _providers_serving(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    click.echo("stopped" if not _providers_serving(root) else f"pid {pid} did not stop within 15 s")
 
 
 def _demo_dashboard(client: Client) -> None:
@@ -761,19 +1055,21 @@ def health_worker(obj: Ctx, hostname: str | None) -> None:
             return True
         return True
 
-    rows = [r for r in live_workers(obj.client) if r["hostname"] == host]
+    client = obj.reader
+    rows = [r for r in live_workers(client) if r["hostname"] == host]
     healthy = [r for r in rows if r["healthy"] and alive(r["pid"])]
-    _exit_if_lost(obj.client.namespace())
+    _exit_if_lost(client.namespace())
     if not healthy:
-        _fail(f"no live worker of namespace {obj.client.keys.prefix!r} on host {host!r} "
+        _fail(f"no live worker of namespace {client.keys.prefix!r} on host {host!r} "
               f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
-    click.echo(f"{len(healthy)} healthy worker(s) of namespace {obj.client.keys.prefix!r} on {host}: "
+    click.echo(f"{len(healthy)} healthy worker(s) of namespace {client.keys.prefix!r} on {host}: "
                + ", ".join(str(r["worker"]) for r in healthy))
 
 
 # --------------------------------------------------------------------------- find and act in bulk (issue 10)
 
 _DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_MAX_DURATION_MS = 36_500 * 86_400_000
 
 
 def _duration_ms(text: str | None, param: str) -> int | None:
@@ -785,7 +1081,11 @@ def _duration_ms(text: str | None, param: str) -> int | None:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*", text)
     if not m:
         raise click.BadParameter(f"{text!r} is not a duration: use e.g. 90s, 15m, 2h, 7d", param_hint=param)
-    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"])
+    ms = float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]
+    if not ms <= _MAX_DURATION_MS:  # (also inf: 400 nines are a float's infinity)
+        raise click.BadParameter(f"{text[:40]!r}{'...' if len(text) > 40 else ''} is longer than 100 years",
+                                 param_hint=param)
+    return int(ms)
 
 
 def _echo_paused(paused: dict[str, dict[str, Any]]) -> None:
@@ -856,10 +1156,11 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
     if ctx.invoked_subcommand is not None:
         return
     obj: Ctx = ctx.obj
+    client = obj.reader  # (before _redis_now_ms: a read never starts the embedded server)
     now = _redis_now_ms(obj)
     older = _duration_ms(older_than, "--older-than")
     newer = _duration_ms(since, "--since")
-    rows, truncated = obj.client.list_tasks(
+    rows, truncated = client.list_tasks(
         queue=queue_name, states=list(states) or None, handler=handler, limit=limit,
         created_before_ms=None if older is None else now - older,
         created_after_ms=None if newer is None else now - newer)
@@ -881,7 +1182,7 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
               help="Only tasks in this state (repeatable); never one with an Attempt that may still run.")
 @click.option("--older-than", required=True, metavar="DUR", help="Ended more than DUR ago (90s, 15m, 2h, 7d).")
 @click.option("--reason", required=True, help="Why their history may go (at least ten characters), recorded.")
-@click.option("--keep-key-for", "keep_days", type=click.FloatRange(0, 3650), default=1.0, show_default=True,
+@click.option("--keep-key-for", "keep_days", type=Finite(0, 3650), default=1.0, show_default=True,
               help="Days during which each task id and producer key stay refused by enqueue.")
 @click.option("--archive", "archive_dir", default=None, metavar="DIR",
               help="Write each task to this archive folder (gzip JSON lines) before deleting it.")
@@ -936,7 +1237,7 @@ def archive() -> None:
 
 
 @archive.command("show")
-@click.argument("task_id")
+@click.argument("task_id", type=TASK_ID)
 @click.option("--dir", "archive_dir", required=True, metavar="DIR", help="The archive folder.")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
@@ -972,8 +1273,9 @@ def retention() -> None:
 @handle_errors
 def retention_show(obj: Ctx, as_json: bool) -> None:
     rows = []
-    for q in obj.client.queues():
-        policy, source = obj.client.retention(q)
+    client = obj.reader
+    for q in client.queues():
+        policy, source = client.retention(q)
         rows.append({"queue": q, "source": source, **policy.model_dump()})
     if as_json:
         _emit_json(rows)

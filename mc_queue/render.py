@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import sys
 import textwrap
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -55,6 +59,42 @@ def budget_left(task: Task) -> dict[str, Any]:
         "tokens": f"{tokens}" + (f" of {b.max_tokens}" if b.max_tokens is not None else " (no limit)"),
         "same_failure_repeats_allowed": b.max_same_fingerprint,
     }
+
+
+def _as_typed(path: str) -> str:
+    """A path as a person would type it here: relative to the working directory when under it."""
+    rel = os.path.relpath(path)
+    if rel.startswith(".."):
+        return shlex.quote(path)
+    return shlex.quote(rel if os.sep in rel else f".{os.sep}{rel}")
+
+
+def mcq_command() -> str:
+    """How to run mcq again, as a command that works typed in this working directory: the console
+    script running now (by its name when PATH finds that very file, else its path, e.g.
+    ``.venv/bin/mcq``), else this interpreter with ``-m mc_queue``."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if argv0 and name not in ("__main__.py", "-c") and os.path.isfile(argv0):
+        found = shutil.which(name)
+        if found and os.path.samefile(found, argv0):
+            return name
+        return _as_typed(os.path.abspath(argv0))
+    return f"{_as_typed(sys.executable)} -m mc_queue"
+
+
+def mcq_invocation(*, redis_url: str | None = None, prefix: str | None = None, home: str | None = None) -> str:
+    """:func:`mcq_command` with the global options that reach the same namespace (those given)."""
+    from .urls import redacted
+
+    parts = [mcq_command()]
+    if redis_url:
+        parts.append(f"--redis-url {shlex.quote(redacted(redis_url))}")
+    if home:
+        parts.append(f"--home {_as_typed(os.path.abspath(home))}")
+    if prefix:
+        parts.append(f"--prefix {shlex.quote(prefix)}")
+    return " ".join(parts)
 
 
 def text_console(console: Console | None = None) -> Console:
@@ -194,7 +234,7 @@ def print_task(task: Task, console: Console | None = None, effects: dict[str, Ef
     """`mcq show`: the task, each Attempt (its failure and traceback), side effects and the timeline."""
     console = text_console(console)
     width = console.width
-    _emit(console, wrap(f"task {task.id}", width), "bold")
+    _emit(console, [f"task {task.id}"], "bold")  # the id whole, even past the width: people copy it
     _field(console, "state", state_text(task))
     _field(console, "queue", f"{task.queue}, handler {task.handler}, fence {task.fence}")
     started = next((a.started_at for a in task.attempts if a.started_at), None)
@@ -387,6 +427,29 @@ def print_attention(items: list[dict[str, Any]], console: Console | None = None,
         if item.get("pending_effects"):
             _emit(console, wrap(f"effects not confirmed: {_plain(item['pending_effects'])}", width, "  ", "    "))
         _emit(console, wrap(f"next step: {next_step(item, in_dlq)}", width, "  ", "    "), "bold")
+
+
+def print_dlq(rows: list[dict[str, Any]], console: Console | None = None, again: str = "mcq") -> None:
+    """`mcq dlq list`: each quarantined task's id whole on a line of its own (never cut nor broken,
+    even past the console's width: `mcq dlq replay` needs it), its summary and why, wrapped."""
+    console = text_console(console)
+    width = console.width
+    if not rows:
+        console.print("the dead-letter queue is empty")
+        return
+    for number, r in enumerate(rows):
+        if number:
+            _emit(console, [""])
+        at = datetime.fromtimestamp(int(r["quarantined_at_ms"]) / 1000, UTC)
+        _emit(console, [str(r["task_id"])], "bold")
+        _emit(console, wrap(f"quarantined {iso(at)}", width, "  ", "    "))
+        if r.get("summary"):
+            _emit(console, wrap(f"summary: {r['summary']}", width, "  ", "    "))
+        if r.get("why"):
+            _emit(console, wrap(f"why another attempt is unsafe: {r['why']}", width, "  ", "    "))
+    _emit(console, [""])
+    _emit(console, wrap(f"{len(rows)} quarantined; the story: {again} dlq show TASK; run again: {again} dlq replay "
+                        'TASK --reason "..."', width, "", "  "))
 
 
 def print_workers(rows: list[dict[str, Any]], console: Console | None = None) -> None:
