@@ -32,6 +32,7 @@ from .connection import connect
 from .fleet import Fleet, ProviderEnv, provider_env
 from .models import Task, TaskState
 from .providers.git import TRAILER, git
+from .render import mcq_invocation
 from .testing import ForgeServer
 
 FINAL = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}
@@ -89,6 +90,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
     tmp = Path(tempfile.mkdtemp(prefix="mcq-demo-"))
     providers: ProviderEnv | None = None
     fleet: Fleet | None = None
+    story: str | None = None  # the task whose story the closing hint shows
     try:
         providers = provider_env(tmp)  # a git remote, a pull-request API (one PR per head), their env
         forge, remote = providers.forge, providers.remote
@@ -124,6 +126,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         fleet.stop_all()
         faults.provider_timeouts = 1 - forge.stalls_left  # the stalls the provider actually served
         code = _report(console, q, ids, forge, remote, faults)
+        story = max(ids, key=lambda t: len(q.get_task(t).attempts))
         if after is not None:
             after(q)
         return code
@@ -133,18 +136,35 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         if providers is not None:
             providers.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-        if server is not None and server.started and not keep_server:
+        stopped = server is not None and server.started and not keep_server
+        if server is not None and stopped:
             from .embedded import stop_server
 
             stop_server(server.home)
             console.print(f"embedded redis-server stopped; its data stays in {server.home / 'redis'}")
+        if story is not None:
+            _hint(console, story, q.keys.prefix, redis_url, home, server_stopped=stopped)
         q.close()
+
+
+def _hint(console: Console, task_id: str, prefix: str, redis_url: str | None, home: str | None, *,
+          server_stopped: bool) -> None:
+    """Commands that show a task's story, as they work typed here (mcq's path, the demo's home)."""
+    mcq = mcq_invocation(redis_url=redis_url, home=home)
+    lines = [f"{mcq} --prefix {prefix} show {task_id}"]
+    if server_stopped:  # a read never starts the embedded server: start it on the demo's data, then stop it
+        lines = [f"{mcq} server start", *lines, f"{mcq} server stop"]
+    console.print("\nsee a task's story (the one with the most attempts; `tasks` lists the others):")
+    for line in lines:
+        console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
 
 
 def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, remote: Path, faults: Faults) -> int:
     table = Table(title="Tasks")
-    for col in ("task", "state", "attempts", "pull request", "how"):
-        table.add_column(col)
+    # ids whole (the id column as wide as the longest), anything else folded onto more lines, never cut
+    table.add_column("task", min_width=max(len(t) for t in ids), overflow="fold")
+    for col in ("state", "attempts", "pull request", "how"):
+        table.add_column(col, overflow="fold")
     events: Counter[str] = Counter()
     reconciled: Counter[str] = Counter()
     pushes = 0
@@ -167,8 +187,8 @@ def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, rem
     dup = forge.duplicates()
     succeeded = sum(1 for t in ids if q.get_task(t).state is TaskState.SUCCEEDED)
     totals = Table(title="Totals (from the records and the providers)")
-    totals.add_column("what")
-    totals.add_column("count", justify="right")
+    totals.add_column("what", overflow="fold")
+    totals.add_column("count", justify="right", overflow="fold")
     for what, n in [
         ("tasks succeeded", f"{succeeded}/{len(ids)}"),
         ("pull requests at the provider", str(len(forge.pulls))),
@@ -190,6 +210,5 @@ def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, rem
         console.print(f"killed: {line}")
     for line in faults.paused:
         console.print(f"paused: {line}")
-    console.print(f"see any task's story: mcq --prefix {q.keys.prefix} show TASK")
     ok = succeeded == len(ids) and not dup and pushes == len(ids)
     return 0 if ok else 1
