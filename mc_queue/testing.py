@@ -633,7 +633,7 @@ class FailoverCluster:
         """``SENTINEL FAILOVER``: the replica is promoted while the primary is alive; the sentinels turn
         the old primary into a replica of the new one some seconds later (until then it takes writes).
         Returns once every sentinel names the replica as the primary."""
-        c = self.sentinels[0].client()
+        c: Any = self.sentinels[0].client()  # execute_command's typing differs between redis-py releases
         try:
             c.execute_command("SENTINEL", "FAILOVER", self.service)
         finally:
