@@ -7,7 +7,9 @@ Configuration comes from the environment (the same for workers and the sweeper):
 - ``MCQ_GIT_PUSH_TIMEOUT``, ``MCQ_FORGE_TIMEOUT``: client timeouts in seconds.
 
 Run it with ``mcq worker --app mc_queue.examples.agents:app`` and ``mcq sweeper --app
-mc_queue.examples.agents:app`` (``workers/example.py`` re-exports it). ``mcq demo`` runs it.
+mc_queue.examples.agents:app`` (``workers/example.py`` re-exports it). ``mcq demo`` runs it. To try it
+by hand against local providers: ``eval "$(mcq providers start)"`` exports the first three (a bare git
+remote and a pull-request API served in the background until ``mcq providers stop``).
 Both side effects go through ``ctx.effect``: a worker killed anywhere, a push or a pull request that
 timed out after the provider accepted it, never makes a second commit or a second pull request.
 """
