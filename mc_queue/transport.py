@@ -7,6 +7,12 @@ queued is never pushed again (:func:`waiting`), and one sent again is first clea
 registries (:func:`clear_job`), so RQ's own counts (``rq info``) show one entry per waiting Attempt.
 Its ``description`` (:func:`job_description`) names the handler, the task and the Attempt, for
 rq-dashboard and anything else that lists RQ's jobs.
+
+mc_queue is the only source of truth; RQ's registries must not contradict it. RQ moves a job to its
+failed registry for 7 days when the process running it dies (a work horse killed after its Attempt's
+outcome was recorded, a worker lost in a failover whose execution RQ later calls abandoned), whatever
+mc_queue decided; :func:`forget_orphans` (the sweeper's tidying, every ``tidy_every_s``) removes the
+failed and executing entries of Attempts mc_queue has settled, and their jobs.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from .client import Client, quiet_connection_kwargs
-from .keys import parse_attempt_id
+from .keys import Keys, parse_attempt_id
+from .models import TERMINAL_ATTEMPT_STATES
 from .urls import make_redis
 
 ENTRY = "mc_queue.worker.run_attempt"
@@ -30,12 +37,31 @@ def rq_queue_name(prefix: str, queue: str) -> str:
     return f"mcq:{prefix}:{queue}"
 
 
+def _job_ns(prefix: str, queue: str) -> str:
+    return hashlib.sha1(f"{prefix}\0{queue}".encode()).hexdigest()[:8]
+
+
 def job_id(prefix: str, attempt_id: str) -> str:
     """One RQ job id per Attempt (RQ allows only [A-Za-z0-9_-] in ids)."""
     task_id, n = parse_attempt_id(attempt_id)
-    ulid = task_id.rsplit(":", 1)[1]
-    ns = hashlib.sha1(f"{prefix}\0{task_id.rsplit(':', 1)[0]}".encode()).hexdigest()[:8]
-    return f"mcq-{ns}-{ulid}-{n}"
+    queue, _, ulid = task_id.rpartition(":")
+    return f"mcq-{_job_ns(prefix, queue)}-{ulid}-{n}"
+
+
+def attempt_of(queue: Queue, jid: str) -> str | None:
+    """The attempt id an RQ job id of this queue names (:func:`job_id`'s inverse), or None when mc_queue
+    did not make it for this queue."""
+    prefix, _, name = queue.name.removeprefix("mcq:").rpartition(":")
+    head = f"mcq-{_job_ns(prefix, name)}-"
+    if not jid.startswith(head):
+        return None
+    ulid, _, n = jid[len(head):].rpartition("-")
+    aid = f"{name}:{ulid}/{n}"
+    try:
+        parse_attempt_id(aid)
+    except ValueError:
+        return None
+    return aid if job_id(prefix, aid) == jid else None
 
 
 def job_description(handler: str, attempt_id: str) -> str:
@@ -107,12 +133,46 @@ def orphaned(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
     return out
 
 
+def settled(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
+    """Job ids the queue's failed or started registry names (up to ``limit`` of each, oldest first) whose
+    Attempt mc_queue has settled (succeeded, failed, canceled; a packed task's), or does not hold (a
+    retired task, an Attempt it never had): RQ must call none of them failed or executing. An Attempt
+    still pending, running or suspect keeps its entries (the outbox sends it again, or the sweeper's
+    reconciliation clears them). ``rq``: the bytes connection of :func:`rq_connection`."""
+    jids = [m.decode() if isinstance(m, bytes) else str(m)
+            for m in rq.zrange(queue.failed_job_registry.key, 0, limit - 1)]
+    jids += [(m.decode() if isinstance(m, bytes) else str(m)).split(":", 1)[0]
+             for m in rq.zrange(queue.started_job_registry.key, 0, limit - 1)]
+    found = {jid: aid for jid in dict.fromkeys(jids) if (aid := attempt_of(queue, jid)) is not None}
+    if not found:
+        return []
+    keys = Keys(queue.name.removeprefix("mcq:").rpartition(":")[0])
+    pipe = rq.pipeline(transaction=False)
+    for aid in found.values():
+        task_id, n = parse_attempt_id(aid)
+        tk = keys.task(task_id)
+        pipe.hmget(tk.task, "state", "packed")
+        pipe.hget(tk.attempts, f"{n}.state")
+    replies = pipe.execute()
+    terminal = {s.value.encode() for s in TERMINAL_ATTEMPT_STATES}
+    out = []
+    for jid, (task_state, packed), state in zip(found, replies[::2], replies[1::2], strict=True):
+        if task_state is None or packed or state is None or state in terminal:
+            out.append(jid)
+    return out
+
+
 def forget_orphans(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
-    """Remove :func:`orphaned` ids from the queue's registries; returns them."""
+    """Remove :func:`orphaned` ids from the queue's registries, and every trace RQ keeps of the
+    :func:`settled` ones (their registry entries and their job, as :func:`clear_job` does): ``rq info``
+    and rq-dashboard then count no failed or executing job mc_queue contradicts. Returns the ids."""
     ids = orphaned(rq, queue, limit=limit)
     if ids:
         pipe = rq.pipeline(transaction=False)
         for registry in (queue.failed_job_registry, queue.finished_job_registry):
             pipe.zrem(registry.key, *ids)
         pipe.execute()
-    return ids
+    done = settled(rq, queue, limit=limit)
+    for jid in done:
+        clear_job(rq, queue, jid, delete=True)
+    return ids + done
