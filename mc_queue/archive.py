@@ -15,7 +15,6 @@ other steps go on.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import logging
@@ -28,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .embedded import write_all
+from .embedded import replace_state_file
 from .errors import McqError
 from .keys import check_queue, parse_task_id
 from .models import EffectRecord, Task
@@ -172,24 +171,7 @@ class FileArchive:
             lines = "".join(json.dumps(t.to_json(), separators=(",", ":"), ensure_ascii=False) + "\n"
                             for t in items)
             data = gzip.compress(lines.encode("utf-8", "surrogateescape"))
-            tmp = path.with_name(f".{path.name}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-            try:
-                try:
-                    write_all(fd, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_state_file(path, data, mode=0o640, durable_name=True)
 
     def _files(self, queue: str) -> list[Path]:
         """The queue's archive files, newest first (names sort by time; hidden temporary files excluded)."""

@@ -180,12 +180,13 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def replace_state_file(path: Path, data: bytes) -> None:
-    """Replace the state file ``path`` whole: a new file of this process next to it (O_EXCL, O_NOFOLLOW,
-    mode 600: a name nobody could have planted), every byte written and fsynced, then renamed over
-    ``path`` (a symbolic link there is replaced, never followed)."""
+def replace_state_file(path: Path, data: bytes, *, mode: int = 0o600, durable_name: bool = False) -> None:
+    """Replace the file ``path`` whole: a new file of this process next to it (O_EXCL, O_NOFOLLOW,
+    ``mode``: a name nobody could have planted, hidden, ending ``.tmp``), every byte written and
+    fsynced, then renamed over ``path`` (a symbolic link there is replaced, never followed). With
+    ``durable_name`` the folder is fsynced too, so the new name survives a crash of the machine."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
     try:
         try:
             write_all(fd, data)
@@ -199,6 +200,12 @@ def replace_state_file(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+    if durable_name:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def find_redis_server() -> str:
