@@ -119,19 +119,6 @@ def archive_and_retire(client: Client, sink: ArchiveSink | None, rows: Sequence[
     return out
 
 
-def archive_tasks(client: Client, sink: ArchiveSink, task_ids: Sequence[str], *, reason: str, now_ms: int) -> int:
-    """Hand these tasks, as Redis holds them, to ``sink`` (durable when it returns). Returns how many
-    records were written. Deleting after it should go through :func:`archive_and_retire`, which also
-    makes sure nothing recorded after this read is deleted."""
-    records = []
-    for tid in task_ids:
-        rec = client.task_record(tid)
-        if rec is not None:
-            records.append(_archived(tid, rec, reason, now_ms))
-    sink.write(records)
-    return len(records)
-
-
 def _archived(task_id: str, rec: Packed, reason: str, now_ms: int) -> ArchivedTask:
     return ArchivedTask(task_id=task_id, queue=parse_task_id(task_id), state=rec.fields.get("state", ""),
                         archived_at_ms=now_ms, reason=reason, record=rec)

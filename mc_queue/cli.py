@@ -775,30 +775,37 @@ def metrics(obj: Ctx, host: str, port: int, app_spec: str | None) -> None:
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to bind. Requests that are not from this machine need the token.")
+              help="Address to bind. Every request needs the token (see --trust-loopback).")
 @click.option("--port", type=click.IntRange(1, 65535), default=9465, show_default=True)
 @click.option("--read-only", is_flag=True, help="Show everything, offer and accept no action.")
+@click.option("--trust-loopback", is_flag=True,
+              help="Requests from this machine (a loopback peer naming this machine, no proxy header) need no "
+                   "token. Never with a proxy on this machine: it relays anyone's request from 127.0.0.1.")
 @click.pass_obj
 @handle_errors
-def dashboard(obj: Ctx, host: str, port: int, read_only: bool) -> None:
+def dashboard(obj: Ctx, host: str, port: int, read_only: bool, trust_loopback: bool) -> None:
     """The operator console: a web page of this namespace (overview, tasks, each task's story,
     attention, DLQ, workers) with retry, cancel, replay and purge under the CLI's rules.
 
-    Requests from this machine (a loopback address, no proxy header) need nothing more; any other
-    needs the token: $MCQ_DASHBOARD_TOKEN, else one generated and printed here. Every form carries
+    Every request needs the token ($MCQ_DASHBOARD_TOKEN, else one generated and printed here as an
+    address that carries it), from this machine too: a proxy on this machine relays anyone's request
+    from 127.0.0.1. With --trust-loopback, requests from this machine need none. Every form carries
     a CSRF token. Actions are recorded with the actor console:<client address>."""
     from .console import serve_forever, start
 
     client = obj.reader  # the console serves a namespace that runs: it never starts the embedded server
-    running = start(client, host=host, port=port, read_only=read_only)
+    running = start(client, host=host, port=port, read_only=read_only, trust_loopback=trust_loopback)
     click.echo(f"mc_queue console of namespace {client.keys.prefix!r} at {running.url}"
                + (" (read-only)" if read_only else ""), err=True)
     if running.token_from_env:
-        click.echo("requests from other machines need the token in MCQ_DASHBOARD_TOKEN "
-                   f"(open {running.url}?token=...)", err=True)
+        click.echo(f"every request needs the token in MCQ_DASHBOARD_TOKEN: open {running.url}?token=... once "
+                   "(it moves into a cookie), or send Authorization: Bearer ...", err=True)
     else:
-        click.echo(f"requests from other machines need this token: {running.token} (open it once as "
-                   f"{running.token_url})", err=True)
+        click.echo(f"open {running.token_url} (it carries the token, which moves into a cookie); scripts send "
+                   f"Authorization: Bearer {running.token}", err=True)
+    if trust_loopback:
+        click.echo("--trust-loopback: requests from this machine need no token; never put a proxy on this "
+                   "machine in front of it", err=True)
     if not running.loopback_only:
         click.echo(f"warning: listening on {host}, beyond this machine, over plain HTTP: put TLS in front of it "
                    "or reach it through an SSH tunnel", err=True)
@@ -1011,7 +1018,8 @@ def _demo_dashboard(client: Client) -> None:
     from .console import DEFAULT_PORT, start
 
     running = start(client, port=DEFAULT_PORT, background=True, fallback_port=True)
-    click.echo(f"\nsee what happened and why in the console: {running.url}\npress Enter to stop it and end the demo")
+    click.echo(f"\nsee what happened and why in the console: {running.token_url}\n"
+               "press Enter to stop it and end the demo")
     try:
         input()
     except (EOFError, KeyboardInterrupt):
@@ -1194,7 +1202,7 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
 def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: str, reason: str, keep_days: float,
                 archive_dir: str | None, limit: int, yes: bool) -> None:
     """Delete a queue's ended tasks older than DUR, each with every key and index entry (a tombstone stays)."""
-    from .archive import FileArchive, archive_tasks
+    from .archive import FileArchive, archive_and_retire
 
     _check_reason(reason)
     if not yes:
@@ -1222,10 +1230,9 @@ def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: 
                 if len(rows) < 500:
                     break
                 continue
-            if archive is not None:
-                archive_tasks(c, archive, [t for t, _ in wanted], reason=reason, now_ms=_redis_now_ms(obj))
-            out = c.retire_batch(wanted, states=states, reason=reason, tombstone_s=keep_days * 86_400,
-                                 actor="operator", log_each=True)
+            # Archived first (when asked), and deleted only as archived: an archive that fails deletes nothing.
+            out = archive_and_retire(c, archive, wanted, states=states, reason=reason, tombstone_s=keep_days * 86_400,
+                                     now_ms=_redis_now_ms(obj), actor="operator", log_each=True)
             done += out["retired"]
     click.echo(f"{done} task(s) of queue {queue_name} purged ({', '.join(states)}, ended more than {older_than} "
                f"ago){'; archived in ' + archive_dir if archive_dir else ''}")

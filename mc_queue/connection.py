@@ -52,13 +52,16 @@ def embedded_client(home: str | None = None, *, prefix: str = "mcq", start: bool
     """A Client of the embedded server of ``home`` (whatever Redis URL the environment names): the
     server is started when it does not run, or, without ``start``, :class:`NoEmbeddedServer`. Its
     ``embedded`` attribute says which server (``started``: by this call)."""
-    from .embedded import EmbeddedServer, ensure_server, home_dir
+    from .embedded import HOME_RULE, EmbeddedServer, check_private_dir, ensure_server, home_dir
 
-    kw.setdefault("state_dir", state_dir(home))
     if start:
+        kw.setdefault("state_dir", state_dir(home))
         server = ensure_server(home)
     else:
         root = home_dir(home)
+        if os.path.lexists(root):  # the home's rule holds for readers too: a home others can change is refused
+            check_private_dir(root, HOME_RULE)
+        kw.setdefault("state_dir", state_dir(home))
         server = EmbeddedServer(root, root / "redis.sock", 0, started=False)
     client = Client(server.url, prefix=prefix, witness_path=server.witness, **kw)
     if not start:

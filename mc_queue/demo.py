@@ -28,6 +28,7 @@ from .connection import connect
 from .errors import McqError
 from .reconcile import reconcile_attempt
 from .render import print_task
+from .urls import redacted
 
 LEASE_MS = 1500
 
@@ -64,7 +65,7 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
         console.print(f"[bold]embedded redis-server[/bold] {how}: {server.url} "
                       f"(AOF, appendfsync always; data in {server.home / 'redis'})")
     else:
-        console.print(f"[bold]redis[/bold]: {redis_url}")
+        console.print(f"[bold]redis[/bold]: {redacted(redis_url or '')}")
     info = q.open_namespace()
     if info.state != "ok":
         console.print(f"[red]namespace 'demo' is {info.state}: run `mcq --prefix demo recover` first[/red]")

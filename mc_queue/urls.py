@@ -33,6 +33,7 @@ for the sentinels), and with TLS ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfi
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import math
 import re
@@ -451,6 +452,10 @@ def _explained(base: type[Any], where: str) -> type[Any]:
     return _EXPLAINED[key]
 
 
+# redis-py's own "no timeout given" marker (SentinelManagedConnection.read_response's default).
+_READ_TIMEOUT_DEFAULT: Any = inspect.signature(SentinelManagedConnection.read_response).parameters["timeout"].default
+
+
 class FollowingConnection(SelectExplained, SentinelManagedConnection):
     """A Sentinel-managed connection that asks the sentinels where the primary is on *every* reconnect.
 
@@ -467,6 +472,17 @@ class FollowingConnection(SelectExplained, SentinelManagedConnection):
             super().connect_to(address)  # type: ignore[no-untyped-call]
         finally:
             self._resolving = False
+
+    def read_response(self, disable_decoding: Any = False, *, timeout: float | object = _READ_TIMEOUT_DEFAULT,
+                      disconnect_on_error: bool | None = True, push_request: bool | None = False) -> Any:
+        """As a plain Connection does: a read that fails (a timeout, a signal interrupting a blocking
+        BLPOP) disconnects, so the unread reply is not left for the next command on this connection.
+        redis-py's SentinelManagedConnection keeps it (disconnect_on_error=False; redis/redis-py#4292):
+        RQ's stop of an idle worker then waited out the BLPOP (~15 s) and read the stale reply as its
+        pipeline's ("Wrong number of response items from pipeline execution")."""
+        base: Any = super()  # typed differently across redis-py releases
+        return base.read_response(disable_decoding, timeout=timeout, disconnect_on_error=disconnect_on_error,
+                                  push_request=push_request)
 
     def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
         if not self._sock and not self._resolving and self.connection_pool.is_master:

@@ -14,7 +14,6 @@ import zipfile
 from pathlib import Path
 
 import httpx
-import pytest
 
 import mc_queue
 from mc_queue.testing import RedisServer, free_port, unique_prefix
@@ -80,8 +79,6 @@ def test_mcq_dashboard_serves_the_namespace_with_its_rules(redis_server: RedisSe
     assert bad.returncode == 2 and "MCQ_DASHBOARD_TOKEN must have at least 16 characters" in bad.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="needs cli.py's mcq dashboard to take --trust-loopback and pass it to "
-                   "console.start(trust_loopback=True) (cli.py is another helper's: asked for in the report)")
 def test_mcq_dashboard_trust_loopback_is_the_operators_choice(redis_server: RedisServer) -> None:
     prefix = unique_prefix("dash")
     port = free_port()
@@ -108,8 +105,6 @@ def test_mcq_dashboard_trust_loopback_is_the_operators_choice(redis_server: Redi
         proc.wait(10)
 
 
-@pytest.mark.xfail(strict=True, reason="needs cli.py's demo to print the console's Running.token_url (every "
-                   "request needs the token): cli.py is another helper's, asked for in the report")
 def test_mcq_demo_at_a_terminal_keeps_the_console_open_until_enter(tmp_path: Path) -> None:
     master, slave = pty.openpty()  # the demo's standard input is a terminal, as for a person
     proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--home", str(tmp_path / "home"), "demo",

@@ -291,9 +291,6 @@ def sentinels(tmp_path: Path) -> Iterator[FailoverCluster]:
         yield fc
 
 
-@pytest.mark.xfail(strict=True, reason="needs mc_queue/urls.py's FollowingConnection.read_response to default "
-                   "disconnect_on_error=True, as redis-py's Connection does (urls.py is another helper's: asked for "
-                   "in the CLI helper's report); drop this marker with that change")
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("pool", [2, None], ids=["pool", "single"])
 def test_an_idle_worker_on_a_sentinel_url_stops_as_fast_as_on_a_plain_one(

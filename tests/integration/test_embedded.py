@@ -45,7 +45,7 @@ def test_mcq_env_home_and_server_status(tmp_path: Path) -> None:
     env = {**os.environ, "MCQ_HOME": str(tmp_path / "e")}
     env.pop("MCQ_REDIS_URL", None)
     try:
-        out = subprocess.run([sys.executable, "-m", "mc_queue", "server", "status"], env=env,
+        out = subprocess.run([sys.executable, "-m", "mc_queue", "server", "start"], env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert str(tmp_path / "e" / "redis") in out.stdout

@@ -216,7 +216,7 @@ def test_a_home_mc_queue_creates_is_private_and_an_existing_one_keeps_its_mode(t
     os.chmod(existing, 0o750)
     try:
         for home in (created, existing):
-            out = mcq("status", home=home)
+            out = mcq("server", "start", home=home)  # reads never start the server: a writer's first use
             assert out.returncode == 0, out.stderr[-2000:]
         assert stat.S_IMODE(created.stat().st_mode) == 0o700
         assert stat.S_IMODE(existing.stat().st_mode) == 0o750, "an existing home was chmodded"
@@ -229,8 +229,9 @@ def test_the_embedded_server_runs_in_a_home_whose_path_has_a_space_and_a_quote()
     base = Path(tempfile.mkdtemp(prefix="mcq-"))  # short: a unix socket path holds at most 107 bytes
     home = base / 'my "mcq" home\\x'
     try:
-        out = mcq("status", "--json", home=home)
+        out = mcq("server", "start", home=home)
         assert out.returncode == 0, out.stderr[-2000:]
+        assert mcq("status", "--json", home=home).returncode == 0
         assert (home / "redis.sock").is_socket()
         conf = (home / "redis.conf").read_text()
         assert 'unixsocket "' in conf and '\\"mcq\\"' in conf, conf
@@ -246,7 +247,7 @@ def test_the_embedded_server_runs_in_a_home_whose_path_has_a_space_and_a_quote()
 
 def test_a_home_path_redis_conf_cannot_hold_is_refused_clearly(tmp_path: Path) -> None:
     home = tmp_path / "bad\nhome"
-    out = mcq("status", home=home)
+    out = mcq("server", "start", home=home)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert "MCQ_HOME" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not home.exists(), "a home that cannot be used was created"
