@@ -312,8 +312,8 @@ def test_an_idle_worker_on_a_sentinel_url_stops_as_fast_as_on_a_plain_one(
 
 # ------------------------------------------------------------------ 4. the README's five-minute example
 
-# The README text is merged by the lead from the CLI helper's notes: then this names ROOT / "README.md".
-EXAMPLE_SOURCE = Path("/work/notes/readme-cli.md")
+# The example as the README shows it, run as written.
+EXAMPLE_SOURCE = ROOT / "README.md"
 
 
 def five_minute_example(markdown: str) -> tuple[str, str, str]:
