@@ -230,7 +230,7 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
 
 def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> list[tuple[str, int, int]]:
     """n tasks enqueued and claimed with pipelined EVALSHA through the client's Scripts."""
-    epoch = q._ns()
+    epoch = q._epoch()
     scripts, keys = q.runner, q.keys
     policy, budget = RetryPolicy().model_dump_json(), Budget().model_dump_json()
     leases: list[tuple[str, int, int]] = []
@@ -242,22 +242,24 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             text, dg = encode_payload({"tid": tid})
             tk = keys.task(tid)
             manifest = Manifest(handler=HANDLER, payload_digest=dg, policy_version="default-v1").model_dump_json()
+            # The keys and arguments Client.enqueue and Client.claim_attempt send, pipelined.
             scripts.call("enqueue", {
-                "meta": keys.meta, "epochs": keys.epochs, "nslog": keys.nslog, "idem": keys.idem,
+                **q._ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox,
+                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "tomb": tk.tomb,
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
-                "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "epoch": epoch,
-                "actor": "bench"}, client=pipe)
+                "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
+                "epoch": epoch, "actor": "bench"}, client=pipe)
         for reply in pipe.execute():
             assert reply[0] == "OK", reply
         pipe = q.writer.pipeline(transaction=False)
         for tid in chunk:
             tk = keys.task(tid)
             scripts.call("claim", {
-                "meta": keys.meta, "epochs": keys.epochs, "nslog": keys.nslog, "stats": keys.stats,
+                **q._ns_keys(), "stats": keys.stats,
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox,
+                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "fence": tk.fence,
+                "lease": tk.lease, "paused": keys.paused,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
                 "request_id": uuid.uuid4().hex, "expect_n": ""}, client=pipe)
         for tid, reply in zip(chunk, pipe.execute(), strict=True):
@@ -281,7 +283,6 @@ class Renewer(threading.Thread):
 
     def run(self) -> None:
         q, keys, scripts = self.q, self.q.keys, self.q.runner
-        epoch = q._ns()
         batches = [self.leases[i:i + self.batch] for i in range(0, len(self.leases), self.batch)]
         slot = self.period / len(batches)
         prepared = []
@@ -289,10 +290,11 @@ class Renewer(threading.Thread):
             rows = []
             for tid, n, fence in b:
                 tk = keys.task(tid)
-                rows.append(({"meta": keys.meta, "epochs": keys.epochs, "nslog": keys.nslog, "leases": keys.leases,
-                              "task": tk.task, "attempts": tk.attempts, "events": tk.events, "stats": keys.stats},
-                             {"n": n, "fence": fence, "worker": WORKER, "lease_ms": "", "epoch": epoch,
-                              "min_seq": 0, "cost": "0.0", "tokens": 0, "request_id": ""}))
+                # The keys and arguments Client.heartbeat sends (no charge), pipelined.
+                rows.append(({**q._ns_keys(), "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
+                              "stats": keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease},
+                             {"n": n, **q._fenced_args(f"{tid}/{n}", fence, WORKER), "lease_ms": "", "cost": "0",
+                              "tokens": 0, "request_id": ""}))
             prepared.append(rows)
         end = self.start_at + self.seconds
         k = 0

@@ -218,6 +218,7 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if k not in ("MCQ_REDIS_URL", "MCQ_PREFIX", "PYTHONPATH")}
         env["MCQ_HOME"] = str(self.home)
         env["MCQ_BENCH_FORGE"] = self.forge.url
+        env["MCQ_BENCH_LEASE_MS"] = str(self.args.lease_ms)
         return env
 
     def spawn(self, cmd: list[str], name: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -415,7 +416,8 @@ def render(data: dict[str, Any]) -> str:
     a = data["args"]
     s = data["summary"]
     r = s["recovery_ms"]
-    lease_s = DEFAULT_LEASE_MS / 1000
+    lease_s = data["lease_ms"] / 1000
+    lease_is = "`DEFAULT_LEASE_MS`" if data["lease_ms"] == DEFAULT_LEASE_MS else "`--lease-ms`, not the default"
 
     def ms(x: float) -> str:
         return f"{x:,.0f}"
@@ -426,7 +428,7 @@ def render(data: dict[str, Any]) -> str:
              "to the job |", "|---|---|---|---|---|---|---|"]
     if r:
         lines.append(
-            f"| mc_queue: lease {lease_s:g} s (`DEFAULT_LEASE_MS`, heartbeat every {lease_s / 3:.1f} s), sweeper "
+            f"| mc_queue: lease {lease_s:g} s ({lease_is}, heartbeat every {lease_s / 3:.1f} s), sweeper "
             f"every {a['sweep_interval']:g} s, `--kind {a['kind']}` worker, killed ~{ms(s['claim_to_kill_ms']['p50'])} "
             f"ms after its claim (a whole lease left) | {s['measured']} | {ms(r['p50'])} ms | "
             f"{ms(r['p95'])} ms | {ms(r['max'])} ms | **{s['duplicates']}** ({s['prs']} PRs for {s['keys']} keys) "
@@ -480,6 +482,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=20, help="mc_queue runs (one task each)")
     p.add_argument("--kind", choices=["simple", "fork"], default="simple", help="mc_queue worker kind")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="sweeper interval, s (mcq's default: 1)")
+    p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS,
+                   help=f"the App's lease (default {DEFAULT_LEASE_MS}, mc_queue's DEFAULT_LEASE_MS); a shorter one "
+                        "makes a quick run, not the figure at the defaults")
     p.add_argument("--run-timeout-s", type=float, default=120.0, help="give up on one mc_queue step after this")
     p.add_argument("--rq-runs", type=int, default=1, help="RQ runs per RQ setting (0: no RQ side)")
     p.add_argument("--rq-timeout-s", type=float, default=900.0,
@@ -494,8 +499,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rq_fast:
         args.rq_settings = "fast"
-    if args.runs < 1 or args.rq_runs < 0:
-        p.error("--runs must be >= 1 and --rq-runs >= 0")
+    if args.runs < 1 or args.rq_runs < 0 or args.lease_ms < 100:
+        p.error("--runs must be >= 1, --rq-runs >= 0 and --lease-ms >= 100")
     return args
 
 
@@ -512,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     server = RedisServer(tmp / "redis")
     forge = ForgeServer()
     started = time.time()
-    data: dict[str, Any] = {"args": vars(args), "rq_version": rq.__version__, "lease_ms": DEFAULT_LEASE_MS,
+    data: dict[str, Any] = {"args": vars(args), "rq_version": rq.__version__, "lease_ms": args.lease_ms,
                             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                         "loadavg_start": os.getloadavg()}, "runs": [], "rq": []}
     bench: Bench | None = None
@@ -521,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         forge.start()
         os.environ["MCQ_BENCH_FORGE"] = forge.url
+        os.environ["MCQ_BENCH_LEASE_MS"] = str(args.lease_ms)  # read by bench.recovery_app at its import
         admin = server.client()
         data["machine"]["redis"] = admin.info("server")["redis_version"]
         admin.close()

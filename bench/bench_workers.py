@@ -430,7 +430,7 @@ class Bench:
         client = ac.client
         spec = self.app.spec(self.handler)
         ids = [ac.enqueue(self.handler, {"i": i}).id for i in range(n)]
-        ws = WorkspaceRoot(self.tmp / "ws-steps")
+        ws = WorkspaceRoot(self.tmp / "ws-steps", namespace=self.prefix)
         t: Counter[str] = Counter()
         pc = time.perf_counter
         ping0 = pc()

@@ -148,6 +148,7 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
         wall_failover = time.time()
         log(f"min_replicas={min_replicas}: failover after {t_failover - t_kill:.1f}s; restarting the old primary")
         cluster.restart_old_primary()
+        log(f"min_replicas={min_replicas}: the old primary is a replica of the new one; watching for a loss report")
         new_primary = cluster.replica
         direct = new_primary.client()
         lost = [k for k, t in acked_before_kill.items() if not direct.exists(Keys(prefix).task(t).task)]
@@ -164,7 +165,7 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
             if meta.get("state") == "lost":
                 detected_at = time.monotonic()
                 break
-            if min_replicas and time.monotonic() - t_failover > 10:
+            if min_replicas and time.monotonic() - t_failover > args.quiet_s:
                 break  # nothing to detect: stop waiting after a while
             fleet.reap("failover")
             for k in keys:  # the producer resends what was never acknowledged, with its key
@@ -197,6 +198,7 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
             result["recover_exit_code"] = rec.returncode
             producer.acked.clear()
         # Everything the producer was told, and everything it resends, must end succeeded.
+        log(f"min_replicas={min_replicas}: settling (every task acknowledged and succeeded)")
         deadline = time.monotonic() + args.settle_timeout_s
         states: Counter[str] = Counter()
         while time.monotonic() < deadline:
@@ -288,6 +290,9 @@ def main() -> int:
     ap.add_argument("--down-after-ms", type=int, default=3000, help="sentinel down-after-milliseconds")
     ap.add_argument("--failover-timeout-ms", type=int, default=10000, help="sentinel failover-timeout")
     ap.add_argument("--detect-timeout-s", type=float, default=30.0)
+    ap.add_argument("--quiet-s", type=float, default=10.0,
+                    help="with min_replicas >= 1: how long after the failover to watch for a loss report that "
+                         "should not come")
     ap.add_argument("--settle-timeout-s", type=float, default=120.0)
     ap.add_argument("--seconds", type=float, default=3.0, help="throughput: seconds per measurement")
     ap.add_argument("--repeat", type=int, default=3)

@@ -9,8 +9,8 @@ workers import :func:`rq_hang` by name (``bench.recovery_app.rq_hang``).
 runs; it must be set before this module is imported (the benchmark sets it for every process).
 
 Everything runs with mc_queue's defaults: the App's lease (``DEFAULT_LEASE_MS``, 10 s, renewed every
-third by the worker's heartbeat thread), its retry policy (executor failures retry after a jittered
-backoff) and budget.
+third by the worker's heartbeat thread; ``MCQ_BENCH_LEASE_MS``, set by ``--lease-ms``, for a quick run),
+its retry policy (executor failures retry after a jittered backoff) and budget.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mc_queue import App, Context
+from mc_queue.client import DEFAULT_LEASE_MS
 from mc_queue.providers import HttpPullRequests
 
 QUEUE = "recovery"
@@ -29,7 +30,7 @@ RQ_FUNC = "bench.recovery_app.rq_hang"
 
 FORGE_URL = os.environ.get("MCQ_BENCH_FORGE", "http://127.0.0.1:9")  # port 9 (discard): fails loudly if unset
 
-app = App(name="bench-recovery")
+app = App(name="bench-recovery", lease_ms=int(os.environ.get("MCQ_BENCH_LEASE_MS") or DEFAULT_LEASE_MS))
 prs = HttpPullRequests(FORGE_URL)
 app.operation("open-pr", prs.find_pr)
 

@@ -1,0 +1,77 @@
+"""Every benchmark in bench/ runs to its table at smoke size (issue 15: bench_workers.py crashed at its
+steps section once ``WorkspaceRoot`` needed a namespace, and nobody ran the benchmarks between turns).
+
+No figure is asserted: each script runs as a subprocess, as the README shows, with the smallest sizes
+its options allow, and must end with the table or summary it prints (exit 0, no traceback). The whole
+set takes about a minute on a 2-core machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+# script -> (smoke arguments, what its output ends with, exit codes it may give)
+SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
+    "bench_core.py": (["--seconds", "0.2", "--repeat", "1", "--fsync", "everysec", "--pin", "none", "--slice", "0.1",
+                       "--tasks", "200", "--no-what-if", "--chunk", "200", "--settle", "0"],
+                      "| 1. claim+complete cycles/s", (0,)),
+    "bench_guards.py": (["--cycles", "50", "--rounds", "1"], '"ratio_cycles_per_s"', (0,)),
+    "bench_ops.py": (["--idle", "100", "--passes", "2", "--expired", "2", "--due", "2", "--leases", "100",
+                      "--seconds", "1"], "| redis-server CPU per renewal |", (0,)),
+    "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),
+    "bench_workers.py": (["--jobs", "20", "--repeat", "1", "--kinds", "simple", "--workers", "1", "--sample", "0",
+                          "--no-profile", "--steps", "10"], "| total of the steps |", (0,)),
+    "failover.py": (["--tasks", "2", "--workers", "1", "--think-s", "0.05", "--lag-s", "0.5", "--modes", "1",
+                     "--quiet-s", "1", "--seconds", "0.3", "--repeat", "1"], '"throughput"', (0,)),
+    # soak's exit code is its verdict on a figure (1: memory not flat), which a smoke run cannot judge
+    "soak.py": (["--tasks", "300", "--retention", "1", "--pack-after", "0.5", "--after", "1", "--sample", "0.5"],
+                "at the end:", (0, 1)),
+}
+BACKGROUND = {"failover.py"}
+# Run to their report by other tests of the suite, or not benchmarks themselves (imported by the others).
+ELSEWHERE = {"chaos.py": "tests/faults/test_chaos_short.py (bench/chaos.py --short, to its report)",
+             "noop_app.py": "bench_workers.py's App", "noop_jobs.py": "bench_workers.py's RQ jobs",
+             "recovery_app.py": "bench_recovery.py's App and RQ job"}
+
+
+def test_every_bench_script_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py") if p.name != "__init__.py"}
+    assert scripts == set(SMOKE) | set(ELSEWHERE), "a bench script without a smoke run (add it to SMOKE)"
+    assert (ROOT / ELSEWHERE["chaos.py"].split()[0]).exists()
+
+
+def _run(script: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(BENCH / script), *SMOKE[script][0]], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The failover scenario mostly waits (for the sentinels, a lease, the old primary's resync): it runs
+    while the other scripts run one after the other, so the whole set stays near a minute."""
+    wanted = {item.callspec.params.get("script") for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")}
+    procs = {script: _run(script) for script in BACKGROUND & wanted}
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE, key=lambda s: (s in BACKGROUND, s)))
+def test_bench_script_runs_to_its_table_at_smoke_size(
+        script: str, in_background: dict[str, subprocess.Popen[str]]) -> None:
+    _, marker, codes = SMOKE[script]
+    proc = in_background.get(script) or _run(script)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode in codes, stdout[-3000:] + stderr[-3000:]
+    assert "Traceback (most recent call last)" not in stderr, stderr[-3000:]
+    assert marker in stdout, stdout[-3000:] + stderr[-2000:]
