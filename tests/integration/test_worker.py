@@ -521,7 +521,7 @@ def test_cleanup_stale_removes_stale_refuses_symlinks_keeps_named(tmp_path: Path
 
 def test_worker_cleans_stale_workspaces_before_polling_but_keeps_a_live_leases(h: Harness) -> None:
     root = h.home / "wsroot"
-    ws = WorkspaceRoot(root, namespace=h.prefix)
+    ws = WorkspaceRoot(root, namespace=h.prefix, epoch=h.client.open_namespace().epoch)  # as the worker names them
     stale = root / ws.name_for(f"jobs:{new_ulid()}/1")
     stale.mkdir()
     (stale / "left-by-a-crash.txt").write_text("x")
