@@ -6,9 +6,9 @@ COPY pyproject.toml README.md ./
 COPY mc_queue ./mc_queue
 COPY lua ./lua
 COPY workers ./workers
-RUN pip install --no-cache-dir . && useradd --create-home mcq && chmod 0755 /app/workers/entrypoint.sh
+RUN pip install --no-cache-dir . && useradd --create-home mcq
 # /data: where docker-compose.yml mounts the example's git remote (a new named volume takes this owner).
 RUN mkdir -p /data && chown mcq /data
 USER mcq
-# mcq, with the Redis password read from MCQ_REDIS_PASSWORD_FILE when it is set (docker-compose.yml's secret).
-ENTRYPOINT ["/app/workers/entrypoint.sh"]
+# mcq reads the Redis password from the file MCQ_REDIS_PASSWORD_FILE names (docker-compose.yml's secret).
+ENTRYPOINT ["mcq"]

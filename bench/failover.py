@@ -1,31 +1,35 @@
-"""Failover to a lagging replica, with real processes, for min_replicas 0 and 1; then the cost of
-min_replicas=1 on enqueue and claim+complete throughput.
+"""Failovers with real processes: a lagging replica promoted after the primary is SIGKILLed, and a
+planned `SENTINEL FAILOVER` under load; each with min_replicas=0 and with the Sentinel URL's default
+(1); then the cost of min_replicas=1 on enqueue and claim+complete throughput.
 
-The scenario, once per ``min_replicas`` value (``mc_queue.testing.FailoverCluster``): a primary
-(AOF, appendfsync always) and one replica whose replication link runs through a TCP proxy, three
-redis-sentinel processes (quorum 2, down-after 3 s, failover-timeout 10 s by default); ``mcq worker`` (x2,
-``--kind simple``) and ``mcq sweeper`` processes of the example app (``mc_queue.examples.agents``:
-push a commit to a bare git remote, open a pull request at a local forge) on the service's
-``redis+sentinel://`` URL, and a producer in this process enqueueing tasks with idempotency keys.
-After a warm-up, the replication link is held back (``--lag-s`` seconds of acknowledged work: enqueues,
-claims, effects, completions), then the primary is SIGKILLed and the proxy cut, the sentinels
-promote the replica, and the old primary is started again (the sentinels make it a replica of the
-new one). The workers and the sweeper follow the failover through Sentinel, without a restart; a
-process started afterwards on the new primary's plain URL (``mcq namespace --json`` with the same
-``MCQ_STATE_DIR``) shows what a restarted process finds. The producer resends whatever was not
-acknowledged with the same key. With min_replicas=0, once the loss is reported the script runs
-``mcq recover`` and the producer resends every key it was acknowledged for (the resend path the
-README prescribes after a loss). Reported per run: acknowledged tasks lost (acknowledged by enqueue,
-absent from the new primary), duplicates at the providers (commits per operation key on the remote,
-pull requests per key at the forge), whether the loss was detected (namespace state, the
-``state_loss_detected`` event, who saw it, how long after the failover) and the final task states.
+The scenario, once per mode (``--modes``, ``<kill|planned>:<min_replicas|default>``;
+``mc_queue.testing.FailoverCluster``): a primary (AOF, appendfsync always) and one replica whose
+replication link runs through a TCP proxy, three redis-sentinel processes (quorum 2, down-after 3 s,
+failover-timeout 10 s by default); ``mcq worker`` (x2, ``--kind simple``) and ``mcq sweeper`` processes
+of the example app (``mc_queue.examples.agents``: push a commit to a bare git remote, open a pull
+request at a local forge) on the service's ``redis+sentinel://`` URL, and a producer in this process
+enqueueing tasks with idempotency keys. ``kill``: after a warm-up, the replication link is held back
+(``--lag-s`` seconds of acknowledged work: enqueues, claims, effects, completions), then the primary is
+SIGKILLed and the proxy cut, the sentinels promote the replica, and the old primary is started again
+(the sentinels make it a replica of the new one). ``planned``: after the warm-up, ``SENTINEL FAILOVER``
+while the producer keeps sending: the replica is promoted with the primary alive, which takes writes
+until the sentinels demote it. The workers and the sweeper follow the failover through Sentinel,
+without a restart; a process started afterwards on the new primary's plain URL (``mcq namespace --json``
+with the same ``MCQ_STATE_DIR``) shows what a restarted process finds. The producer resends whatever
+was not acknowledged with the same key. When the loss is reported the script runs ``mcq recover`` and
+the producer resends every key it was acknowledged for (the resend path the README prescribes after a
+loss). Reported per run: acknowledged tasks lost (acknowledged by enqueue, absent from the new
+primary), duplicates at the providers (commits per operation key on the remote, pull requests per key
+at the forge), whether the loss was detected (namespace state, the ``state_loss_detected`` event, who
+saw it, how long after the failover), the final task states and the time from the failover to every
+task succeeded (``recovered_s``).
 
 The throughput part runs a primary and a replica (direct replication link, appendfsync always)
 and one producer/worker process: enqueue tasks/s and claim+complete cycles/s with tracking off,
 with tracking on (min_replicas=0), and with min_replicas=1, interleaved, median of ``--repeat``.
 
-    .venv/bin/python bench/failover.py                      # both scenarios + throughput (~3 min)
-    .venv/bin/python bench/failover.py --json failover.json --tasks 12 --lag-s 2
+    .venv/bin/python bench/failover.py                      # four scenarios + throughput (~6 min)
+    .venv/bin/python bench/failover.py --only scenario --modes planned:default,planned:0 --json fo.json
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -98,8 +103,14 @@ def provider_counts(remote: Path, forge: Any) -> tuple[int, int, dict[str, int],
             forge.duplicates())
 
 
-def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    prefix = f"fo{min_replicas}"
+def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run. ``mode`` is ``<kind>:<min_replicas>``: kind ``kill`` (the replication link held back, the
+    primary SIGKILLed, the replica promoted, the old primary restarted) or ``planned`` (``SENTINEL
+    FAILOVER`` under load: the replica is promoted while the primary lives and takes writes until it is
+    demoted); min_replicas a number, or ``default`` (the URL names none: a Sentinel URL's default, 1)."""
+    kind, _, mr = mode.partition(":")
+    min_replicas = None if mr == "default" else int(mr)
+    prefix = f"fo{kind[0]}{mr[0]}"
     state = root / "state"
     # Sentinel's down-after of 1 s (the tests' setting) made a sentinel on this loaded 2-core machine
     # take the freshly promoted replica for dead and fail back to the restarted old primary.
@@ -107,18 +118,20 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
                               failover_timeout_ms=args.failover_timeout_ms).start()
     prov = provider_env(root, extra={"MCQ_STATE_DIR": str(state)}, forge_timeout_s=3)
     os.environ["MCQ_STATE_DIR"] = str(state)
-    url = cluster.url(min_replicas=min_replicas, replica_timeout_ms=args.replica_timeout_ms)
+    url = cluster.url(replica_timeout_ms=args.replica_timeout_ms) if min_replicas is None else \
+        cluster.url(min_replicas=min_replicas, replica_timeout_ms=args.replica_timeout_ms)
     logs = root / "logs"
     logs.mkdir()
     fleet = Fleet(prefix, url, prov.env, logs, sweeper_interval_s=0.5, restart=True)
     producer = Producer(url, prefix)
     ops = mc_queue.Client(url, prefix=prefix, actor="bench", track_replication="off")  # reads
-    result: dict[str, Any] = {"min_replicas": min_replicas}
+    result: dict[str, Any] = {"mode": mode, "min_replicas": producer.ac.client.min_replicas,
+                              "url_names_min_replicas": min_replicas is not None}
     try:
         for _ in range(args.workers):
             fleet.worker()
         fleet.sweeper()
-        keys = [f"issue-{min_replicas}-{i}" for i in range(args.tasks)]
+        keys = [f"issue-{prefix}-{i}" for i in range(args.tasks)]
         warm = keys[: args.tasks // 2]
         during = keys[args.tasks // 2:]
         for i, k in enumerate(warm):
@@ -129,26 +142,53 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
             if done >= max(1, len(warm) // 2):
                 break
             time.sleep(0.2)
-        log(f"min_replicas={min_replicas}: warm-up done, holding the replication link back for {args.lag_s}s")
-        cluster.lag()
-        t_lag = time.monotonic()
-        for i, k in enumerate(during):
-            producer.send(k, len(warm) + i, args.think_s)
-            time.sleep(max(0.0, args.lag_s / max(1, len(during))))
-        while time.monotonic() - t_lag < args.lag_s:
-            time.sleep(0.05)
-        primary = cluster.primary_info()
-        replica = cluster.replica_info()
-        result["lag_bytes"] = int(primary["master_repl_offset"]) - int(replica.get("master_repl_offset", 0))
-        acked_before_kill = dict(producer.acked)
-        cluster.kill_primary()
-        t_kill = time.monotonic()
-        cluster.wait_failover()
-        t_failover = time.monotonic()
-        wall_failover = time.time()
-        log(f"min_replicas={min_replicas}: failover after {t_failover - t_kill:.1f}s; restarting the old primary")
-        cluster.restart_old_primary()
-        log(f"min_replicas={min_replicas}: the old primary is a replica of the new one; watching for a loss report")
+        if kind == "kill":
+            log(f"{mode}: warm-up done, holding the replication link back for {args.lag_s}s")
+            cluster.lag()
+            t_lag = time.monotonic()
+            for i, k in enumerate(during):
+                producer.send(k, len(warm) + i, args.think_s)
+                time.sleep(max(0.0, args.lag_s / max(1, len(during))))
+            while time.monotonic() - t_lag < args.lag_s:
+                time.sleep(0.05)
+            primary = cluster.primary_info()
+            replica = cluster.replica_info()
+            result["lag_bytes"] = int(primary["master_repl_offset"]) - int(replica.get("master_repl_offset", 0))
+            acked_before_kill = dict(producer.acked)
+            cluster.kill_primary()
+            t_kill = time.monotonic()
+            cluster.wait_failover()
+            t_failover = time.monotonic()
+            wall_failover = time.time()
+            log(f"{mode}: failover after {t_failover - t_kill:.1f}s; restarting the old primary")
+            cluster.restart_old_primary()
+            log(f"{mode}: the old primary is a replica of the new one; watching for a loss report")
+        else:
+            # SENTINEL FAILOVER while the producer keeps sending: the old primary takes writes until the
+            # sentinels demote it (seconds later); what it took is gone then, unless WAIT refused it.
+            log(f"{mode}: warm-up done, SENTINEL FAILOVER under load")
+            stop = threading.Event()
+
+            def send_during() -> None:
+                for i, k in enumerate(during):
+                    while not stop.is_set() and not producer.send(k, len(warm) + i, args.think_s):
+                        time.sleep(0.05)
+                    time.sleep(args.lag_s / max(1, len(during)))
+
+            sender = threading.Thread(target=send_during, daemon=True)
+            sender.start()
+            time.sleep(args.lag_s / 3)
+            t_kill = time.monotonic()
+            cluster.planned_failover()
+            t_failover = time.monotonic()
+            wall_failover = time.time()
+            cluster.wait_demoted()
+            result["demoted_after_s"] = round(time.monotonic() - t_failover, 1)
+            log(f"{mode}: promoted after {t_failover - t_kill:.1f}s, the old primary demoted "
+                f"{result['demoted_after_s']}s later")
+            sender.join(timeout=args.settle_timeout_s)
+            stop.set()
+            acked_before_kill = dict(producer.acked)
         new_primary = cluster.replica
         direct = new_primary.client()
         lost = [k for k, t in acked_before_kill.items() if not direct.exists(Keys(prefix).task(t).task)]
@@ -165,7 +205,7 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
             if meta.get("state") == "lost":
                 detected_at = time.monotonic()
                 break
-            if min_replicas and time.monotonic() - t_failover > args.quiet_s:
+            if producer.ac.client.min_replicas and time.monotonic() - t_failover > args.quiet_s:
                 break  # nothing to detect: stop waiting after a while
             fleet.reap("failover")
             for k in keys:  # the producer resends what was never acknowledged, with its key
@@ -191,14 +231,14 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
         result["restarted_process_sees"] = {"state": fresh_state, "exit_code": fresh.returncode}
 
         if result["namespace_after_failover"] == "lost":
-            log(f"min_replicas={min_replicas}: loss reported; running mcq recover, then resending every key")
+            log(f"{mode}: loss reported; running mcq recover, then resending every key")
             rec = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", prefix,
                                   "recover", "--reason", "bench: failover lost acknowledged writes"],
                                  env={**prov.env}, capture_output=True, text=True, timeout=120)
             result["recover_exit_code"] = rec.returncode
             producer.acked.clear()
         # Everything the producer was told, and everything it resends, must end succeeded.
-        log(f"min_replicas={min_replicas}: settling (every task acknowledged and succeeded)")
+        log(f"{mode}: settling (every task acknowledged and succeeded)")
         deadline = time.monotonic() + args.settle_timeout_s
         states: Counter[str] = Counter()
         while time.monotonic() < deadline:
@@ -214,6 +254,7 @@ def scenario(min_replicas: int, root: Path, args: argparse.Namespace) -> dict[st
             fleet.reap("settle")
             time.sleep(0.5)
         result["final_states"] = dict(states)
+        result["recovered_s"] = round(time.monotonic() - t_failover, 1)  # failover to every task succeeded
         commits, push_keys, git_dups, pulls, forge_dups = provider_counts(prov.remote, prov.forge)
         result["providers"] = {"commits": commits, "push_keys": push_keys, "duplicate_pushes": git_dups,
                                "pull_requests": pulls, "duplicate_pull_requests": forge_dups}
@@ -298,18 +339,19 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", choices=["scenario", "throughput"], default=None)
     ap.add_argument("--json", default=None, help="write the results here too")
-    ap.add_argument("--modes", default="0,1", help="min_replicas values to run the scenario with")
+    ap.add_argument("--modes", default="kill:0,kill:default,planned:0,planned:default",
+                    help="scenarios, <kill|planned>:<min_replicas|default> (default: the Sentinel URL's own, 1)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs) and print it")
     args = ap.parse_args()
     out: dict[str, Any] = {}
     base = Path(tempfile.mkdtemp(prefix="mcq-failover-"))
     try:
         if args.only != "throughput":
-            for m in (int(x) for x in args.modes.split(",")):
-                root = base / f"m{m}"
+            for m in args.modes.split(","):
+                root = base / m.replace(":", "-")
                 root.mkdir()
-                out[f"min_replicas={m}"] = scenario(m, root, args)
-                log(json.dumps(out[f"min_replicas={m}"], default=str))
+                out[m] = scenario(m, root, args)
+                log(json.dumps(out[m], default=str))
         if args.only != "scenario":
             log("throughput: tracking off / tracking on / min_replicas=1, interleaved")
             out["throughput"] = throughput(base, args)

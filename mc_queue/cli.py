@@ -486,6 +486,9 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
                                connection=rq_connection(client), num_workers=pool, worker_class=WORKER_CLASSES[kind],
                                serializer=JSONSerializer, job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
+        codes = wp.exit_codes + [d.process.exitcode for d in wp.worker_dict.values()]
+        if EXIT_STOPPED_MIDWAY in codes:  # as a single worker says: a worker stopped before its Attempt finished
+            sys.exit(EXIT_STOPPED_MIDWAY)
         return
 
     wlog = logging.getLogger("mc_queue.worker")
@@ -560,6 +563,14 @@ def _named_pool(base: str) -> Any:
 
     class NamedWorkerPool(WorkerPool):
         spawned = 0
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.exit_codes: list[int | None] = []  # of the workers that ended, for the pool's own exit code
+
+        def handle_dead_worker(self, worker_data: WorkerData) -> None:
+            self.exit_codes.append(worker_data.process.exitcode)
+            super().handle_dead_worker(worker_data)
 
         def start_worker(self, count: int | None = None, burst: bool = True, _sleep: float = 0,
                          logging_level: str = "INFO") -> None:

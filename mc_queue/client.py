@@ -313,6 +313,16 @@ class Client:
         self._checking = True
         try:
             self._follow_primary()  # judge the node the sentinels name, not one this client was left on
+            # The marks first, the primary's offset after: every mark read was acknowledged before the
+            # offset is, so a mark beyond it is a write the primary lost, never one made since the INFO.
+            seen = Watermark()
+            seen.merge(self.watermark)
+            if self.slots is not None:
+                try:
+                    seen.merge(self.slots.read_all())
+                except OSError as exc:  # the state dir became unsafe (StateFileRefused): judge by memory alone
+                    log.error("cannot read the replication watermarks in %s (%s): judging by this process's own",
+                              self.slots.dir, exc)
             try:
                 repl = Replication.parse(self.writer.info("replication"))
                 if repl.role != "master" and self.target.sentinel:  # demoted since: ask where the primary is
@@ -325,17 +335,11 @@ class Client:
             self._replid = repl.replid  # judged now: new connections to this primary need no other check
             if self.track_mode == "auto" and not self.runner.track and (repl.replicas > 0 or repl.promoted):
                 self.runner.track = True
-            epoch = self.ns.epoch or ""
+            # The epoch this process's marks belong to: the one it loaded, else the namespace's own (a
+            # sweeper that has only read so far still judges every process's marks on this host).
+            epoch = self.ns.epoch or str(self.writer.hget(self.keys.meta, "epoch") or "")
             if not epoch:
-                return None  # no namespace loaded yet: open_namespace checks once it has the epoch
-            seen = Watermark()
-            seen.merge(self.watermark)
-            if self.slots is not None:
-                try:
-                    seen.merge(self.slots.read_all())
-                except OSError as exc:  # the state dir became unsafe (StateFileRefused): judge by memory alone
-                    log.error("cannot read the replication watermarks in %s (%s): judging by this process's own",
-                              self.slots.dir, exc)
+                return None  # no namespace here (yet): nothing acknowledged to judge
             marks = seen.of_epoch(epoch)
             why, rebased, _unjudged = judge(marks, repl)
             min_seq = max(self.ns.seq_seen, seen.seqs.get(epoch, 0))

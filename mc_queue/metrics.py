@@ -52,6 +52,8 @@ mcq_sweeper_last_pass_timestamp_seconds    end of the last sweeper pass, Unix ti
                                            host (0: no pass recorded)
 mcq_sweeper_pass_duration_seconds          duration of the last sweeper pass
 mcq_sweeper_passes_total                   sweeper passes (all sweepers of the namespace)
+mcq_sweeper_retention_stopped              1 while retention is stopped: the archive fails (full disk,
+                                           read-only mount ...), nothing is deleted, the rest goes on
 mcq_stale_writes_refused_total             fenced writes refused (audited as events)
 mcq_claims_refused_total                   claims refused (duplicate or late messages)
 mcq_refusals_total                         kind: every refusal a script counts (claim_refused, ...)
@@ -305,6 +307,9 @@ def _sweeper(raw: dict[str, str]) -> Iterable[Metric]:
     yield GaugeMetricFamily("mcq_sweeper_pass_duration_seconds", "Duration of the last sweeper pass",
                             value=float(raw.get("pass_ms") or 0) / 1000)
     yield CounterMetricFamily("mcq_sweeper_passes", "Sweeper passes", value=int(raw.get("passes") or 0))
+    yield GaugeMetricFamily("mcq_sweeper_retention_stopped",
+                            "1 while retention is stopped because the archive fails (nothing is deleted)",
+                            value=1 if raw.get("retention_error") else 0)
 
 
 def serve(client: Client, *, host: str = "127.0.0.1", port: int = 9464, app: App | None = None) -> Any:

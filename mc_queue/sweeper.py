@@ -280,7 +280,10 @@ class Sweeper:
                 break
         self._retire(report, deadline)
         c.trim_idempotency(limit=1000)
-        report.forgotten.extend(c.forget_empty_queues(limit=100, actor=self.actor))
+        forgotten = c.forget_empty_queues(limit=100, actor=self.actor)
+        report.forgotten.extend(forgotten)
+        for queue in forgotten:  # RQ's registries of a queue no longer listed are tidied once, here
+            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, c.keys.prefix, queue), limit=self.batch))
 
     def _retire(self, report: SweepReport, deadline: float) -> None:
         """Delete what each queue's retention policy lets go (archived first when an archive is set)."""

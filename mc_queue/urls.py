@@ -33,9 +33,11 @@ for the sentinels), and with TLS ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfi
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import ipaddress
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,6 +108,7 @@ class RedisTarget:
     min_replicas: int | None = None
     replica_timeout_ms: int | None = None
     track_replication: str | None = None
+    password_from_file: bool = False  # the password came from $MCQ_REDIS_PASSWORD_FILE, not the URL
 
     @property
     def where(self) -> str:
@@ -323,11 +326,41 @@ def parse_url(url: str) -> RedisTarget:
     parts = _split(url)
     own, rest = _own_options(url, parts.params)
     if parts.scheme in DIRECT_SCHEMES:
-        return _direct(url, parts, own, rest)
+        return _with_password_file(_direct(url, parts, own, rest))
     if parts.scheme not in SENTINEL_SCHEMES:
         raise _bad(url, f"unknown scheme {parts.scheme}://; use redis://, rediss://, unix://, redis+sentinel:// or "
                         "rediss+sentinel://")
-    return _sentinel(url, parts, own, rest)
+    return _with_password_file(_sentinel(url, parts, own, rest))
+
+
+PASSWORD_FILE_ENV = "MCQ_REDIS_PASSWORD_FILE"
+
+
+def _with_password_file(t: RedisTarget) -> RedisTarget:
+    """The data nodes' password from the file ``$MCQ_REDIS_PASSWORD_FILE`` names (a compose or Kubernetes
+    secret), when it is set: the password then appears on no command line, in no URL and in no
+    environment. One trailing newline is dropped; an empty file, or a URL with a password of its own
+    too, is refused."""
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    if not path:
+        return t
+    if t.password is not None:
+        raise ConfigurationError(f"{PASSWORD_FILE_ENV} is set and the Redis URL {t.where!r} has a password too: "
+                                 f"give it in one place (drop it from the URL, or unset {PASSWORD_FILE_ENV})")
+    try:
+        if not os.path.isfile(path):
+            raise ConfigurationError(f"{PASSWORD_FILE_ENV}={path!r} is not a file: name the file that holds the "
+                                     "Redis password (a secret mounted into the container)")
+        with open(path, "rb") as fh:
+            data = fh.read(65_537)
+    except OSError as exc:
+        raise ConfigurationError(f"{PASSWORD_FILE_ENV}={path!r} cannot be read ({exc.strerror})") from None
+    text = data.decode("utf-8", "replace")
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    if not text or len(data) > 65_536 or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ConfigurationError(f"{PASSWORD_FILE_ENV}={path!r} must hold the password on one line (it is empty, "
+                                 "longer than 64 KB or holds control characters)")
+    return dataclasses.replace(t, password=text, password_from_file=True)
 
 
 def _direct(url: str, parts: _Split, own: dict[str, Any], rest: list[tuple[str, str, str]]) -> RedisTarget:
@@ -505,6 +538,8 @@ def make_redis(target: RedisTarget | str, *, redis_class: type[redis.Redis] = re
     primary is whenever they (re)connect, so the client follows a failover."""
     t = parse_url(target) if isinstance(target, str) else target
     if not t.sentinel:
+        if t.password_from_file:
+            kwargs.setdefault("password", t.password)
         if redis_class.__init__ is redis.Redis.__init__:  # not a client that brings its own connections (fakeredis)
             base = _DIRECT_CONNECTIONS[t.redis_url.partition("://")[0]]
             kwargs.setdefault("connection_class", _explained(base, t.where))

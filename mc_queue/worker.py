@@ -550,6 +550,7 @@ def _install_runtime(name: str) -> Runtime:
     return rt
 
 
+JOB_MONITORING_INTERVAL_S = 5  # how often a worker waiting on its work horse wakes (RQ's default: 30)
 LIVENESS_TTL_MS = 10_000  # a worker's liveness key lives this long after its last refresh
 LIVENESS_EVERY_S = 3.0  # and is refreshed this often by a thread of the worker process
 LIVENESS_SEEN_MS = 86_400_000  # "<liveness key>:seen": the worker kept one (refreshed with it, PX a day)
@@ -562,6 +563,9 @@ class McqBaseWorker(BaseWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("worker_ttl", WORKER_TTL_S)
+        # A worker waiting on its work horse wakes this often (RQ: 30 s) and only then acts on a second
+        # signal that arrived meanwhile: a stop then took grace + 30 s (compose killed the pool first).
+        kwargs.setdefault("job_monitoring_interval", JOB_MONITORING_INTERVAL_S)
         super().__init__(*args, **kwargs)
         rt = _install_runtime(self.name)
         self.grace_s = rt.grace_s
@@ -584,7 +588,7 @@ class McqBaseWorker(BaseWorker):
         beat = threading.Thread(target=self._liveness, args=(stop,), name="mcq-liveness", daemon=True)
         beat.start()
         try:
-            return bool(super().work(burst, *args, **kwargs))
+            worked = bool(super().work(burst, *args, **kwargs))
         finally:
             stop.set()
             beat.join(timeout=2)
@@ -592,6 +596,11 @@ class McqBaseWorker(BaseWorker):
             with contextlib.suppress(redis.RedisError):
                 key = client.keys.worker(runtime().worker_id)
                 client.redis.delete(key, key + ":seen")
+        if self.forced:
+            # Stopped before its Attempt finished (RQ's loop swallowed the exit of a simple worker's
+            # force stop): the process says so by its exit code, in a pool's worker process too.
+            raise SystemExit(EXIT_STOPPED_MIDWAY)
+        return worked
 
     def _liveness(self, stop: threading.Event) -> None:
         """mc_queue's own liveness key for this process, ``{prefix}:w:<worker id>`` ("<host> <pid>"), PX
@@ -649,13 +658,15 @@ class McqBaseWorker(BaseWorker):
         self.stop_signal = signum
         self._stop_at = time.monotonic()
         adm = self._admitted
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # (idle: raises, stops now)
         if adm is not None and self._grace is None:
             log.warning("stop requested (%s): finishing attempt %s first, for at most %gs (--grace); a second "
                         "signal stops now", signal.Signals(signum).name, adm.attempt_id, self.grace_s)
+            # Started after RQ installed its force-stop handler: with --grace 0 the timer's signal must
+            # land there, not in this handler again (the worker then waited for the Attempt for good).
             self._grace = threading.Timer(self.grace_s, self._grace_ran_out)
             self._grace.daemon = True
             self._grace.start()
-        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def _grace_ran_out(self) -> None:
         self._grace_over = True

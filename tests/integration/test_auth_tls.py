@@ -261,3 +261,41 @@ def test_mutual_tls_client_certificate(mtls_server: TlsServer, certs: dict[str, 
     no_cert = mtls_server.tls_url(ssl_ca_certs=certs["ca.crt"])
     with mc_queue.connect(no_cert, prefix=prefix, socket_timeout=3) as q, pytest.raises(redis.ConnectionError):
         q.enqueue("sec", "noop", {"n": 1})
+
+
+# --------------------------------------------------------------------------- issue 15: the password in a file
+
+
+def test_the_password_comes_from_a_file_never_a_command_line_or_a_url(acl_server: AclServer, prefix: str,
+                                                                      tmp_path: Path) -> None:
+    """Issue 15 (compose): the password sat on redis-server's command line and in every container's URL.
+    `MCQ_REDIS_PASSWORD_FILE` names a secret file; the URL names the user only. Through the CLI, a
+    worker (RQ's connections too) and the Client."""
+    import os
+    import subprocess
+    import sys
+
+    secret = tmp_path / "redis_password"
+    secret.write_text("secret\n")  # as `echo secret > file` writes it: one trailing newline is dropped
+    url = f"redis://alice@127.0.0.1:{acl_server.port}/0"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}, "MCQ_REDIS_PASSWORD_FILE": str(secret),
+           "MCQ_HOME": str(tmp_path / "home")}
+    repo = Path(__file__).resolve().parents[2]
+
+    def mcq(*args: str, with_url: str = url) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", with_url, "--prefix", prefix, *args],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+
+    out = mcq("enqueue", "h", "--app", "tests.apps.cli_app:app", "--payload", "{}")
+    assert out.returncode == 0, out.stderr
+    task_id = out.stdout.strip().splitlines()[0]
+    worker = mcq("worker", "--app", "tests.apps.cli_app:app", "--burst", "--kind", "simple")
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    shown = mcq("show", task_id, "--json")
+    assert shown.returncode == 0 and '"succeeded"' in shown.stdout, shown.stderr
+    # A password in the URL and in the file: refused, said so, nothing written.
+    both = mcq("status", with_url=f"redis://alice:secret@127.0.0.1:{acl_server.port}/0")
+    assert both.returncode == 2 and "MCQ_REDIS_PASSWORD_FILE is set" in both.stderr and "secret" not in both.stderr
+    secret.write_text("")
+    empty = mcq("status")
+    assert empty.returncode == 2 and "one line" in empty.stderr, empty.stderr

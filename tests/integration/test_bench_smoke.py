@@ -28,7 +28,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),
     "bench_workers.py": (["--jobs", "20", "--repeat", "1", "--kinds", "simple", "--workers", "1", "--sample", "0",
                           "--no-profile", "--steps", "10"], "| total of the steps |", (0,)),
-    "failover.py": (["--tasks", "2", "--workers", "1", "--think-s", "0.05", "--lag-s", "0.5", "--modes", "1",
+    "failover.py": (["--tasks", "2", "--workers", "1", "--think-s", "0.05", "--lag-s", "0.5", "--modes", "kill:1",
                      "--quiet-s", "1", "--seconds", "0.3", "--repeat", "1"], '"throughput"', (0,)),
     # soak's exit code is its verdict on a figure (1: memory not flat), which a smoke run cannot judge
     "soak.py": (["--tasks", "300", "--retention", "1", "--pack-after", "0.5", "--after", "1", "--sample", "0.5"],

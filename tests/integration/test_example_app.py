@@ -1,6 +1,6 @@
 """workers/example.py against a real bare git repository and a real local HTTP provider, run by a
 real worker process; and the docker-compose.yml that deploys it: its secrets made by ops/make-secrets.sh,
-its redis-server command with that ACL file, its mcq commands through the image's entrypoint and its
+its redis-server command with that ACL file, its mcq commands as the image's entrypoint (mcq) runs them and its
 health checks, run here in the compose start order against a redis-server started with that command."""
 
 from __future__ import annotations
@@ -133,9 +133,8 @@ def test_docker_compose_pins_what_it_runs_and_has_no_default_password() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11\.\d+-slim-\w+$", dockerfile, re.M)
     assert "COPY lua" in dockerfile and "COPY workers" in dockerfile
-    assert 'ENTRYPOINT ["/app/workers/entrypoint.sh"]' in dockerfile
-    for script in ("workers/entrypoint.sh", "ops/make-secrets.sh"):
-        assert os.access(ROOT / script, os.X_OK), script
+    assert 'ENTRYPOINT ["mcq"]' in dockerfile
+    assert os.access(ROOT / "ops" / "make-secrets.sh", os.X_OK)
     for name, svc in services.items():
         assert svc["restart"] == "unless-stopped", name
         assert svc["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
@@ -219,21 +218,22 @@ def test_compose_keeps_the_redis_password_off_command_lines_and_environments(tmp
         assert services[name]["secrets"] == ["mcq_redis_password"], name
         assert env["MCQ_REDIS_URL"] == "redis://mcq@redis:6379/0", name  # the user, no password
         assert env["MCQ_REDIS_PASSWORD_FILE"] == "/run/secrets/mcq_redis_password", name
-    # The entrypoint refuses what it cannot use, with exit 2 and a sentence, and no traceback.
+    # mcq refuses a password file it cannot use, with exit 2 and a sentence, and no traceback.
     bad = tmp_path / "bad"
-    bad.write_text("pa ss#word\n")
-    for extra, why in (({"MCQ_REDIS_PASSWORD_FILE": str(tmp_path / "none")}, "is not a readable file"),
-                       ({"MCQ_REDIS_PASSWORD_FILE": str(bad)}, "characters a URL must escape"),
-                       ({"MCQ_REDIS_URL": "redis://mcq:other@redis:6379/0"}, "no password")):
+    bad.write_text("two\nlines\n")
+    for extra, why in (({"MCQ_REDIS_PASSWORD_FILE": str(tmp_path / "none")}, "is not a file"),
+                       ({"MCQ_REDIS_PASSWORD_FILE": str(bad)}, "on one line"),
+                       ({"MCQ_REDIS_URL": "redis://mcq:other@redis:6379/0"}, "has a password too")):
         env = {**os.environ, "MCQ_REDIS_URL": "redis://mcq@redis:6379/0",
                "MCQ_REDIS_PASSWORD_FILE": str(secrets / "mcq_redis_password"), **extra}
-        out = subprocess.run([str(ENTRYPOINT), "namespace"], env=env, capture_output=True, text=True, timeout=30)
+        out = subprocess.run([sys.executable, "-m", "mc_queue", "namespace"], env=env, capture_output=True, text=True,
+                             timeout=30)
         assert out.returncode == 2 and why in out.stderr and "Traceback" not in out.stderr, (extra, out)
+        assert "other" not in out.stderr
 
 
 # ------------------------------------------------------------------ the compose command lines, run here
 
-ENTRYPOINT = ROOT / "workers" / "entrypoint.sh"
 OBSERVER = ("observer", "pw-" + uuid.uuid4().hex)  # a test-only admin user, to read ACL LOG
 
 
@@ -274,8 +274,7 @@ class Deployment:
         if isinstance(value, list):
             return [self.local(v) for v in value]
         if isinstance(value, str):
-            return (value.replace("/run/secrets/", f"{self.run_secrets}/")
-                    .replace("/app/workers/entrypoint.sh", str(ENTRYPOINT)))
+            return value.replace("/run/secrets/", f"{self.run_secrets}/")
         return value
 
     def start_redis(self) -> redis.Redis:
@@ -313,8 +312,8 @@ class Deployment:
         return {**inherited, **env}
 
     def command(self, name: str, *extra: str) -> list[str]:
-        """The service's command through the image's entrypoint."""
-        return [str(ENTRYPOINT), *self.services[name]["command"], *extra]
+        """The service's command as the image's entrypoint runs it (`mcq`, this venv's)."""
+        return ["mcq", *self.services[name]["command"], *extra]
 
     def run(self, name: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, cwd=ROOT, env=self.env_of(name), capture_output=True, text=True, timeout=timeout)
@@ -393,12 +392,12 @@ def test_docker_compose_commands_run_against_its_redis_in_the_compose_start_orde
         mport = free_port()
         metrics_cmd = _replace_option(_replace_option(d.services["metrics"]["command"], "--host", "127.0.0.1"),
                                       "--port", str(mport))
-        metrics = d.start("metrics", [str(ENTRYPOINT), *metrics_cmd])
+        metrics = d.start("metrics", ["mcq", *metrics_cmd])
         _wait("the worker's health check", lambda: d.health("worker").returncode == 0, 60)
         out = d.health("sweeper")
         assert out.returncode == 0 and re.search(r": (missing|ok) \(", out.stdout), out  # usable, not lost
 
-        out = d.run("worker", [str(ENTRYPOINT), "enqueue", "fix-issue", "--app", "workers.example:app", "--payload",
+        out = d.run("worker", ["mcq", "enqueue", "fix-issue", "--app", "workers.example:app", "--payload",
                                json.dumps({"repository": "example/app", "issue": 1})])
         assert out.returncode == 0, out.stderr
         task_id = out.stdout.strip().split()[-1]
@@ -443,11 +442,12 @@ def test_docker_compose_commands_run_against_its_redis_in_the_compose_start_orde
 def test_compose_stop_grace_period_covers_the_grace_of_a_busy_pool(tmp_path: Path) -> None:
     """`stop_grace_period: 45s` against `--grace 30` was too short for a pool (57 s were seen). A pool worker
     waiting on its work horse sees a stop signal only when it wakes up: when a second signal arrives with
-    the first (a process group signalled, as Ctrl-C does), up to RQ's job-monitoring interval (30 s) later.
+    the first (a process group signalled, as Ctrl-C does), up to its job-monitoring interval later (RQ's 30 s;
+    mc_queue's workers wake every JOB_MONITORING_INTERVAL_S).
     docker must wait the grace, that, and the few seconds a worker takes to end. Measured here with the
     worker service's command (its pool and kind; --grace 2 and an app whose handler runs long), every
     worker busy: SIGTERM to the pool alone, as docker-init forwards it, and to its whole process group."""
-    from rq.defaults import DEFAULT_JOB_MONITORING_INTERVAL
+    from mc_queue.worker import JOB_MONITORING_INTERVAL_S
 
     d = Deployment(tmp_path)
     try:
@@ -457,14 +457,14 @@ def test_compose_stop_grace_period_covers_the_grace_of_a_busy_pool(tmp_path: Pat
         grace = float(cmd[cmd.index("--grace") + 1])
         margin = seconds(service["stop_grace_period"]) - grace
         exit_s = 10.0  # killing the work horses, deregistering, on a loaded host
-        assert margin >= DEFAULT_JOB_MONITORING_INTERVAL + exit_s, (service["stop_grace_period"], grace)
+        assert margin >= JOB_MONITORING_INTERVAL_S + exit_s, (service["stop_grace_period"], grace)
 
         url = f"redis://mcq:{d.password}@127.0.0.1:{d.port}/0"
         producer = lifecycle_app.app.connect(url)
         size = int(cmd[cmd.index("--pool") + 1])
         test_cmd = _replace_option(_replace_option(cmd, "--grace", "2"), "--app", "tests.apps.lifecycle_app:app")
         for how in ("pool", "group"):
-            pool = subprocess.Popen([str(ENTRYPOINT), *test_cmd], cwd=ROOT, env=d.env_of("worker"),
+            pool = subprocess.Popen(["mcq", *test_cmd], cwd=ROOT, env=d.env_of("worker"),
                                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             d.procs.append(pool)
             tasks = [producer.enqueue("sleeps", {"seconds": 120}) for _ in range(size)]

@@ -251,6 +251,26 @@ def test_sweeper_passes_are_recorded_for_liveness(q: mc_queue.Client) -> None:
     assert v(m, "mcq_sweeper_passes_total") == 2
 
 
+def test_a_stopped_retention_shows_in_the_metrics_until_the_archive_works(q: mc_queue.Client, tmp_path: Path) -> None:
+    """Issue 15: an archive that fails stops retention (nothing deleted) and says so where operators look."""
+    from mc_queue.archive import FileArchive
+    from mc_queue.config import Retention
+
+    t = q.enqueue("jobs", "h", {})
+    lease = q.claim_attempt(t.id, "w1", 60_000)
+    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
+    q.set_retention("jobs", Retention(done_s=0.001), reason="the test retires at once")
+    (tmp_path / "file").write_text("not a folder")
+    collector = NamespaceCollector(q)
+    time.sleep(0.01)
+    Sweeper(q, archive=FileArchive(tmp_path / "file" / "archive")).run_once()
+    m, _ = scrape(collector)
+    assert v(m, "mcq_sweeper_retention_stopped") == 1 and q.task_states([t.id])[t.id] == "succeeded"
+    Sweeper(q, archive=FileArchive(tmp_path / "archive")).run_once()
+    m, _ = scrape(collector)
+    assert v(m, "mcq_sweeper_retention_stopped") == 0 and q.task_states([t.id])[t.id] is None
+
+
 def test_live_workers_are_counted_per_queue(q: mc_queue.Client) -> None:
     q.enqueue("jobs", "h", {})
     q.enqueue("other", "h", {})

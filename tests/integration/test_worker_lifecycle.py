@@ -152,6 +152,31 @@ def test_a_worker_stopped_before_its_attempt_finished_leaves_it_to_the_lease_and
     assert len(after.attempts) == 2 and after.attempts[1].state is AttemptState.PENDING
 
 
+@pytest.mark.parametrize("kind", ["fork", "simple"])
+def test_grace_0_stops_a_busy_worker_at_once(h: LifecycleHarness, tmp_path: Path, kind: str) -> None:
+    """Issue 15 (compose): `--grace 0` never stopped a busy worker (the timer fired before RQ's force-stop
+    handler was in place, and the worker kept waiting for the Attempt)."""
+    pidfile = tmp_path / "pid"
+    h.lifecycle.enqueue("sleeps", {"seconds": 60, "pidfile": str(pidfile)})
+    p, _ = h.serve(kind, "--grace", "0")
+    wait_for(lambda: Path(f"{pidfile}.1").exists(), 20, "the handler to start")
+    t0 = time.monotonic()
+    os.kill(p.pid, signal.SIGTERM)
+    assert exit_code(h, p, 15) == EXIT_FORCED, h.worker_log(p)
+    assert time.monotonic() - t0 < 8
+
+
+def test_a_pool_stopped_before_its_attempt_finished_exits_5_as_one_worker_does(h: LifecycleHarness,
+                                                                              tmp_path: Path) -> None:
+    """Issue 15: `mcq worker --pool N` exited 0 even when a worker of it stopped mid-Attempt."""
+    pidfile = tmp_path / "pid"
+    h.lifecycle.enqueue("sleeps", {"seconds": 60, "pidfile": str(pidfile)})
+    p, _ = h.serve("simple", "--pool", "2", "--grace", "1")
+    wait_for(lambda: Path(f"{pidfile}.1").exists(), 30, "the handler to start")
+    os.kill(p.pid, signal.SIGTERM)
+    assert exit_code(h, p, 30) == EXIT_FORCED, h.worker_log(p)
+
+
 # --------------------------------------------------------------------------- C.2 exit codes
 
 
