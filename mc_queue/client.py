@@ -342,15 +342,17 @@ class Client:
                 return None  # no namespace here (yet): nothing acknowledged to judge
             marks = seen.of_epoch(epoch)
             why, rebased, _unjudged = judge(marks, repl)
-            min_seq = max(self.ns.seq_seen, seen.seqs.get(epoch, 0))
+            # The claim sequence this client saw belongs to the epoch it loaded: a sequence of another epoch
+            # (one a recovery retired since) is no evidence about this one.
+            min_seq = max(self.ns.seq_seen if epoch == self.ns.epoch else 0, seen.seqs.get(epoch, 0))
             if why is None and not min_seq and not marks:
                 return None  # no evidence to present
             if not self.assert_lineage(lost_reason=why or "", min_seq=min_seq, epoch=epoch):
                 return None  # a recovery retired our epoch: what we saw belongs to it
             self.watermark = Watermark({f"{epoch}/{rid}": off for rid, off in rebased.items()},
                                        {e: q for e, q in seen.seqs.items() if e == epoch})
-            if epoch and min_seq > self.ns.seq_seen:
-                self.ns.seq_seen = min_seq  # the next claim presents it too
+            if epoch == self.ns.epoch and min_seq > self.ns.seq_seen:
+                self.ns.seq_seen = min_seq  # the next claim presents it too (its own epoch's only)
             if self.slots is not None and (rebased or self.watermark.seqs):
                 try:
                     self.slots.write(self.watermark)

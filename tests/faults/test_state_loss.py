@@ -457,3 +457,35 @@ def test_embedded_witness_remembers_the_epoch(tmp_path: Path, prefix: str) -> No
         for c in made:
             c.close()
         stop_server(home)
+
+
+def test_a_sweeper_that_only_read_before_a_recovery_presents_no_claim_sequence_of_the_old_epoch(
+        redis_server: RedisServer, prefix: str, tmp_path: Path) -> None:
+    """Issue 15 (found by bench/failover.py): a sweeper that had written nothing yet judged the lineage with
+    the namespace's epoch, kept the claim sequence it read from the other processes' watermarks, and after
+    a failover and `mcq recover` presented that old epoch's sequence against the new epoch: "claim
+    sequence went backwards", the namespace lost a second time."""
+    state = tmp_path / "state"
+    worker = mc_queue.connect(redis_server.url, prefix=prefix, state_dir=state, track_replication="on")
+    sweeper = mc_queue.connect(redis_server.url, prefix=prefix, state_dir=state, track_replication="on")
+    try:
+        for i in range(3):
+            t = worker.enqueue("jobs", "h", {"i": i})
+            worker.claim_attempt(t.id, "w1", 60_000)  # claim sequence 1, 2, 3 under the first epoch
+        assert sweeper.ns.epoch is None
+        mc_queue.Sweeper(sweeper).run_once()  # judges the lineage with what the worker's watermark says
+        assert sweeper.namespace().state == "ok"
+        # Redis goes back to an older copy (the claim sequence with it): the worker's next write says so.
+        worker.redis.hset(Keys(prefix).meta, "seq", 1)
+        t = worker.enqueue("jobs", "h", {"i": 9})
+        with pytest.raises(mc_queue.NamespaceLost):
+            worker.claim_attempt(t.id, "w1", 60_000)
+        recover(worker, reason="the test recovers")
+        assert worker.namespace().state == "ok"
+        for _ in range(2):
+            mc_queue.Sweeper(sweeper).run_once()
+        info = sweeper.namespace()
+        assert info.state == "ok", info.reason
+    finally:
+        worker.close()
+        sweeper.close()
