@@ -36,7 +36,7 @@ from redis.connection import AbstractConnection
 from redis.retry import Retry
 
 import mc_queue
-from mc_queue.models import Attempt
+from mc_queue.contracts.models import Attempt
 from mc_queue.testing import RedisServer, unique_prefix
 
 QUEUE = "bench"

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from mc_queue.embedded import find_redis_server  # noqa: E402
+from mc_queue.store.embedded import find_redis_server  # noqa: E402
 from mc_queue.testing import RedisServer, free_port, unique_prefix  # noqa: E402
 
 DRIVER = r"""

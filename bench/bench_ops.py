@@ -49,12 +49,12 @@ from typing import Any
 import redis
 
 import mc_queue
-from mc_queue.client import Client
-from mc_queue.codec import encode_payload
-from mc_queue.config import Budget, RetryPolicy
-from mc_queue.keys import new_task_id
-from mc_queue.models import Manifest
-from mc_queue.sweeper import Sweeper
+from mc_queue.client.core import Client
+from mc_queue.contracts.codec import encode_payload
+from mc_queue.contracts.config import Budget, RetryPolicy
+from mc_queue.contracts.keys import new_task_id
+from mc_queue.contracts.models import Manifest
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.testing import RedisServer, unique_prefix
 
 QUEUE = "bench"

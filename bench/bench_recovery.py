@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `bench.recovery_app` imports when run as bench/bench_recovery.py
     sys.path.insert(0, str(ROOT))
 
-from mc_queue.client import DEFAULT_LEASE_MS  # noqa: E402
+from mc_queue.client.core import DEFAULT_LEASE_MS  # noqa: E402
 from mc_queue.testing import ForgeServer, RedisServer, unique_prefix  # noqa: E402
 
 APP_SPEC = "bench.recovery_app:app"

@@ -51,9 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `bench.noop_app` imports when run as bench/bench_workers.py
     sys.path.insert(0, str(ROOT))
 
-from mc_queue.scripts import specs  # noqa: E402
+from mc_queue.producer.transport import rq_queue_name  # noqa: E402
+from mc_queue.store.scripts import specs  # noqa: E402
 from mc_queue.testing import RedisServer, unique_prefix  # noqa: E402
-from mc_queue.transport import rq_queue_name  # noqa: E402
 
 GOAL_RATIO = 0.85
 RQ_QUEUE = "bench-rq"
@@ -62,7 +62,7 @@ APP_SPEC = "bench.noop_app:app"
 RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker"}
 SYSTEMS = ("rq", "mcq")
 LABEL = {"rq": "RQ", "mcq": "mc_queue"}
-# What mc_queue.worker.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).
+# What mc_queue.worker.runner.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).
 MCQ_RQ_JOB_OPTIONS: dict[str, Any] = {"result_ttl": 0, "failure_ttl": 7 * 86400, "timeout": 3600}
 # /work/shared/NOTES.md, "Baseline throughput measured here".
 NOTES_RQ = {("fork", 1): 100, ("fork", 2): 153, ("simple", 1): 322, ("simple", 2): 588}
@@ -414,15 +414,15 @@ class Bench:
     # -- run_attempt's steps one by one, in this process, without a profiler
 
     def steps(self, n: int) -> dict[str, float]:
-        """Time the steps mc_queue.worker.run_attempt takes for a no-op Attempt, each on its own (us/Attempt).
+        """Time the steps mc_queue.worker.runner.run_attempt takes for a no-op Attempt, each on its own (us/Attempt).
 
         Same calls as run_attempt (claim with expect_attempt, get_task, Context with a lazy workspace that a
         no-op never creates, heartbeat registration, handler, unregistration, complete without parsing).
         """
         import functools
 
-        from mc_queue.context import Context
-        from mc_queue.workspace import WorkspaceRoot
+        from mc_queue.worker.context import Context
+        from mc_queue.worker.workspace import WorkspaceRoot
 
         reset_server(self.admin)
         self.prefix = unique_prefix("bw")

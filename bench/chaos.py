@@ -16,7 +16,7 @@ fault kinds refilled each round) injects one of:
 - ``provider_stall``: the next pull request is created, then the answer is held past the client's
   timeout (``ForgeServer.stall_next``);
 - ``zombie_push`` / ``zombie_pr``: the fail point ``effect.before_call`` is armed for the push or the
-  pull request (``mc_queue.failpoints``): the next worker to reach it freezes itself between its
+  pull request (``mc_queue.contracts.failpoints``): the next worker to reach it freezes itself between its
   intent and its call; it is resumed after lease + 4 s, when a replacement has usually made the call,
   and its late call must be refused by the provider (the forge checks ``Mcq-Fence`` and has no
   one-PR-per-head rule here, so only the fence stands; git refuses a push whose lease value, read
@@ -84,11 +84,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mc_queue import failpoints  # noqa: E402
-from mc_queue.client import Client  # noqa: E402
-from mc_queue.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
-from mc_queue.fleet import Fleet, provider_env  # noqa: E402
-from mc_queue.keys import parse_attempt_id  # noqa: E402
-from mc_queue.models import Task, TaskState  # noqa: E402
+from mc_queue.client.core import Client  # noqa: E402
+from mc_queue.contracts.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
+from mc_queue.contracts.keys import parse_attempt_id  # noqa: E402
+from mc_queue.contracts.models import Task, TaskState  # noqa: E402
+from mc_queue.demo.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.providers.git import TRAILER, git  # noqa: E402
 from mc_queue.testing import ForgeServer, RedisServer, RepeatableFailoverCluster  # noqa: E402
 
@@ -206,7 +206,7 @@ def _close(s: socket.socket) -> None:
         pass
 
 
-# --------------------------------------------------------------------------- the fault log (processes: mc_queue.fleet)
+# ---------------------------------------------------------- the fault log (processes: demo.fleet)
 
 
 @dataclass
@@ -493,7 +493,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         proxy = LinkProxy(rs.port).start()
         sweeper_proxy = LinkProxy(rs.port).start()
     from mc_queue.examples.agents import app
-    from mc_queue.producer import AppClient
+    from mc_queue.producer.dispatch import AppClient
 
     prefix = f"chaos-{args.seed}-{int(time.time())}"
     client = Client(url, prefix=prefix, actor="chaos", state_dir=extra.get("MCQ_STATE_DIR"))

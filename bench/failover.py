@@ -54,10 +54,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import mc_queue  # noqa: E402
-from mc_queue.errors import ReplicationUnconfirmed  # noqa: E402
-from mc_queue.fleet import Fleet, provider_env  # noqa: E402
-from mc_queue.keys import Keys  # noqa: E402
-from mc_queue.models import TaskState  # noqa: E402
+from mc_queue.contracts.errors import ReplicationUnconfirmed  # noqa: E402
+from mc_queue.contracts.keys import Keys  # noqa: E402
+from mc_queue.contracts.models import TaskState  # noqa: E402
+from mc_queue.demo.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.providers.git import git  # noqa: E402
 from mc_queue.testing import FailoverCluster, RedisServer  # noqa: E402
 

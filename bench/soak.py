@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import mc_queue
-from mc_queue.config import Retention
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.config import Retention
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.testing import RedisServer, unique_prefix
 
 QUEUE = "soak"

@@ -1,6 +1,6 @@
 -- mc_queue: pack
 -- Pack a finished task's history into one compressed document. The sweeper read the task hash, its
--- Attempts, events and effects and compressed them (zlib JSON, mc_queue.packing); this script swaps
+-- Attempts, events and effects and compressed them (zlib JSON, mc_queue.contracts.packing); this script swaps
 -- the document in only if nothing was recorded since that read (the same state and updated_at, the
 -- same last event, the same number of Attempt fields and effects), so nothing written in between is
 -- lost: it answers E_CHANGED and the sweeper reads again. After it the task is one small hash: the

@@ -6,13 +6,10 @@ generation is the only authority to write; every transition and every refusal is
 
 from __future__ import annotations
 
-from .app import App, HandlerSpec
-from .client import DEFAULT_LEASE_MS, Client
-from .config import Backoff, Budget, Decision, RetryPolicy
-from .connection import connect
-from .context import Context, LeaseLost
-from .effects import EffectUnknown, mint_key
-from .errors import (
+from .client.connect import connect
+from .client.core import DEFAULT_LEASE_MS, Client
+from .contracts.config import Backoff, Budget, Decision, RetryPolicy
+from .contracts.errors import (
     AttemptNotRunning,
     CancelRequested,
     ClaimRejected,
@@ -36,8 +33,8 @@ from .errors import (
     TransitionRefused,
     WriteRefused,
 )
-from .failures import make_failure
-from .models import (
+from .contracts.failures import make_failure
+from .contracts.models import (
     Attempt,
     AttemptState,
     EffectRecord,
@@ -52,7 +49,8 @@ from .models import (
     Task,
     TaskState,
 )
-from .policy import (
+from .ops.sweeper import Sweeper
+from .policy.classify import (
     AuthorizationError,
     BudgetExceeded,
     CapacityError,
@@ -67,9 +65,11 @@ from .policy import (
     ValidationFailure,
     classify,
 )
-from .reconcile import Reconciler, reconcile_attempt
-from .recovery import RecoveryIncomplete, recover
-from .sweeper import Sweeper
+from .policy.effects import EffectUnknown, mint_key
+from .policy.reconcile import Reconciler, reconcile_attempt
+from .policy.recovery import RecoveryIncomplete, recover
+from .producer.app import App, HandlerSpec
+from .worker.context import Context, LeaseLost
 
 __version__ = "0.1.0"
 

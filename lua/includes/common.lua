@@ -292,7 +292,7 @@ local function move_count(k_counts, queue, from, to)
   if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, 1) end
 end
 
--- Histogram buckets of the Attempt metrics in ms (mc_queue.metrics.BUCKETS_S reads them back): bucket i
+-- Histogram buckets of the Attempt metrics in ms (mc_queue.ops.metrics.BUCKETS_S reads them back): bucket i
 -- counts values <= bound i, bucket #bounds + 1 the values above every bound.
 local METRIC_BUCKETS_MS = {100, 500, 1000, 5000, 15000, 30000, 60000, 120000, 300000, 600000, 1800000,
   3600000, 7200000, 14400000}
@@ -315,7 +315,7 @@ end
 -- Past this share of `maxmemory`, new work is refused (enqueue answers E_OVERLOADED): the rest is
 -- headroom for the claims, completions and reconciliations of work already admitted. Redis itself
 -- refuses every write script at 100% (noeviction).
-local ENQUEUE_MEMORY_SHARE = 0.9  -- mc_queue.client.ENQUEUE_MEMORY_SHARE reports the headroom to it
+local ENQUEUE_MEMORY_SHARE = 0.9  -- mc_queue.client.core.ENQUEUE_MEMORY_SHARE reports the headroom to it
 
 -- nil when Redis has no maxmemory or is below the share, else why new work is refused.
 local function memory_pressure(share)

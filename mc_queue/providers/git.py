@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..models import FailureClass
-from ..policy import register_failure_class
+from ..contracts.models import FailureClass
+from ..policy.classify import register_failure_class
 
 TRAILER = "Mcq-Operation-Key"
 

@@ -41,7 +41,7 @@ class HttpPullRequests:
         """Create the pull request; returns the provider's receipt. ``fence``: the calling Attempt's
         fence (``ctx.fence``), sent as ``Mcq-Fence`` for the provider to check. Raises httpx errors as
         they come (401/403 authorization, 409 a stale fence, 429/503 capacity, timeouts provider: see
-        mc_queue.policy.classify)."""
+        mc_queue.policy.classify.classify)."""
         headers = {"Idempotency-Key": key}
         if fence is not None:
             headers["Mcq-Fence"] = str(int(fence))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mc_queue import App, Backoff, CancelRequested, Context, LeaseLost, RetryPolicy
-from mc_queue.codec import digest
+from mc_queue.contracts.codec import digest
 from mc_queue.providers import GitRemote, HttpPullRequests
 from mc_queue.providers import git as gitmod
 

@@ -19,8 +19,8 @@ import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, StaleFence, make_failure, reconcile_attempt
-from mc_queue.console.security import TOKEN_COOKIE
-from mc_queue.producer import AppClient
+from mc_queue.ops.console.security import TOKEN_COOKIE
+from mc_queue.producer.dispatch import AppClient
 from mc_queue.testing import RedisServer, unique_prefix
 from tests.apps import basic
 
@@ -78,7 +78,7 @@ def build_story(server: RedisServer, home: Path) -> Story:
     from rq.job import Job
     from rq.serializers import JSONSerializer
 
-    from mc_queue.transport import job_id, rq_connection
+    from mc_queue.producer.transport import job_id, rq_connection
 
     producer = AppClient(basic.app, q)
     task = producer.enqueue("noop", {"n": 1})

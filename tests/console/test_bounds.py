@@ -14,9 +14,9 @@ import pytest
 import redis.connection
 
 import mc_queue
-from mc_queue.console import create_app
-from mc_queue.console.pages import OVERVIEW_PAGE_SIZE, PAGE_SIZE
-from mc_queue.console.samples import sample
+from mc_queue.ops.console import create_app
+from mc_queue.ops.console.pages import OVERVIEW_PAGE_SIZE, PAGE_SIZE
+from mc_queue.ops.console.samples import sample
 from mc_queue.testing import RedisServer, unique_prefix
 
 from .conftest import hidden_fields, local, quarantine
@@ -97,7 +97,7 @@ def test_attention_reads_only_the_page_it_shows(client: mc_queue.Client, own_red
 
 
 def test_the_dlq_page_is_paged(client: mc_queue.Client) -> None:
-    from mc_queue.console.pages import DLQ_GROUPS_PAGE, DLQ_TASKS_SHOWN
+    from mc_queue.ops.console.pages import DLQ_GROUPS_PAGE, DLQ_TASKS_SHOWN
 
     many = [quarantine(client, "one-failure") for _ in range(DLQ_TASKS_SHOWN + 2)]
     for i in range(DLQ_GROUPS_PAGE):  # digits are normalised out of a fingerprint: letters tell these apart

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from mc_queue.console import Running, start
-from mc_queue.models import TaskState
+from mc_queue.contracts.models import TaskState
+from mc_queue.ops.console import Running, start
 
 from .conftest import REASON, REPO, Story, quarantine
 

@@ -146,4 +146,4 @@ def test_the_wheel_carries_the_console_s_templates_and_static_files(tmp_path: Pa
     names = set(zipfile.ZipFile(next(tmp_path.glob("mc_queue-*.whl"))).namelist())
     shipped = REPO / "mc_queue" / "console"
     for path in [*shipped.glob("templates/*.html"), *shipped.glob("static/*")]:
-        assert f"mc_queue/console/{path.relative_to(shipped)}" in names, path
+        assert f"mc_queue/ops/console/{path.relative_to(shipped)}" in names, path

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import mc_queue
-from mc_queue.console import create_app, start
-from mc_queue.console.samples import KEEP, sample
-from mc_queue.console.security import Guard, is_loopback_address, is_loopback_host_header
-from mc_queue.models import TaskState
+from mc_queue.contracts.models import TaskState
+from mc_queue.ops.console import create_app, start
+from mc_queue.ops.console.samples import KEEP, sample
+from mc_queue.ops.console.security import Guard, is_loopback_address, is_loopback_host_header
 from mc_queue.testing import RedisServer, free_port, unique_prefix
 
 from .conftest import LOCAL_URL, REASON, Story, TestClient, alert_of, csrf_of, hidden_fields, local, quarantine

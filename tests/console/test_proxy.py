@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mc_queue.console import Running, start
-from mc_queue.models import TaskState
+from mc_queue.contracts.models import TaskState
+from mc_queue.ops.console import Running, start
 from mc_queue.testing import free_port
 
 from .conftest import REASON, Story, quarantine

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mc_queue.console import Running, start
-from mc_queue.console.app import local_path
+from mc_queue.ops.console import Running, start
+from mc_queue.ops.console.app import local_path
 
 from .conftest import Story
 

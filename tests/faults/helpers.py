@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from mc_queue.keys import Keys
+from mc_queue.contracts.keys import Keys
 from mc_queue.testing import RedisServer
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import mc_queue
 from mc_queue import CancelRequested, TaskState, TransitionRefused, WriteRefused, reconcile_attempt
-from mc_queue.models import AttemptState
+from mc_queue.contracts.models import AttemptState
 from mc_queue.testing import RedisServer
 from tests.faults.test_effects import Harness, events, explain, forge, h, proc_state, wait_for
 

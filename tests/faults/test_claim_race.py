@@ -19,7 +19,7 @@ from typing import Any
 
 import mc_queue
 from mc_queue import reconcile_attempt
-from mc_queue.keys import Keys, new_task_id
+from mc_queue.contracts.keys import Keys, new_task_id
 from mc_queue.testing import RedisServer
 
 from .helpers import attempt_fields, events_of, meta

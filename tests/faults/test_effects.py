@@ -29,14 +29,14 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import Sweeper, Task, TaskState
-from mc_queue.effects import mint_key
-from mc_queue.errors import TaskNotFound
-from mc_queue.models import AttemptState, Event, FailureClass
-from mc_queue.producer import AppClient
+from mc_queue.contracts.errors import TaskNotFound
+from mc_queue.contracts.models import AttemptState, Event, FailureClass
+from mc_queue.ops.render import print_task
+from mc_queue.policy.effects import mint_key
+from mc_queue.producer.dispatch import AppClient
+from mc_queue.producer.transport import rq_connection, rq_queue_name
 from mc_queue.providers.git import TRAILER, GitError, git
-from mc_queue.render import print_task
 from mc_queue.testing import ForgeServer, RedisServer
-from mc_queue.transport import rq_connection, rq_queue_name
 from tests.apps import effects_app
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,8 +26,8 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.errors import ReplicationUnconfirmed
-from mc_queue.keys import Keys
+from mc_queue.contracts.errors import ReplicationUnconfirmed
+from mc_queue.contracts.keys import Keys
 from mc_queue.testing import FailoverCluster
 
 pytestmark = pytest.mark.timeout(120)

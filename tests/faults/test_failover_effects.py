@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import mc_queue
-from mc_queue.fleet import Fleet, provider_env
-from mc_queue.keys import Keys
+from mc_queue.contracts.keys import Keys
+from mc_queue.demo.fleet import Fleet, provider_env
 from mc_queue.providers.git import TRAILER, git
 from mc_queue.testing import FailoverCluster
 

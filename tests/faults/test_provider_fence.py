@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from mc_queue import TaskState
-from mc_queue.codec import digest
-from mc_queue.effects import mint_key
+from mc_queue.contracts.codec import digest
+from mc_queue.policy.effects import mint_key
 from mc_queue.providers import git as gitmod
 from mc_queue.providers.git import TRAILER, git
 from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote
@@ -182,7 +182,7 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
     import mc_queue
     from mc_queue import failpoints
     from mc_queue.examples import agents
-    from mc_queue.sweeper import Sweeper
+    from mc_queue.ops.sweeper import Sweeper
 
     remote = bare_git_remote(tmp_path / "git")
     points = tmp_path / "failpoints"

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.keys import Keys
-from mc_queue.scripts import RESENDS as _RESENDS
-from mc_queue.scripts import ScriptRunner
+from mc_queue.contracts.keys import Keys
+from mc_queue.store.scripts import RESENDS as _RESENDS
+from mc_queue.store.scripts import ScriptRunner
 from mc_queue.testing import RedisServer
 
 from .helpers import SendRecorder, attempt_fields, evalsha_calls, events_of, meta

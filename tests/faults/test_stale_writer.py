@@ -17,7 +17,7 @@ import redis
 
 import mc_queue
 from mc_queue import reconcile_attempt
-from mc_queue.codec import canonical_json, digest
+from mc_queue.contracts.codec import canonical_json, digest
 from mc_queue.testing import RedisServer
 
 from .helpers import attempt_fields, events_of

@@ -20,8 +20,8 @@ import redis
 
 import mc_queue
 from mc_queue import reconcile_attempt, recover
-from mc_queue.embedded import stop_server
-from mc_queue.keys import Keys
+from mc_queue.contracts.keys import Keys
+from mc_queue.store.embedded import stop_server
 from mc_queue.testing import RedisServer
 
 from .helpers import attempt_fields, copy_data, dump_namespace, events_of, meta, restore_data

@@ -27,11 +27,11 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from mc_queue import TaskState
-from mc_queue.keys import new_ulid
-from mc_queue.models import AttemptState, Task
-from mc_queue.producer import AppClient, dispatch
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.contracts.models import AttemptState, Task
+from mc_queue.producer.dispatch import AppClient, dispatch
+from mc_queue.producer.transport import ENTRY, job_id, rq_queue_name
 from mc_queue.testing import RedisServer, unique_prefix
-from mc_queue.transport import ENTRY, job_id, rq_queue_name
 from tests.apps import lifecycle_app
 from tests.integration.test_worker import Harness, events
 

@@ -13,11 +13,11 @@ import uuid
 from pathlib import Path
 
 from mc_queue import Task, TaskState
-from mc_queue.effects import mint_key
-from mc_queue.models import AttemptState, Event
-from mc_queue.render import print_task
+from mc_queue.contracts.models import AttemptState, Event
+from mc_queue.ops.render import print_task
+from mc_queue.policy.effects import mint_key
+from mc_queue.producer.transport import job_id
 from mc_queue.testing import ForgeServer
-from mc_queue.transport import job_id
 from tests.faults.test_effects import Harness, events, explain, forge, h, proc_state, wait_for
 
 __all__ = ["forge", "h"]  # fixtures used by name

@@ -20,9 +20,9 @@ import pytest
 from rq.job import Job
 
 from mc_queue import TaskState
-from mc_queue.models import AttemptState, FailureClass
+from mc_queue.contracts.models import AttemptState, FailureClass
+from mc_queue.producer.transport import ENTRY, job_id
 from mc_queue.testing import RedisServer
-from mc_queue.transport import ENTRY, job_id
 from tests.integration.test_worker import BASIC, FAULTY, Harness, events, proc_state, redis_ms, wait_for
 
 

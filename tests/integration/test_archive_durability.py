@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import mc_queue
-from mc_queue.archive import ArchivedTask, FileArchive, archive_and_retire
-from mc_queue.config import Retention
-from mc_queue.errors import StaleFence
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.config import Retention
+from mc_queue.contracts.errors import StaleFence
+from mc_queue.ops.archive import ArchivedTask, FileArchive, archive_and_retire
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.testing import RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def test_a_damaged_member_of_an_earlier_archive_file_hides_no_later_record(tmp_p
     """The earlier layout appended one gzip member per batch to a day's file: a torn member (a write cut
     by a full disk) must not make the good members after it unreadable."""
     def rec(i: int) -> str:
-        from mc_queue.packing import Packed
+        from mc_queue.contracts.packing import Packed
         t = ArchivedTask(task_id=f"jobs:01J0000000000000000000000{i}", queue="jobs", state="succeeded",
                          archived_at_ms=1, reason=REASON,
                          record=Packed(fields={"id": f"jobs:01J0000000000000000000000{i}", "state": "succeeded"},

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.scripts import RESENDS as _RESENDS
+from mc_queue.store.scripts import RESENDS as _RESENDS
 from mc_queue.testing import RedisServer, free_port
 
 

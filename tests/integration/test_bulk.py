@@ -18,7 +18,7 @@ import pytest
 import mc_queue
 from mc_queue import Decision, FailureClass, TaskState, make_failure
 from mc_queue.testing import RedisServer
-from mc_queue.worker import live_workers
+from mc_queue.worker.runner import live_workers
 from tests.integration.test_worker import REPO, Harness
 
 REASON = "a reason that is long enough"

@@ -160,8 +160,8 @@ def test_enqueue_goes_through_the_apps_handler_like_app_connect(redis_server: Re
     from rq.serializers import JSONSerializer
 
     from mc_queue import Budget, RetryPolicy
-    from mc_queue.config import parse_config
-    from mc_queue.transport import job_id, rq_connection
+    from mc_queue.contracts.config import parse_config
+    from mc_queue.producer.transport import job_id, rq_connection
     from tests.apps import cli_app
 
     monkeypatch.setenv("MCQ_APP", "tests.apps.cli_app:app")

@@ -18,7 +18,7 @@ import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
-from mc_queue.embedded import stop_server
+from mc_queue.store.embedded import stop_server
 from mc_queue.testing import FailoverCluster, RedisServer
 from tests.integration.test_cli import APP, mcq
 

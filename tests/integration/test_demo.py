@@ -67,6 +67,6 @@ def test_demo_prints_whole_ids_and_a_hint_that_works_as_typed(tmp_path: Path) ->
                 shown = re.search(r"show (agents:[0-9A-Z]{26})$", command)
                 assert shown and shown.group(1) in ids and f"task {shown.group(1)}" in ran.stdout, ran.stdout[:500]
     finally:
-        from mc_queue.embedded import stop_server
+        from mc_queue.store.embedded import stop_server
 
         stop_server(home)

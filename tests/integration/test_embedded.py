@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import mc_queue
-from mc_queue.embedded import ensure_server, stop_server
+from mc_queue.store.embedded import ensure_server, stop_server
 
 
 def test_connect_without_url_starts_then_reuses_a_private_server(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from mc_queue.embedded import stop_server
+from mc_queue.store.embedded import stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ("--app", "tests.apps.cli_app:app")

@@ -59,7 +59,7 @@ def test_example_app_commits_pushes_and_opens_one_pr_per_task(
         deadline = time.monotonic() + 30
         for t in [*tasks, again]:
             while ac.client.get_task(t.id).state.value != "succeeded":
-                assert time.monotonic() < deadline, mc_queue.render.task_json(ac.client.get_task(t.id))
+                assert time.monotonic() < deadline, mc_queue.ops.render.task_json(ac.client.get_task(t.id))
                 time.sleep(0.1)
         assert forge.duplicates() == {} and len(forge.pulls) == 4
         for t in tasks:
@@ -161,7 +161,7 @@ def test_docker_compose_pins_what_it_runs_and_has_no_default_password() -> None:
 
     from click.testing import CliRunner
 
-    from mc_queue.cli import load_app, main
+    from mc_queue.cli.main import load_app, main
 
     for name in ("worker", "sweeper", "metrics"):
         cmd = services[name]["command"]
@@ -447,7 +447,7 @@ def test_compose_stop_grace_period_covers_the_grace_of_a_busy_pool(tmp_path: Pat
     docker must wait the grace, that, and the few seconds a worker takes to end. Measured here with the
     worker service's command (its pool and kind; --grace 2 and an app whose handler runs long), every
     worker busy: SIGTERM to the pool alone, as docker-init forwards it, and to its whole process group."""
-    from mc_queue.worker import JOB_MONITORING_INTERVAL_S
+    from mc_queue.worker.runner import JOB_MONITORING_INTERVAL_S
 
     d = Deployment(tmp_path)
     try:

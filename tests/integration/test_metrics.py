@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import mc_queue
 from mc_queue import reconcile_attempt
-from mc_queue.metrics import NamespaceCollector
+from mc_queue.ops.metrics import NamespaceCollector
 from mc_queue.testing import RedisServer, free_port
 
 

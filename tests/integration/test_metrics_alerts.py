@@ -23,7 +23,8 @@ from rq import Worker
 
 import mc_queue
 from mc_queue import FailureClass, make_failure, reconcile_attempt
-from mc_queue.metrics import (
+from mc_queue.contracts.models import TaskState
+from mc_queue.ops.metrics import (
     ACTIONS,
     BUCKETS_S,
     BUDGETS,
@@ -33,12 +34,11 @@ from mc_queue.metrics import (
     NamespaceCollector,
     serve,
 )
-from mc_queue.models import TaskState
-from mc_queue.scripts import lua_dir
-from mc_queue.sweeper import Sweeper
+from mc_queue.ops.sweeper import Sweeper
+from mc_queue.producer.transport import rq_connection, rq_queue_name
+from mc_queue.store.scripts import lua_dir
 from mc_queue.testing import RedisServer, free_port, unique_prefix
-from mc_queue.transport import rq_connection, rq_queue_name
-from mc_queue.worker import live_workers
+from mc_queue.worker.runner import live_workers
 from tests.apps import lifecycle_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -253,8 +253,8 @@ def test_sweeper_passes_are_recorded_for_liveness(q: mc_queue.Client) -> None:
 
 def test_a_stopped_retention_shows_in_the_metrics_until_the_archive_works(q: mc_queue.Client, tmp_path: Path) -> None:
     """Issue 15: an archive that fails stops retention (nothing deleted) and says so where operators look."""
-    from mc_queue.archive import FileArchive
-    from mc_queue.config import Retention
+    from mc_queue.contracts.config import Retention
+    from mc_queue.ops.archive import FileArchive
 
     t = q.enqueue("jobs", "h", {})
     lease = q.claim_attempt(t.id, "w1", 60_000)

@@ -24,10 +24,10 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import TaskState
-from mc_queue.producer import AppClient
-from mc_queue.sweeper import Sweeper
+from mc_queue.ops.sweeper import Sweeper
+from mc_queue.producer.dispatch import AppClient
+from mc_queue.producer.transport import job_id, rq_connection, rq_queue_name
 from mc_queue.testing import RedisServer
-from mc_queue.transport import job_id, rq_connection, rq_queue_name
 from tests.apps import basic
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 
 import mc_queue
 from mc_queue import TaskState
-from mc_queue.errors import ClaimRejected, InvalidArgument
+from mc_queue.contracts.errors import ClaimRejected, InvalidArgument
 from mc_queue.testing import RedisServer
 from tests.integration.test_worker import Harness
 
@@ -94,7 +94,7 @@ def test_the_cli_refuses_a_short_reason(h: Harness) -> None:
 def test_a_paused_queue_at_the_head_of_the_outbox_does_not_hold_back_other_queues(q: mc_queue.Client) -> None:
     """More due dispatches of a paused queue than one sweeper batch, ahead of another queue's: the
     other queue's Attempt is still dispatched in the same pass; the paused ones stay in the outbox."""
-    from mc_queue.sweeper import Sweeper
+    from mc_queue.ops.sweeper import Sweeper
 
     held = [q.enqueue("jobs", "h", {"n": i}) for i in range(12)]
     q.pause_queue("jobs", reason=REASON)

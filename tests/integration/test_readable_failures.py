@@ -16,10 +16,10 @@ import pytest
 
 import mc_queue
 from mc_queue import Context, TaskState
-from mc_queue.codec import model_json
-from mc_queue.failures import TRACEBACK_MAX_BYTES, TRACEBACK_MAX_FRAMES, make_failure
-from mc_queue.models import Event, FailureClass
-from mc_queue.render import describe_event, state_text
+from mc_queue.contracts.codec import model_json
+from mc_queue.contracts.failures import TRACEBACK_MAX_BYTES, TRACEBACK_MAX_FRAMES, make_failure
+from mc_queue.contracts.models import Event, FailureClass
+from mc_queue.ops.render import describe_event, state_text
 from mc_queue.testing import RedisServer
 
 app = mc_queue.App(name="readable-failures")
@@ -58,7 +58,7 @@ def ok(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def run(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Run a task's first Attempt in this process, as a worker would."""
-    from mc_queue.worker import _install_runtime, configure, run_attempt, set_runtime
+    from mc_queue.worker.runner import _install_runtime, configure, run_attempt, set_runtime
 
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     configure(app, q, tmp_path / "ws")
@@ -141,7 +141,7 @@ def test_the_traceback_is_bounded(run: Any) -> None:
     try:
         recurse(0)
     except RecursionError as exc:
-        failure = mc_queue.policy.classify(exc).failure
+        failure = mc_queue.policy.classify.classify(exc).failure
     assert failure.traceback is not None and len(failure.traceback.encode()) <= TRACEBACK_MAX_BYTES
     assert failure.traceback.count('  File "') <= TRACEBACK_MAX_FRAMES
     assert failure.traceback.rstrip().endswith("maximum recursion depth exceeded")
@@ -184,7 +184,7 @@ def test_attention_in_plain_words_names_the_command_that_works(
 
 
 def test_backoff_reads_as_due_once_its_wait_is_over(run: Any) -> None:
-    from mc_queue.models import Attempt, AttemptState
+    from mc_queue.contracts.models import Attempt, AttemptState
 
     task = run("ok", {})
     now = datetime.now(UTC)

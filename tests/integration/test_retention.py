@@ -14,10 +14,10 @@ import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
-from mc_queue.archive import FileArchive
-from mc_queue.config import Retention
-from mc_queue.errors import ClaimRejected, StaleFence, TaskPurged, TransitionRefused, WriteRefused
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.config import Retention
+from mc_queue.contracts.errors import ClaimRejected, StaleFence, TaskPurged, TransitionRefused, WriteRefused
+from mc_queue.ops.archive import FileArchive
+from mc_queue.ops.sweeper import Sweeper
 from tests.integration.test_bulk import h  # noqa: F401  (the fixture)
 from tests.integration.test_worker import Harness
 
@@ -86,7 +86,7 @@ def test_a_task_changed_after_the_read_is_not_packed(q: mc_queue.Client) -> None
     tk = q.keys.task(tid)
     fields, att = q.redis.hgetall(tk.task), q.redis.hgetall(tk.attempts)
     events, fx = q.redis.xrange(tk.events), q.redis.hgetall(tk.effects)
-    from mc_queue.packing import pack
+    from mc_queue.contracts.packing import pack
 
     blob = pack(fields, att, events, fx)
     with pytest.raises(StaleFence):  # a refusal appends an event after the read

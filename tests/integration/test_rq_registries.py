@@ -21,10 +21,10 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import reconcile_attempt
-from mc_queue.sweeper import Sweeper
+from mc_queue.ops.sweeper import Sweeper
+from mc_queue.producer.transport import forget_orphans, job_id, rq_connection, rq_queue
 from mc_queue.testing import RedisServer, unique_prefix
-from mc_queue.transport import forget_orphans, job_id, rq_connection, rq_queue
-from mc_queue.worker import McqJob
+from mc_queue.worker.runner import McqJob
 from tests.apps import lifecycle_app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 import mc_queue
-from mc_queue.keys import Keys
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.keys import Keys
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.testing import RedisServer, unique_prefix
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_any_process_may_start_first(redis_server: RedisServer, first: str) -> N
             from prometheus_client import generate_latest
             from prometheus_client.core import CollectorRegistry
 
-            from mc_queue.metrics import NamespaceCollector
+            from mc_queue.ops.metrics import NamespaceCollector
             reg = CollectorRegistry()
             reg.register(NamespaceCollector(client))
             generate_latest(reg)

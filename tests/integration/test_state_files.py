@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import mc_queue
-from mc_queue.embedded import ensure_server, stop_server
-from mc_queue.errors import ConfigurationError
-from mc_queue.lineage import SlotStore
+from mc_queue.contracts.errors import ConfigurationError
+from mc_queue.store.embedded import ensure_server, stop_server
+from mc_queue.store.lineage import SlotStore
 from mc_queue.testing import RedisServer, unique_prefix
 
 REPO = Path(__file__).resolve().parents[2]

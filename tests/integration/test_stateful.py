@@ -1,7 +1,7 @@
 """Stateful property test: the real Client on a real redis-server against a pure-Python model.
 
 The model (``Model*`` below) is written from the Lua headers, ``lua/includes/common.lua`` and the
-state table in ``mc_queue/states.py``: for every call it predicts success or the exact exception
+state table in ``mc_queue/contracts/states.py``: for every call it predicts success or the exact exception
 class, the resulting task state, attempt states, fences (exactly: the next fence is
 ``max(current + 1, namespace floor + 1)``), effects, indexes and events. It covers enqueue (with
 idempotency keys, named task ids and the tombstones of purged tasks), claim, renew/heartbeat,
@@ -28,7 +28,7 @@ After every step the real records are read back and compared with the model, and
   adds one; every other event type (task streams and the namespace log) is counted as the model says;
 * ``status()`` counts, the lease / suspect / cancels / outbox / pending indexes, the DLQ and the
   attention items equal the model's;
-* every state change a script makes is an edge of ``mc_queue.states.TRANSITIONS``
+* every state change a script makes is an edge of ``mc_queue.contracts.states.TRANSITIONS``
   (``TransitionRecorder`` on both clients);
 * a purged task is gone (``TaskNotFound``) and leaves a tombstone.
 
@@ -61,8 +61,8 @@ fail it again, see p72, m70 and m71 below):
 
 Faults this test was shown to catch
 -----------------------------------
-Each mutant is one change in a copy of ``lua/`` (p72: of ``mc_queue/client.py``), run by the driver
-``/tmp/mutants/run.py``: it loads the copy (``mc_queue.scripts._SPECS = load_specs(copy)``) before
+Each mutant is one change in a copy of ``lua/`` (p72: of ``mc_queue/client/core.py``), run by the driver
+``/tmp/mutants/run.py``: it loads the copy (``mc_queue.store.scripts._SPECS = load_specs(copy)``) before
 any client exists, then runs this machine with the settings below (shrinking off) on 3 seeds;
 "caught k/3" means k of the 3 runs failed. 69 of 72 were caught in every run, 1 in 2 of 3,
 and the 2 missed ones are equivalent mutants (no call through the Client can tell them apart).
@@ -167,7 +167,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import mc_queue
 from mc_queue import Backoff, Budget, Decision, FailureClass, RetryPolicy, reconcile_attempt, recover
-from mc_queue.errors import (
+from mc_queue.contracts.errors import (
     AttemptNotRunning,
     CancelRequested,
     ClaimRejected,
@@ -185,9 +185,9 @@ from mc_queue.errors import (
     TaskPurged,
     TransitionRefused,
 )
-from mc_queue.failures import make_failure
-from mc_queue.keys import new_task_id
-from mc_queue.models import Task
+from mc_queue.contracts.failures import make_failure
+from mc_queue.contracts.keys import new_task_id
+from mc_queue.contracts.models import Task
 from mc_queue.testing import RedisServer, TransitionRecorder, unique_prefix
 
 QUEUES = ("qa", "qb")
@@ -493,7 +493,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _policy(self, t: ModelTask, a: ModelAttempt, label: str) -> str:
         """What the task's frozen RetryPolicy and Budget decide for an executor failure of ``a``
-        (mc_queue.policy.decide): the class's action, then the attempts budget, then repeats."""
+        (mc_queue.policy.classify.decide): the class's action, then the attempts budget, then repeats."""
         policy, budget = CONFIGS[t.config]
         action = policy.actions[FailureClass.EXECUTOR]
         if action in ("stop", "quarantine"):
@@ -1615,7 +1615,7 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def matches_model(self) -> None:
         for r in self.recorders:
-            assert not r.violations, f"state changes outside mc_queue.states.TRANSITIONS: {r.violations}"
+            assert not r.violations, f"state changes outside mc_queue.contracts.states.TRANSITIONS: {r.violations}"
         assert self.q.namespace().state == "ok", "the namespace must never be marked lost"
         counts: dict[str, Counter[str]] = {}
         for tid, t in self.model.items():

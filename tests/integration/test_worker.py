@@ -28,14 +28,14 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import Context, LeaseLost, Sweeper, Task, TaskState
-from mc_queue.config import RetryPolicy
-from mc_queue.keys import new_ulid
-from mc_queue.models import AttemptState, FailureClass
-from mc_queue.producer import AppClient
-from mc_queue.sweeper import SweepReport
+from mc_queue.contracts.config import RetryPolicy
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.contracts.models import AttemptState, FailureClass
+from mc_queue.ops.sweeper import SweepReport
+from mc_queue.producer.dispatch import AppClient
+from mc_queue.producer.transport import ENTRY, job_id, rq_connection, rq_queue_name
 from mc_queue.testing import RedisServer
-from mc_queue.transport import ENTRY, job_id, rq_connection, rq_queue_name
-from mc_queue.workspace import WorkspaceError, WorkspaceRoot
+from mc_queue.worker.workspace import WorkspaceError, WorkspaceRoot
 from tests.apps import basic, faulty
 
 REPO = Path(__file__).resolve().parents[2]
@@ -687,8 +687,8 @@ def test_a_stopped_task_names_the_effects_left_without_a_receipt(redis_server: R
                                                                 tmp_path: Path) -> None:
     """The provider refuses mid-effect with an authorization error: the task stops (no retry), and its
     attention item lists the effect whose intent has no receipt, so a person knows what to check."""
-    from mc_queue.worker import _install_runtime as install
-    from mc_queue.worker import configure, run_attempt
+    from mc_queue.worker.runner import _install_runtime as install
+    from mc_queue.worker.runner import configure, run_attempt
 
     app = mc_queue.App(name="auth-mid-effect")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from mc_queue import Sweeper, TaskState
-from mc_queue.effects import mint_key
-from mc_queue.models import AttemptState, FailureClass
-from mc_queue.producer import AppClient
+from mc_queue.contracts.models import AttemptState, FailureClass
+from mc_queue.policy.effects import mint_key
+from mc_queue.producer.dispatch import AppClient
 from mc_queue.testing import ForgeServer, RedisServer, free_port, unique_prefix
 from tests.apps import lifecycle_app
 from tests.integration.test_worker import BASIC, REPO, Harness, events, proc_state, redis_ms, wait_for

@@ -24,11 +24,11 @@ import pytest
 
 import mc_queue
 from mc_queue import TaskState
-from mc_queue.embedded import stop_server
-from mc_queue.keys import new_ulid
-from mc_queue.producer import AppClient
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.producer.dispatch import AppClient
+from mc_queue.store.embedded import stop_server
 from mc_queue.testing import RedisServer, unique_prefix
-from mc_queue.workspace import WorkspaceRoot
+from mc_queue.worker.workspace import WorkspaceRoot
 from tests.apps import lifecycle_app
 from tests.integration.test_worker import REPO, Harness, redis_ms, wait_for
 

@@ -40,7 +40,7 @@ from mc_queue import (
     reconcile_attempt,
     recover,
 )
-from mc_queue.codec import MAX_PAYLOAD_BYTES, canonical_json, digest, model_json
+from mc_queue.contracts.codec import MAX_PAYLOAD_BYTES, canonical_json, digest, model_json
 from mc_queue.testing import RedisServer
 
 QUEUE = "jobs"
@@ -418,7 +418,7 @@ def test_claim_with_one_ms_lease_is_accepted(q: mc_queue.Client) -> None:
 
 
 def test_claim_of_a_missing_task_is_refused(q: mc_queue.Client) -> None:
-    missing = mc_queue.keys.new_task_id(QUEUE)
+    missing = mc_queue.contracts.keys.new_task_id(QUEUE)
     q.open_namespace()
     before = snapshot(q)
     with pytest.raises(TaskNotFound):

@@ -30,8 +30,8 @@ import redis
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
-from mc_queue.errors import Code
-from mc_queue.scripts import specs
+from mc_queue.contracts.errors import Code
+from mc_queue.store.scripts import specs
 from mc_queue.testing import RedisServer, unique_prefix
 
 # The hostile values: numbers Lua's tonumber accepts and should not (inf, nan, hex, exponents), numbers

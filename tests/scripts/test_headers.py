@@ -16,8 +16,8 @@ import pytest
 
 import mc_queue
 from mc_queue import FailureClass, make_failure, reconcile_attempt, recover
-from mc_queue.errors import Code, McqError, raise_for_reply
-from mc_queue.scripts import ScriptRunner, load_specs, lua_dir, parse_header
+from mc_queue.contracts.errors import Code, McqError, raise_for_reply
+from mc_queue.store.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 
 LUA = lua_dir()
 SPECS = load_specs()
@@ -526,7 +526,7 @@ def test_every_reply_code_is_declared_in_returns_and_every_declared_one_exists(n
     assert actual <= declared, f"{name}.lua can return {sorted(actual - declared)} but 'Returns:' omits them"
     assert declared <= actual, f"{name}.lua declares {sorted(declared - actual)} but never returns them"
     unknown = {c for c in declared if c not in Code.__members__}
-    assert not unknown, f"{name}.lua declares codes {sorted(unknown)} that mc_queue.errors.Code lacks"
+    assert not unknown, f"{name}.lua declares codes {sorted(unknown)} that mc_queue.contracts.errors.Code lacks"
 
 
 def test_every_code_of_the_enum_is_returned_by_some_script() -> None:

@@ -16,8 +16,8 @@ import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
-from mc_queue.keys import new_ulid
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.testing import RedisServer
 from tests.scripts.test_regressions import every_key
 

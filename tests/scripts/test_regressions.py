@@ -14,10 +14,10 @@ import redis
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure, recover
-from mc_queue.errors import OutcomeUnknown
-from mc_queue.keys import new_ulid
-from mc_queue.scripts import ScriptRunner
-from mc_queue.sweeper import Sweeper
+from mc_queue.contracts.errors import OutcomeUnknown
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.ops.sweeper import Sweeper
+from mc_queue.store.scripts import ScriptRunner
 
 FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
 REASON = "a reason that is long enough"

@@ -11,7 +11,7 @@ import time
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
-from mc_queue.states import TRANSITIONS
+from mc_queue.contracts.states import TRANSITIONS
 from mc_queue.testing import TransitionRecorder
 
 FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")

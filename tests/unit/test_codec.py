@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from mc_queue.codec import canonical_json, digest, encode_payload
-from mc_queue.errors import InvalidPayload
-from mc_queue.failures import fingerprint, make_failure, normalise_message
-from mc_queue.models import FailureClass
+from mc_queue.contracts.codec import canonical_json, digest, encode_payload
+from mc_queue.contracts.errors import InvalidPayload
+from mc_queue.contracts.failures import fingerprint, make_failure, normalise_message
+from mc_queue.contracts.models import FailureClass
 
 
 def test_canonical_json_ignores_key_order() -> None:

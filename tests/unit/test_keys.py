@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from mc_queue.keys import Keys, attempt_id, new_task_id, new_ulid, parse_attempt_id, parse_task_id
+from mc_queue.contracts.keys import Keys, attempt_id, new_task_id, new_ulid, parse_attempt_id, parse_task_id
 
 
 def test_every_key_of_a_namespace_shares_one_hash_tag() -> None:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from mc_queue.config import Backoff, Budget, RetryPolicy
-from mc_queue.failures import make_failure
-from mc_queue.models import Attempt, AttemptState, Event, FailureClass, Task, TaskState
-from mc_queue.policy import (
+from mc_queue.contracts.config import Backoff, Budget, RetryPolicy
+from mc_queue.contracts.failures import make_failure
+from mc_queue.contracts.models import Attempt, AttemptState, Event, FailureClass, Task, TaskState
+from mc_queue.policy.classify import (
     AuthorizationError,
     CapacityError,
     NonRetryable,

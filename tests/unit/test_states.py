@@ -1,12 +1,12 @@
-"""The state table in mc_queue.states against the Lua scripts (static) and the README (rendered)."""
+"""The state table in mc_queue.contracts.states against the Lua scripts (static) and the README (rendered)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from mc_queue.scripts import lua_dir, specs
-from mc_queue.states import ATTEMPT_STATES, TASK_STATES, TRANSITIONS, render_markdown
+from mc_queue.contracts.states import ATTEMPT_STATES, TASK_STATES, TRANSITIONS, render_markdown
+from mc_queue.store.scripts import lua_dir, specs
 
 LUA = lua_dir()
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -75,4 +75,4 @@ def test_the_readme_shows_the_table_rendered_from_the_code() -> None:
     m = re.search(r"<!-- states:begin -->\n(.*?)<!-- states:end -->", text, re.S)
     assert m, "README.md has no <!-- states:begin --> ... <!-- states:end --> section"
     assert m.group(1) == render_markdown(), (
-        "the README's state table is not the one mc_queue.states renders; paste this:\n" + render_markdown())
+        "the README's state table is not the one mc_queue.contracts.states renders; paste this:\n" + render_markdown())

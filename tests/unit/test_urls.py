@@ -1,5 +1,5 @@
-"""Redis URLs (mc_queue.urls), the replication watermark's judgement and slot files (mc_queue.lineage),
-and which scripts wait for replicas (mc_queue.scripts): pure code and files, no server."""
+"""Redis URLs (mc_queue.store.urls), the replication watermark's judgement and slot files (mc_queue.store.lineage),
+and which scripts wait for replicas (mc_queue.store.scripts): pure code and files, no server."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 import mc_queue
-from mc_queue.errors import ConfigurationError, ReplicationUnconfirmed, WriteRefused, replication_unconfirmed
-from mc_queue.lineage import NO_REPLID, Replication, SlotStore, Watermark, judge
-from mc_queue.scripts import ACKNOWLEDGED, REDERIVED, specs
-from mc_queue.urls import make_redis, parse_url, redacted, sentinel_url
+from mc_queue.contracts.errors import ConfigurationError, ReplicationUnconfirmed, WriteRefused, replication_unconfirmed
+from mc_queue.store.lineage import NO_REPLID, Replication, SlotStore, Watermark, judge
+from mc_queue.store.scripts import ACKNOWLEDGED, REDERIVED, specs
+from mc_queue.store.urls import make_redis, parse_url, redacted, sentinel_url
 
 A, B = "a" * 40, "b" * 40
 
@@ -244,7 +244,7 @@ def test_the_suite_fails_on_a_fresh_debian_machine_ipv6_sentinel_urls_parse_wher
         monkeypatch: pytest.MonkeyPatch) -> None:
     import urllib.parse
 
-    import mc_queue.urls as urls
+    import mc_queue.store.urls as urls
     calls: list[str] = []
     strict = _strict_urlsplit(calls)
     monkeypatch.setattr(urllib.parse, "urlsplit", strict)
@@ -267,7 +267,7 @@ def test_the_suite_fails_on_a_fresh_debian_machine_direct_forms_parse_where_urls
         url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import urllib.parse
 
-    import mc_queue.urls as urls
+    import mc_queue.store.urls as urls
     calls: list[str] = []
     strict = _strict_urlsplit(calls)
     monkeypatch.setattr(urllib.parse, "urlsplit", strict)
@@ -316,7 +316,7 @@ def test_the_suite_fails_on_a_fresh_debian_machine_ipv6_sentinel_urls_parse_unde
     code = ("import sys, types; sys.path[:0] = [sys.argv[1]]\n"
             "stub = types.ModuleType('async_timeout'); stub.timeout = None\n"
             "sys.modules.setdefault('async_timeout', stub)\n"
-            "from mc_queue.urls import parse_url\n"
+            "from mc_queue.store.urls import parse_url\n"
             "for u in sys.argv[2:]:\n"
             "    t = parse_url(u); print(t.sentinels, t.service, t.db)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(site)}  # redis-py from this venv (pure Python is fine)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mc_queue.embedded import prepare_home
-from mc_queue.errors import ConfigurationError
-from mc_queue.keys import new_ulid
-from mc_queue.workspace import WorkspaceError, WorkspaceRoot, default_root, namespace_tag
+from mc_queue.contracts.errors import ConfigurationError
+from mc_queue.contracts.keys import new_ulid
+from mc_queue.store.embedded import prepare_home
+from mc_queue.worker.workspace import WorkspaceError, WorkspaceRoot, default_root, namespace_tag
 
 
 def test_names_carry_the_namespace_and_differ_between_namespaces(tmp_path: Path) -> None:

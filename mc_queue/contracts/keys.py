@@ -1,0 +1,191 @@
+"""The only place where Redis key strings and ids are built.
+
+Every key of one namespace carries the same hash tag, ``{<prefix>}``, so each Lua script touches
+exactly one slot (Redis Cluster puts a whole namespace on one shard; scale out with several
+namespaces). Every key a script touches is passed to it in KEYS; no script builds a key itself.
+
+Key schema (``P`` = ``{prefix}``)::
+
+    P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq
+    P:nslog                stream namespace events: creation, state loss detected, recovery, refusals
+                                  without a task, orphans; capped at about 100,000 (XADD MAXLEN ~)
+    P:refused              stream what workers refused to act on (forged or misrouted transport messages),
+                                  capped (XADD MAXLEN ~), so a flood neither grows Redis nor trims P:nslog
+    P:epochs               set    epochs retired by ``mcq recover``
+    P:idem                 hash   producer idempotency key -> task id
+    P:idem_until           zset   producer key of a retired or purged task -> when its entry may go (ms)
+    P:queues               set    queue names seen
+    P:counts               hash   "<queue>|<task state>" -> number of tasks in that state
+    P:leases               zset   attempt id -> lease expiry (ms, Redis clock); the expiry index
+    P:suspect              zset   attempt id -> time it turned suspect (ms)
+    P:attention            hash   task id -> attention item JSON (what was tried, why stop)
+    P:dlq                  zset   task id -> time it was quarantined
+    P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
+    P:cancels              zset   attempt id -> deadline for the executor to acknowledge a cancel (ms)
+    P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions, and
+                                  the Attempt histograms (wait|<queue>|<handler>|<bucket>, wait_ms|..., at
+                                  claim; fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|..., at the end)
+    P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass)
+    P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
+                                  a paused queue's Attempts, the sweeper does not dispatch them)
+    P:w:<worker id>        string a live worker's liveness key ("<host> <pid>"), PX a few heartbeats, refreshed
+                                  by a thread of the worker process: gone soon after the process dies
+    P:w:<worker id>:seen   string the same value, PX a day, refreshed with it: this worker keeps a liveness key
+                                  (so its absence means dead, not a worker that never kept one)
+    P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
+    P:q:<queue>:done       zset   finished task (succeeded, canceled) -> when it finished (ms): retention
+                                  by age and count, and ``mcq tasks --state succeeded``
+    P:q:<queue>:held       zset   task waiting for a person (failed, blocked, quarantined) -> since when (ms);
+                                  left by retry, replay, cancel; kept longer by retention
+    P:topack               zset   finished task -> when it finished: the sweeper packs its history (below)
+    P:retention            hash   "<queue>" -> the operator's retention policy JSON, "app:<queue>" -> the App's
+    P:q:<queue>:samples    stream the operator console's samples of the queue (age, depth, finished and failed
+                                  totals), written by ``mcq dashboard``, capped (XADD MAXLEN): its charts
+    P:t:<task id>          hash   the Task; once finished and packed (lua/pack.lua), only the fields the scripts
+                                  read, its fence counter, and its whole history as one compressed document
+                                  in fields z0, z1, ... of at most 64 bytes (:a, :ev, :fx, :fence are gone)
+    P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
+    P:t:<task id>:ev       stream its append-only event history
+    P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
+    P:t:<task id>:fence    string its fence counter (INCR at every claim, expiry and cancel acknowledgement)
+    P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PXAT at claim, PEXPIREAT at renew)
+    P:tomb:<task id>       string a purged task's tombstone (JSON), PX the retention the operator chose
+
+Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given
+the queue's keys from the id alone); an attempt id is ``<task id>/<n>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+# Matched with fullmatch: "$" would also match before a trailing newline.
+QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_ULID_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_TASK_ID_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.-]{0,63}):([0-9A-HJKMNP-TV-Z]{26})")
+_NUMBER_RE = re.compile(r"[0-9]{1,7}")  # str.isdigit() also accepts '²' and other digits int() refuses
+
+
+def check_queue(queue: str) -> str:
+    if not isinstance(queue, str) or not QUEUE_RE.fullmatch(queue):
+        raise ValueError(
+            f"invalid queue name {queue!r}: use 1-64 characters of letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return queue
+
+
+def new_ulid() -> str:
+    """A 26-character ULID: 48 bits of milliseconds, 80 random bits; sorts by creation time."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    out = []
+    for _ in range(26):
+        out.append(_ULID_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def new_task_id(queue: str) -> str:
+    return f"{check_queue(queue)}:{new_ulid()}"
+
+
+def parse_task_id(task_id: str) -> str:
+    """Return the queue of a task id, or raise ValueError saying what a task id looks like."""
+    m = _TASK_ID_RE.fullmatch(task_id) if isinstance(task_id, str) else None
+    if not m:
+        raise ValueError(f"invalid task id {task_id!r}: expected '<queue>:<26-character ULID>'")
+    return m.group(1)
+
+
+def attempt_id(task_id: str, number: int) -> str:
+    """The id of Attempt ``number`` of a task: ``<task id>/<n>``."""
+    return f"{task_id}/{number}"
+
+
+def parse_attempt_id(value: str) -> tuple[str, int]:
+    """Split ``<task id>/<n>`` into (task id, n); raise ValueError on anything else."""
+    task_id, sep, num = value.rpartition("/") if isinstance(value, str) else ("", "", "")
+    if not sep or not _NUMBER_RE.fullmatch(num) or int(num) < 1:
+        raise ValueError(f"invalid attempt id {value!r}: expected '<task id>/<attempt number>'")
+    parse_task_id(task_id)
+    return task_id, int(num)
+
+
+@dataclass(frozen=True)
+class TaskKeys:
+    task: str
+    attempts: str
+    events: str
+    pending: str
+    effects: str
+    fence: str
+    lease: str
+    tomb: str
+    done: str
+    held: str
+
+
+class Keys:
+    """Key builder for one namespace."""
+
+    def __init__(self, prefix: str = "mcq") -> None:
+        if not isinstance(prefix, str) or not PREFIX_RE.fullmatch(prefix):
+            raise ValueError(f"invalid key prefix {prefix!r}: use letters, digits, '_', '.', ':', '-'")
+        self.prefix = prefix
+        tag = "{" + prefix + "}"
+        self.tag = tag
+        self.meta = f"{tag}:meta"
+        self.nslog = f"{tag}:nslog"
+        self.refused = f"{tag}:refused"
+        self.epochs = f"{tag}:epochs"
+        self.idem = f"{tag}:idem"
+        self.queues = f"{tag}:queues"
+        self.counts = f"{tag}:counts"
+        self.leases = f"{tag}:leases"
+        self.suspect = f"{tag}:suspect"
+        self.attention = f"{tag}:attention"
+        self.dlq = f"{tag}:dlq"
+        self.outbox = f"{tag}:outbox"
+        self.cancels = f"{tag}:cancels"
+        self.stats = f"{tag}:stats"
+        self.sweeper = f"{tag}:sweeper"
+        self.paused = f"{tag}:paused"
+        self.topack = f"{tag}:topack"
+        self.idem_until = f"{tag}:idem_until"
+        self.retention = f"{tag}:retention"
+
+    def pending(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:pending"
+
+    def queue_samples(self, queue: str) -> str:
+        """The operator console's capped series of samples of a queue (``mc_queue.ops.console``)."""
+        return f"{self.tag}:q:{queue}:samples"
+
+    def done(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:done"
+
+    def held(self, queue: str) -> str:
+        return f"{self.tag}:q:{queue}:held"
+
+    def worker(self, worker_id: str) -> str:
+        """A worker process's liveness key (set with a TTL by the worker itself)."""
+        return f"{self.tag}:w:{worker_id}"
+
+    def task(self, task_id: str) -> TaskKeys:
+        queue = parse_task_id(task_id)
+        base = f"{self.tag}:t:{task_id}"
+        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue),
+                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
+                        tomb=f"{self.tag}:tomb:{task_id}", done=self.done(queue),
+                        held=self.held(queue))
+
+    def nowhere(self) -> TaskKeys:
+        """Per-task keys that name no task (``{prefix}:t:-``): for an index member that is unreadable."""
+        base = f"{self.tag}:t:-"
+        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=f"{base}:pending",
+                        effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb",
+                        done=f"{base}:done", held=f"{base}:held")

@@ -1,0 +1,331 @@
+"""Task, Attempt, Event, Lease: the records mc_queue keeps, and their states.
+
+Which script moves a Task or an Attempt from which state to which, and who causes it, is the table
+in :mod:`mc_queue.contracts.states` (rendered into the README).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .keys import attempt_id
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    QUARANTINED = "quarantined"
+    CANCELED = "canceled"
+
+
+class AttemptState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUSPECT = "suspect"
+    RECONCILING = "reconciling"
+    CANCELED = "canceled"
+
+
+TERMINAL_ATTEMPT_STATES = frozenset({AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELED})
+
+
+class FailureClass(StrEnum):
+    """Failure domains (chapter 002): each has its own permitted response."""
+
+    AUTHORIZATION = "authorization"
+    CONFIGURATION = "configuration"
+    CAPACITY = "capacity"
+    PROVIDER = "provider"
+    EXECUTOR = "executor"
+    VALIDATION = "validation"
+    REPOSITORY = "repository"
+    INTERNAL = "internal"
+
+
+def ms_to_dt(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Manifest(_Record):
+    """What an Attempt froze when it was created; never edited afterwards."""
+
+    handler: str
+    payload_digest: str
+    policy_version: str = "default-v1"
+    executor: str | None = None
+    model: str | None = None
+    context: dict[str, Any] = Field(default_factory=dict)
+    base_sha: str | None = None
+    lease_ms: int | None = None
+    timeout_s: float | None = None
+
+
+class Failure(_Record):
+    """A classified failure. ``fingerprint`` is stable across tries: class, type, normalised message."""
+
+    failure_class: FailureClass
+    type: str
+    message: str = ""
+    fingerprint: str = ""
+    retryable: bool | None = None
+    traceback: str | None = None  # bounded: the newest frames, newest last (contracts.failures.format_traceback)
+
+
+class Attempt(_Record):
+    id: str
+    task_id: str
+    number: int
+    state: AttemptState
+    previous: str | None = None
+    reason: str | None = None
+    hypothesis: str | None = None
+    manifest: Manifest | None = None
+    worktree: str | None = None
+    worker_id: str | None = None
+    fence: int | None = None
+    lease_ms: int | None = None
+    lease_expires_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    created_at: datetime | None = None
+    due_at: datetime | None = None
+    started_at: datetime | None = None
+    suspect_at: datetime | None = None
+    ended_at: datetime | None = None
+    failure: Failure | None = None
+    result: Any = None
+    evidence: Any = None
+    settled_by: str | None = None
+    cost: float = 0.0
+    tokens: int = 0
+    elapsed_ms: int | None = None
+    phase: str | None = None
+    checkpoints: dict[str, Any] = Field(default_factory=dict)
+    dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_ATTEMPT_STATES
+
+    @classmethod
+    def from_fields(cls, task_id: str, number: int, f: dict[str, str]) -> Attempt:
+        def ms(name: str) -> datetime | None:
+            v = f.get(name)
+            return ms_to_dt(int(v)) if v else None
+
+        def js(name: str) -> Any:
+            v = f.get(name)
+            return json.loads(v) if v else None
+
+        prev = f.get("prev")
+        return cls(
+            id=attempt_id(task_id, number),
+            task_id=task_id,
+            number=number,
+            state=AttemptState(f.get("state", "pending")),
+            previous=attempt_id(task_id, int(prev)) if prev else None,
+            reason=f.get("reason") or None,
+            hypothesis=f.get("hypothesis") or None,
+            manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,
+            worktree=f.get("worktree") or None,
+            worker_id=f.get("worker") or None,
+            fence=int(f["fence"]) if f.get("fence") else None,
+            lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
+            lease_expires_at=ms("lease_exp"),
+            heartbeat_at=ms("hb_at"),
+            created_at=ms("created_at"),
+            due_at=ms("due_at"),
+            started_at=ms("started_at"),
+            suspect_at=ms("suspect_at"),
+            ended_at=ms("ended_at"),
+            failure=Failure.model_validate_json(f["failure"]) if f.get("failure") else None,
+            result=js("result"),
+            evidence=js("evidence"),
+            settled_by=f.get("settled_by") or None,
+            cost=float(f.get("cost") or 0),
+            tokens=int(f.get("tokens") or 0),
+            elapsed_ms=int(f["elapsed_ms"]) if f.get("elapsed_ms") else None,
+            phase=f.get("phase") or None,
+            checkpoints={k[5:]: json.loads(v) for k, v in f.items() if k.startswith("ckpt.")},
+            dispatches=int(f.get("dispatches") or 0),
+        )
+
+
+class Event(_Record):
+    """One entry of a task's append-only history."""
+
+    id: str
+    type: str
+    at: datetime
+    attempt: int | None = None
+    fields: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def from_stream(cls, entry_id: str, fields: dict[str, str]) -> Event:
+        f = dict(fields)
+        typ = f.pop("type", "?")
+        att = f.pop("attempt", None)
+        return cls(id=entry_id, type=typ, at=ms_to_dt(int(entry_id.split("-")[0])),  # type: ignore[arg-type]
+                   attempt=int(att) if att else None, fields=f)
+
+
+class Task(_Record):
+    id: str
+    queue: str
+    handler: str
+    payload: dict[str, Any]
+    payload_digest: str
+    idempotency_key: str | None = None
+    state: TaskState
+    created_at: datetime
+    updated_at: datetime | None = None
+    fence: int = 0  # the task's fence counter (the last fence issued; 0 before the first claim)
+    lease_ms: int | None = None  # the lease length every claim gets (frozen at enqueue)
+    lease_pttl_ms: int | None = None  # what is left of the live lease (PTTL of its key), None without one
+    attempt_count: int = 0
+    active_attempt: int | None = None
+    retry_policy: str | None = None
+    budget: str | None = None
+    manifest: Manifest | None = None
+    result: Any = None
+    cancel_requested: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+
+    @property
+    def latest(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @classmethod
+    def from_redis(cls, f: dict[str, str], att: dict[str, str], events: list[tuple[str, dict[str, str]]], *,
+                   fence: str | None = None, lease_pttl_ms: int | None = None) -> Task:
+        by_n: dict[int, dict[str, str]] = {}
+        for key, value in att.items():
+            num, _, name = key.partition(".")
+            by_n.setdefault(int(num), {})[name] = value
+        attempts = [Attempt.from_fields(f["id"], n, by_n[n]) for n in sorted(by_n)]
+        return cls(
+            id=f["id"],
+            queue=f["queue"],
+            handler=f["handler"],
+            payload=json.loads(f["payload"]),
+            payload_digest=f["payload_digest"],
+            idempotency_key=f.get("idem_key") or None,
+            state=TaskState(f["state"]),
+            created_at=ms_to_dt(int(f["created_at"])),  # type: ignore[arg-type]
+            updated_at=ms_to_dt(int(f["updated_at"])) if f.get("updated_at") else None,
+            fence=int(fence or 0),
+            lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
+            lease_pttl_ms=lease_pttl_ms if lease_pttl_ms is not None and lease_pttl_ms >= 0 else None,
+            attempt_count=int(f.get("attempts") or 0),
+            active_attempt=int(f["active"]) if f.get("active") else None,
+            retry_policy=f.get("retry_policy") or None,
+            budget=f.get("budget") or None,
+            manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,
+            result=json.loads(f["result"]) if f.get("result") else None,
+            cancel_requested=f.get("cancel_requested") or None,
+            attempts=attempts,
+            events=[Event.from_stream(i, e) for i, e in events],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Execution ownership of one Attempt: valid while ``fence`` is current and the lease is live."""
+
+    attempt_id: str
+    fence: int
+    expires_at_ms: int
+    worker_id: str
+    task_id: str
+    number: int
+    seq: int = 0  # the namespace's claim sequence when this lease was issued
+    lease_ms: int = 0  # the lease length granted (each renewal extends it by as much)
+    recovered_at_ms: int = 0  # when the namespace was last recovered (Redis clock), 0: never
+
+    @property
+    def expires_at(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_at_ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A renewed lease: new expiry (ms, Redis clock), whether cancellation was requested, and what
+    the Attempt has been charged so far."""
+
+    expires_at_ms: int
+    cancel_requested: bool
+    cost: float
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    attempt_id: str
+    old_fence: int
+    new_fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """A namespace as Redis holds it. ``state``: ok | lost | recovering, or ``missing`` when Redis has
+    no meta for it (``lost`` too when it left traces or the embedded witness remembers it)."""
+
+    prefix: str
+    state: str
+    epoch: str
+    seq: int
+    floor: int
+    reason: str = ""
+    max_lease_ms: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.state in ("ok", "missing")
+
+
+class EffectRecord(BaseModel):
+    """One side effect of a task: its intent (before the provider is called) and its receipt."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    key: str = ""
+    operation: str = ""  # '' only in a record written past effect_begin's checks (it reconciles as unknown)
+    identity: str = ""
+    state: str = "intent"  # intent | done | absent | unknown
+    attempt: int = 0
+    fence: str = ""
+    worker: str = ""
+    intent_at: int | None = None
+    receipt: Any = None
+    receipt_at: int | None = None
+    receipt_attempt: int | None = None
+    settled_by: str | None = None
+    source: str | None = None
+    note: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str) -> EffectRecord:
+        data = json.loads(text)
+        given = data.pop("record_json", None)
+        if given:  # the caller's record as it was sent; the scripts' own fields beside it take precedence
+            data = {**json.loads(given), **data}
+        raw = data.pop("receipt_json", None)
+        if raw:
+            data["receipt"] = json.loads(raw)
+        return cls.model_validate(data)

@@ -1,0 +1,322 @@
+"""Prometheus metrics, read from the namespace at scrape time (prometheus-client).
+
+Gauges come from the indexes mc_queue keeps anyway (O(queues) reads per scrape, never a scan of
+tasks; the live-worker count reads RQ's worker registry and the holder of each live lease);
+counters and histograms come from the ``{prefix}:stats`` hash the Lua scripts increment in the same
+step as the event they count; the sweeper's liveness from the ``{prefix}:sweeper`` hash it writes
+after each pass. Served by ``mcq metrics`` on 127.0.0.1 unless told otherwise.
+
+Every counter is exported from the first scrape on, at 0 for each label set known in advance (every
+refusal kind, reconciliation outcome, decision and failure class, budget; every queue of
+``Client.queues()`` for the queue gauges, every task state for ``mcq_tasks``), so ``rate()`` and
+``increase()`` see the first event of each kind. Series labelled by handler exist for every
+(queue, handler) pair the stats hash has seen (from the first claim of that pair on), and for every
+handler of the ``app`` given to the collector from the start.
+
+A namespace that has never existed (``missing``: no process wrote to it yet) is usable: every process
+may start first, in any order. ``mcq_namespace_ok`` is 1 for it, and ``mcq_namespace_state`` says
+which of ok, missing, lost, recovering it is; only lost and recovering refuse transitions.
+
+When Redis cannot be reached, a scrape still answers (HTTP 200) with ``mcq_redis_up 0`` and
+``mcq_namespace_ok 0`` and nothing else: every other series is ABSENT from that scrape (not a stale
+copy), so Prometheus marks them stale and alerts on them resolve; alert on ``mcq_redis_up == 0``
+(and on ``up == 0`` for the exporter itself).
+
+=========================================  =====================================================
+metric                                     labels / meaning
+=========================================  =====================================================
+mcq_redis_up                               1 when Redis answered this scrape, else 0
+mcq_namespace_ok                           1 when the namespace is usable (ok, or missing: never used
+                                           yet), 0 when lost or recovering, or Redis is down
+mcq_namespace_state                        state (ok | missing | lost | recovering): 1 for the current
+                                           state, 0 for the others
+mcq_namespace_created_timestamp_seconds    when the namespace was created (Unix time, Redis's clock;
+                                           absent while it is missing)
+mcq_tasks                                  queue, state: tasks in each state (0 for empty states)
+mcq_queue_depth                            queue: pending or backoff tasks
+mcq_queue_age_seconds                      queue: wait of the oldest claimable pending Attempt
+mcq_workers_live                           queue: RQ workers serving it whose heartbeat is recent
+mcq_workers_busy                           queue: live workers serving it that are running an Attempt
+                                           (RQ's state busy, or holding a lease): busy for each queue
+                                           they serve
+mcq_workers_idle                           queue: live workers serving it that wait for work (neither
+                                           busy nor suspended by ``rq suspend``)
+mcq_leases_live                            running Attempts holding a lease
+mcq_attempts_suspect                       Attempts suspect or reconciling
+mcq_attention_items                        tasks stopped for a person
+mcq_quarantined_tasks                      tasks in the dead-letter queue
+mcq_outbox_due                             dispatches due now (unclaimed or after backoff)
+mcq_redis_memory_used_bytes                Redis ``used_memory`` (absent when INFO is not allowed)
+mcq_redis_memory_max_bytes                 Redis ``maxmemory`` (0: no limit)
+mcq_sweeper_last_pass_timestamp_seconds    end of the last sweeper pass, Unix time of the sweeper's
+                                           host (0: no pass recorded)
+mcq_sweeper_pass_duration_seconds          duration of the last sweeper pass
+mcq_sweeper_passes_total                   sweeper passes (all sweepers of the namespace)
+mcq_sweeper_retention_stopped              1 while retention is stopped: the archive fails (full disk,
+                                           read-only mount ...), nothing is deleted, the rest goes on
+mcq_stale_writes_refused_total             fenced writes refused (audited as events)
+mcq_claims_refused_total                   claims refused (duplicate or late messages)
+mcq_refusals_total                         kind: every refusal a script counts (claim_refused, ...)
+mcq_leases_expired_total                   kind: expired (lease passed) | voided (recovery, cancel)
+mcq_reconciliations_total                  outcome: succeeded | failed | canceled
+mcq_decisions_total                        action (retry | stop | quarantine), failure_class
+mcq_budget_exhaustions_total               budget: which budget ran out
+mcq_attempts_finished_total                queue, handler, outcome (succeeded | failed | canceled):
+                                           claimed Attempts that ended (complete, fail, reconcile)
+mcq_attempt_duration_seconds               queue, handler: histogram, claim to end of an Attempt
+mcq_queue_wait_seconds                     queue, handler: histogram, due time (enqueue, or end of
+                                           the backoff) to claim
+=========================================  =====================================================
+
+The histograms' buckets (:data:`BUCKETS_S`) are those of ``METRIC_BUCKETS_MS`` in
+``lua/includes/common.lua``: the scripts count each observation in one bucket, the exporter adds them
+up into Prometheus's cumulative ``le`` buckets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..client.core import Client
+from ..contracts.models import TERMINAL_ATTEMPT_STATES, FailureClass, TaskState
+from ..producer.app import App
+
+log = logging.getLogger("mc_queue.metrics")
+
+# Upper bounds of the histogram buckets, seconds (METRIC_BUCKETS_MS in lua/includes/common.lua, in ms).
+BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
+OUTCOMES = tuple(sorted(s.value for s in TERMINAL_ATTEMPT_STATES))  # canceled, failed, succeeded
+# Refusals the scripts count in the stats hash (refuse(K.events, K.stats, '<kind>', ...)).
+REFUSALS = ("cancel_ack_refused", "cancel_refused", "checkpoint_refused", "claim_refused", "completion_conflict",
+            "effect_conflict", "effect_refused", "failure_conflict", "purge_refused", "reconcile_refused",
+            "replay_refused", "retry_refused", "settle_refused", "stale_write_refused")
+ACTIONS = ("retry", "stop", "quarantine")  # decisions counted (wait is no decision to alert on)
+FAILURE_CLASSES = tuple(c.value for c in FailureClass)
+BUDGETS = ("attempts", "same_fingerprint", "cost", "tokens", "wall_time", "interruptions", "cost_or_tokens")
+RECONCILED = ("succeeded", "failed", "canceled")
+_HIST_KINDS = {"wait": 4, "fin": 5}  # stats field kind -> number of '|' parts
+
+
+class NamespaceCollector(Collector):
+    """Collects the namespace's series at each scrape. ``app``: its handlers' (queue, handler) pairs are
+    exported from the start (at 0), not only from the first claim on."""
+
+    def __init__(self, client: Client, *, app: App | None = None) -> None:
+        self.client = client
+        self.known_pairs: set[tuple[str, str]] = (
+            {(spec.queue, name) for name, spec in app.handlers.items()} if app is not None else set())
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self._families())
+            up = 1.0
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # Redis down: the exporter still answers
+            log.warning("metrics: Redis unreachable: %s", exc)
+            families = [GaugeMetricFamily("mcq_namespace_ok", "1 when the namespace is ok", value=0.0)]
+            up = 0.0
+        yield GaugeMetricFamily("mcq_redis_up", "1 when Redis answered this scrape", value=up)
+        yield from families
+
+    def _families(self) -> Iterator[Metric]:
+        c = self.client
+        k = c.keys
+        status = c.status()
+        ov = c.overview()
+        pipe = c.redis.pipeline(transaction=False)
+        pipe.hgetall(k.stats)
+        pipe.hgetall(k.sweeper)
+        pipe.hget(k.meta, "created_at")
+        raw_stats, raw_sweeper, created_ms = pipe.execute()
+        yield from _namespace(str(ov["namespace_state"]), created_ms)
+
+        tasks = GaugeMetricFamily("mcq_tasks", "Tasks by queue and state", labels=["queue", "state"])
+        depth = GaugeMetricFamily("mcq_queue_depth", "Pending or backoff tasks", labels=["queue"])
+        age = GaugeMetricFamily("mcq_queue_age_seconds", "Wait of the oldest claimable pending Attempt",
+                                labels=["queue"])
+        for queue, info in sorted(status.items()):
+            counts = info["counts"]
+            for state in sorted({s.value for s in TaskState} | set(counts)):
+                tasks.add_metric([queue, state], counts.get(state, 0))
+            depth.add_metric([queue], counts.get("pending", 0) + counts.get("backoff", 0))
+            age.add_metric([queue], info["queue_age_ms"] / 1000)
+        yield from (tasks, depth, age)
+        yield from self._workers(sorted(status))
+
+        for name, doc, value in (
+            ("mcq_leases_live", "Running Attempts holding a lease", ov["leases_live"]),
+            ("mcq_attempts_suspect", "Attempts suspect or reconciling", ov["suspect"]),
+            ("mcq_attention_items", "Tasks stopped for a person", ov["attention"]),
+            ("mcq_quarantined_tasks", "Tasks in the dead-letter queue", ov["quarantined"]),
+            ("mcq_outbox_due", "Dispatches due now", ov["outbox_due"]),
+        ):
+            yield GaugeMetricFamily(name, doc, value=float(value))
+        yield from self._memory()
+        yield from _sweeper(cast(dict[str, str], raw_sweeper))
+        yield from self._counters({f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
+
+    def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
+        """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and
+        state, mc_queue's liveness keys and lease holders)."""
+        from ..worker.runner import live_workers
+
+        counts = {kind: dict.fromkeys(queues, 0) for kind in ("live", "busy", "idle")}
+        for w in live_workers(self.client):
+            if not w["healthy"]:
+                continue
+            busy = w["state"] == "busy" or bool(w["leases"])
+            kinds = ("live", "busy") if busy else ("live",) if w["state"] == "suspended" else ("live", "idle")
+            for queue in w["queues"]:
+                for kind in kinds:
+                    counts[kind][queue] = counts[kind].get(queue, 0) + 1
+        for kind, doc in (("live", "RQ workers serving the queue with a recent heartbeat"),
+                          ("busy", "Live workers serving the queue that are running an Attempt"),
+                          ("idle", "Live workers serving the queue that wait for work")):
+            family = GaugeMetricFamily(f"mcq_workers_{kind}", doc, labels=["queue"])
+            for queue in sorted(counts["live"]):
+                family.add_metric([queue], counts[kind].get(queue, 0))
+            yield family
+
+    def _memory(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            info = self.client.redis.info("memory")
+        except redis.ResponseError as exc:  # INFO not allowed for this ACL user
+            log.info("metrics: INFO memory refused: %s", exc)
+            return
+        yield GaugeMetricFamily("mcq_redis_memory_used_bytes", "Redis used_memory",
+                                value=float(info.get("used_memory", 0)))
+        yield GaugeMetricFamily("mcq_redis_memory_max_bytes", "Redis maxmemory (0: no limit)",
+                                value=float(info.get("maxmemory", 0)))
+
+    def _counters(self, stats: dict[str, int]) -> Iterator[Metric]:
+        yield CounterMetricFamily("mcq_stale_writes_refused", "Fenced writes refused",
+                                  value=stats.get("stale_write_refused", 0))
+        yield CounterMetricFamily("mcq_claims_refused", "Claims refused", value=stats.get("claim_refused", 0))
+        refusals = CounterMetricFamily("mcq_refusals", "Refusals by kind (each also an event)", labels=["kind"])
+        for kind in sorted(set(REFUSALS) | {f for f in stats if "|" not in f and ":" not in f
+                                            and f.endswith(("_refused", "_conflict"))}):
+            refusals.add_metric([kind], stats.get(kind, 0))
+        yield refusals
+        expired = CounterMetricFamily("mcq_leases_expired", "Leases expired or voided", labels=["kind"])
+        expired.add_metric(["expired"], stats.get("lease_expired", 0))
+        expired.add_metric(["voided"], stats.get("lease_voided", 0))
+        yield expired
+
+        recon = dict.fromkeys(RECONCILED, 0)
+        decisions = {(a, f): 0 for a in ACTIONS for f in FAILURE_CLASSES}
+        budgets = dict.fromkeys(BUDGETS, 0)
+        buckets: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1))
+        sums: dict[tuple[str, str, str], int] = defaultdict(int)
+        finished: dict[tuple[str, str, str], int] = defaultdict(int)
+        pairs = set(self.known_pairs)
+        for field, n in stats.items():
+            if "|" in field:
+                parts = field.split("|")
+                kind = parts[0]
+                if _HIST_KINDS.get(kind) == len(parts) and parts[-1].isdigit() \
+                        and 1 <= int(parts[-1]) <= len(BUCKETS_S) + 1:
+                    pairs.add((parts[1], parts[2]))
+                    buckets[kind, parts[1], parts[2]][int(parts[-1]) - 1] += n
+                    if kind == "fin":
+                        finished[parts[1], parts[2], parts[3]] += n
+                elif kind in ("wait_ms", "fin_ms") and len(parts) == 3:
+                    pairs.add((parts[1], parts[2]))
+                    sums[kind[:-3], parts[1], parts[2]] += n
+                continue
+            kind, _, rest = field.partition(":")
+            if kind == "reconciled":
+                recon[rest] = n
+            elif kind == "decision":
+                action, _, fclass = rest.partition(":")
+                decisions[action, fclass] = n
+            elif kind == "budget_exhausted":
+                budgets[rest] = n
+
+        family = CounterMetricFamily("mcq_reconciliations", "Reconciliations by outcome", labels=["outcome"])
+        for outcome, n in recon.items():
+            family.add_metric([outcome], n)
+        yield family
+        family = CounterMetricFamily("mcq_decisions", "Policy decisions after a failure",
+                                     labels=["action", "failure_class"])
+        for (action, fclass), n in decisions.items():
+            family.add_metric([action, fclass], n)
+        yield family
+        family = CounterMetricFamily("mcq_budget_exhaustions", "Budgets exhausted", labels=["budget"])
+        for budget, n in budgets.items():
+            family.add_metric([budget], n)
+        yield family
+
+        family = CounterMetricFamily("mcq_attempts_finished", "Claimed Attempts that ended, by outcome",
+                                     labels=["queue", "handler", "outcome"])
+        for queue, handler in sorted(pairs):
+            for outcome in sorted(set(OUTCOMES) | {o for (q, h, o) in finished if (q, h) == (queue, handler)}):
+                family.add_metric([queue, handler, outcome], finished.get((queue, handler, outcome), 0))
+        yield family
+        for kind, name, doc in (
+            ("fin", "mcq_attempt_duration_seconds", "Attempt duration, claim to end"),
+            ("wait", "mcq_queue_wait_seconds", "Wait of an Attempt from its due time (enqueue or end of backoff) "
+                                               "to its claim"),
+        ):
+            hist = HistogramMetricFamily(name, doc, labels=["queue", "handler"])
+            for queue, handler in sorted(pairs):
+                hist.add_metric([queue, handler], _cumulative(buckets.get((kind, queue, handler))),
+                                sum_value=sums.get((kind, queue, handler), 0) / 1000)
+            yield hist
+
+
+def _cumulative(per_bucket: list[int] | None) -> list[tuple[str, float]]:
+    """Prometheus's cumulative buckets (le, count) from the per-bucket counts of the stats hash."""
+    counts = per_bucket or [0] * (len(BUCKETS_S) + 1)
+    out: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip([*BUCKETS_S, float("inf")], counts, strict=True):
+        total += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+    return out
+
+
+NAMESPACE_STATES = ("ok", "missing", "lost", "recovering")
+
+
+def _namespace(state: str, created_ms: Any) -> Iterable[Metric]:
+    """Usable (ok, or missing: never used yet, so nothing was lost), the state itself, and when it was
+    created (absent while it is missing, or when its meta has no creation time)."""
+    yield GaugeMetricFamily("mcq_namespace_ok", "1 when the namespace is usable (ok, or never used yet)",
+                            value=1.0 if state in ("ok", "missing") else 0.0)
+    family = GaugeMetricFamily("mcq_namespace_state", "1 for the namespace's state (ok, missing, lost, recovering)",
+                               labels=["state"])
+    for name in sorted({*NAMESPACE_STATES, state}):
+        family.add_metric([name], 1.0 if name == state else 0.0)
+    yield family
+    if created_ms and str(created_ms).isdigit():
+        yield GaugeMetricFamily("mcq_namespace_created_timestamp_seconds",
+                                "When the namespace was created (Unix time, Redis's clock)",
+                                value=int(created_ms) / 1000)
+
+
+def _sweeper(raw: dict[str, str]) -> Iterable[Metric]:
+    yield GaugeMetricFamily("mcq_sweeper_last_pass_timestamp_seconds",
+                            "End of the last sweeper pass (Unix time; 0: none recorded)",
+                            value=int(raw.get("last_pass_ms") or 0) / 1000)
+    yield GaugeMetricFamily("mcq_sweeper_pass_duration_seconds", "Duration of the last sweeper pass",
+                            value=float(raw.get("pass_ms") or 0) / 1000)
+    yield CounterMetricFamily("mcq_sweeper_passes", "Sweeper passes", value=int(raw.get("passes") or 0))
+    yield GaugeMetricFamily("mcq_sweeper_retention_stopped",
+                            "1 while retention is stopped because the archive fails (nothing is deleted)",
+                            value=1 if raw.get("retention_error") else 0)
+
+
+def serve(client: Client, *, host: str = "127.0.0.1", port: int = 9464, app: App | None = None) -> Any:
+    """Serve /metrics for this namespace until the process ends (localhost by default). Returns what
+    prometheus-client's ``start_http_server`` returns (the server and its thread: ``server.shutdown()``)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(NamespaceCollector(client, app=app))
+    return start_http_server(port, addr=host, registry=registry)

@@ -1,0 +1,353 @@
+"""The sweeper: a pure ``run_once()`` plus a plain loop.
+
+Each pass:
+
+1. expires every lease past its expiry (Redis clock): the Attempt turns suspect, the fence moves;
+   voids the leases of executors that did not acknowledge a cancel in time;
+2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
+   (with no side effect recorded, a vanished worker's Attempt settles as an executor failure);
+3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over
+   (a job RQ still holds waiting or running is not pushed again; Attempts of a paused queue stay
+   in the outbox until it is resumed);
+4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
+   settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
+   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those);
+5. keeps Redis bounded: packs the history of tasks that finished ``pack_after_ms`` ago into one
+   compressed document each (``lua/pack.lua``); deletes the ended tasks each queue's retention policy
+   lets go (``Client.retention``: age and/or count, finished and held tasks apart), in batches, each
+   handed to the archive first when one is set, each leaving a tombstone (``lua/retire.lua``); and
+   forgets producer keys whose tombstone window has passed (``lua/idem_trim.lua``). This step works
+   for at most ``retention_budget_s`` a pass and goes on at the next one.
+
+Every step re-checks its condition inside its script, so two sweepers at once are safe, and a
+sweeper killed mid-pass leaves nothing half-decided (a reconciling Attempt is taken up again).
+Its cost grows with what is due (expired leases, suspects, due dispatches), not with the number of
+tasks in Redis. One bad index entry never stops a batch: an entry whose task is gone or that cannot
+be read is dropped and logged (``orphan_index_entry``), any other error is reported and the pass
+goes on. On a namespace that lost state the sweeper decides nothing and says so at every pass.
+Every pass starts with the client's replication lineage check (:meth:`Client.check_lineage`), so a
+failover that lost acknowledged writes is found within one pass of the sweeper reaching the new
+primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from ..client.core import PACK_AFTER_MS, Client
+from ..contracts.errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
+from ..contracts.keys import parse_attempt_id, parse_task_id
+from ..contracts.models import AttemptState
+from ..policy.reconcile import Reconciler
+from ..producer.dispatch import DEFAULT_RECHECK_MS, dispatch
+from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue
+from .archive import ArchiveError, ArchiveSink, archive_and_retire
+
+log = logging.getLogger("mc_queue.sweeper")
+
+
+MAX_DUE_PAGE = 10_000  # due dispatches one pass reads at most, paused queues' entries included
+
+
+@dataclass
+class SweepReport:
+    expired: list[str] = field(default_factory=list)
+    reconciled: dict[str, str] = field(default_factory=dict)  # attempt id -> task state after
+    dispatched: list[str] = field(default_factory=list)
+    rechecked: list[str] = field(default_factory=list)  # due dispatches RQ still held: not pushed again
+    tidied: list[str] = field(default_factory=list)  # RQ job ids removed from RQ's registries
+    dropped: list[str] = field(default_factory=list)  # index entries that named nothing (orphans)
+    errors: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)  # due dispatches of paused queues: not sent
+    packed: int = 0  # finished tasks whose history was packed
+    retired: dict[str, int] = field(default_factory=dict)  # "<queue>/<done|held>" -> tasks deleted by retention
+    archived: int = 0  # records handed to the archive
+    namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
+    archive_error: str = ""  # why retention stopped in this pass: the archive failed (nothing deleted)
+    forgotten: list[str] = field(default_factory=list)  # queues with no task and no policy, forgotten
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
+                "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
+                "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
+                "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
+
+
+class Sweeper:
+    def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
+                 recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0,
+                 archive: ArchiveSink | None = None, pack_after_ms: int = PACK_AFTER_MS,
+                 retention_budget_s: float = 1.0, retention_batch: int = 500) -> None:
+        self.client = client
+        self.actor = actor or f"sweeper@{client.actor}"
+        self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
+        self.batch = batch
+        self.recheck_ms = recheck_ms
+        self.tidy_every_s = tidy_every_s
+        self._rq: redis.Redis | None = None
+        self._tidied_at = float("-inf")
+        self.archive = archive
+        self.pack_after_ms = pack_after_ms
+        self.retention_budget_s = retention_budget_s
+        self.retention_batch = retention_batch
+        self.archive_error: str | None = None  # set while the archive fails (retention stopped)
+
+    def run_once(self) -> SweepReport:
+        started = time.monotonic()
+        report = SweepReport()
+        try:
+            # The replication lineage first: a failover that lost acknowledged writes marks the namespace
+            # lost here (the watermark of this host's processes against the primary's history).
+            self.client.check_lineage()
+        except NamespaceLost as exc:
+            log.error("namespace %r: %s", self.client.keys.prefix, exc)
+        info = self.client.namespace()
+        if info.state == "missing":
+            # A namespace nobody has written yet (a deployment starts its processes in any order): nothing
+            # to sweep, nothing decided, nothing written that could look like a loss. The pass is recorded
+            # below: the sweeper is alive.
+            report.namespace = "missing"
+        elif not info.usable:
+            report.namespace = info.state
+            log.error("namespace %r is %s (%s): the sweeper decides nothing until `mcq recover` has run",
+                      self.client.keys.prefix, info.state, info.reason)
+            return report
+        else:
+            self._sweep(report)
+        # Liveness for metrics (mcq_sweeper_*): when the last pass ended (this host's clock), how long it
+        # took, how many passes, and why retention is stopped ('' when it is not: the archive fails).
+        # A refused write (Redis out of memory) costs the record, not the pass.
+        pipe = self.client.redis.pipeline(transaction=True)
+        pipe.hset(self.client.keys.sweeper, mapping={"last_pass_ms": int(time.time() * 1000),
+                                                     "pass_ms": round((time.monotonic() - started) * 1000, 3),
+                                                     "retention_error": self.archive_error or ""})
+        pipe.hincrby(self.client.keys.sweeper, "passes", 1)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            log.warning("sweeper pass not recorded for metrics: %s", exc)
+        return report
+
+    def _sweep(self, report: SweepReport) -> None:
+        try:
+            self._expire(report)
+            self._reconcile(report)
+            self._dispatch(report)
+            self._tidy(report)
+            self._bound(report)
+        except NamespaceLost as exc:
+            report.namespace = "lost"
+            log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
+                      "`mcq recover` has run", self.client.keys.prefix, exc)
+
+    def _expire(self, report: SweepReport) -> None:
+        expired = self.client.expire_due(limit=self.batch, actor=self.actor)
+        overdue = self.client.due_cancels(limit=self.batch)
+        if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
+            expired.merge(self.client.expire(overdue, actor=self.actor, force=True,
+                                             reason="cancel not acknowledged in time", index="cancels"))
+        report.expired.extend(e.attempt_id for e in expired.expired)
+        report.dropped.extend(expired.dropped)
+        report.errors.extend(f"{m}: {why}" for m, why in expired.errors)
+
+    def _drop(self, index: str, member: str, why: str, report: SweepReport) -> None:
+        try:
+            if self.client.drop_index_entry(index, member, reason=why, actor=self.actor):
+                report.dropped.append(member)
+        except TransitionRefused as exc:  # the entry is right after all (state moved on meanwhile)
+            log.info("%s entry %s kept: %s", index, member, exc)
+        except McqError as exc:
+            report.errors.append(f"{member}: {exc}")
+
+    def _reconcile(self, report: SweepReport) -> None:
+        for aid in self.client.task_ids_of("suspect", limit=self.batch):
+            try:
+                parse_attempt_id(aid)
+            except ValueError as exc:
+                self._drop("suspect", aid, str(exc), report)
+                continue
+            try:
+                attempt = self.reconciler.reconcile(aid, apply_policy=True)
+                task = self.client.get_task(attempt.task_id)
+                report.reconciled[aid] = task.state.value
+                clear_job(self.rq, rq_queue(self.rq, self.client.keys.prefix, task.queue),
+                          job_id(self.client.keys.prefix, aid), delete=True)
+                report.tidied.append(job_id(self.client.keys.prefix, aid))
+            except TaskNotFound:
+                self._drop("suspect", aid, "no such task", report)
+            except TransitionRefused as exc:  # settled meanwhile by another sweeper, or a stale entry
+                log.info("reconcile of %s skipped: %s", aid, exc)
+                self._drop("suspect", aid, str(exc), report)
+            except NamespaceLost:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as exc:  # one bad entry never stops the batch
+                log.exception("reconcile of %s failed", aid)
+                report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
+
+    def _due_unpaused(self, report: SweepReport) -> list[str]:
+        """Up to a batch of due dispatches of queues that are not paused. A paused queue's entries stay
+        in the outbox (dispatched after `mcq queue resume`, listed in ``report.paused``); when they fill
+        the head of the outbox, the page grows past them (up to MAX_DUE_PAGE entries a pass) so that
+        other queues' Attempts are not held back."""
+        limit = self.batch
+        due = self.client.due_dispatches(limit=limit)
+        paused = set(self.client.paused_queues()) if due else set()  # read once per pass
+        if not paused:
+            return due
+
+        def held(aid: str) -> bool:
+            try:
+                return parse_task_id(parse_attempt_id(aid)[0]) in paused
+            except ValueError:
+                return False  # a malformed entry is dropped by the loop below
+
+        while True:
+            skipped = [a for a in due if held(a)]
+            ready = [a for a in due if not held(a)]
+            if len(ready) >= self.batch or len(due) < limit or limit >= MAX_DUE_PAGE:
+                break
+            limit = min(MAX_DUE_PAGE, len(skipped) + self.batch)
+            due = self.client.due_dispatches(limit=limit)
+        report.paused.extend(skipped)
+        return ready[:self.batch]
+
+    def _dispatch(self, report: SweepReport) -> None:
+        for aid in self._due_unpaused(report):
+            try:
+                task_id, n = parse_attempt_id(aid)
+            except ValueError as exc:
+                self._drop("outbox", aid, str(exc), report)
+                continue
+            try:
+                task = self.client.get_task(task_id)
+                attempt = task.attempts[n - 1] if n <= len(task.attempts) else None
+                if attempt is None or attempt.state is not AttemptState.PENDING:
+                    self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
+                    continue
+                if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms):
+                    report.dispatched.append(aid)
+                else:
+                    report.rechecked.append(aid)
+            except TaskNotFound:
+                self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
+                report.dropped.append(aid)
+            except NamespaceLost:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as exc:
+                log.exception("dispatch of %s failed", aid)
+                report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
+
+    @property
+    def rq(self) -> redis.Redis:
+        """The connection to RQ's keys (bytes responses), opened on first use."""
+        if self._rq is None:
+            self._rq = rq_connection(self.client)
+        return self._rq
+
+    def _tidy(self, report: SweepReport) -> None:
+        if time.monotonic() - self._tidied_at < self.tidy_every_s:
+            return
+        self._tidied_at = time.monotonic()
+        for queue in self.client.queues():
+            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, self.client.keys.prefix, queue),
+                                                limit=self.batch))
+
+    def keep_bounded(self) -> SweepReport:
+        """Step 5 alone (pack, retire, forget expired producer keys): for a process that runs it apart
+        from the other steps, and for the soak benchmark."""
+        report = SweepReport()
+        self._bound(report)
+        return report
+
+    def _bound(self, report: SweepReport) -> None:
+        """Step 5: pack, retire, forget expired producer keys and empty queues; at most retention_budget_s of
+        work for packing and retiring."""
+        deadline = time.monotonic() + self.retention_budget_s
+        c = self.client
+        while time.monotonic() < deadline:
+            n = c.pack_due(limit=self.retention_batch, min_age_ms=self.pack_after_ms)
+            report.packed += n
+            if n < self.retention_batch:
+                break
+        self._retire(report, deadline)
+        c.trim_idempotency(limit=1000)
+        forgotten = c.forget_empty_queues(limit=100, actor=self.actor)
+        report.forgotten.extend(forgotten)
+        for queue in forgotten:  # RQ's registries of a queue no longer listed are tidied once, here
+            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, c.keys.prefix, queue), limit=self.batch))
+
+    def _retire(self, report: SweepReport, deadline: float) -> None:
+        """Delete what each queue's retention policy lets go (archived first when an archive is set)."""
+        c = self.client
+        now = c.redis_time_ms()
+        queues = c.queues()
+        policies = c.retention_policies(queues)  # one read for every queue
+        for queue in queues:
+            policy, source = policies[queue]
+            for kind, age_s, keep, states in (
+                    ("done", policy.done_s, policy.done_keep, ("succeeded", "canceled")),
+                    ("held", policy.held_s, policy.held_keep, ("failed", "blocked", "quarantined"))):
+                if age_s is None and keep is None:
+                    continue
+                before = now - int(age_s * 1000) if age_s is not None else None
+                reason = (f"retention ({source} policy of queue {queue}: {kind} "
+                          f"{'kept ' + str(age_s) + ' s' if age_s is not None else ''}"
+                          f"{' newest ' + str(keep) if keep is not None else ''})")
+                total = 0
+                while time.monotonic() < deadline:
+                    rows = c.ended_tasks(queue, kind, before_ms=before, keep_newest=keep, limit=self.retention_batch)
+                    if not rows:
+                        break
+                    try:
+                        out = archive_and_retire(c, self.archive, rows, states=states, reason=reason,
+                                                 tombstone_s=policy.tombstone_s, now_ms=now, actor=self.actor)
+                    except ArchiveError as exc:
+                        # Nothing was deleted. Retention stops here (until the archive works again); the
+                        # other steps of every pass go on: leases expire, suspects are reconciled.
+                        self._archive_failed(report, exc)
+                        return
+                    report.archived += out["archived"]
+                    total += out["retired"]
+                    if out["refused"]:
+                        report.errors.append(f"{queue}/{kind}: {out['refused']} index entries named tasks in "
+                                             "another state (left in place)")
+                    if len(rows) < self.retention_batch or out["retired"] == 0:
+                        break
+                if total:
+                    report.retired[f"{queue}/{kind}"] = total
+                    c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
+                                              "reason": reason, "archive": repr(self.archive) if self.archive else ""})
+        self.archive_error = None
+
+    def _archive_failed(self, report: SweepReport, exc: ArchiveError) -> None:
+        first = self.archive_error is None
+        self.archive_error = exc.message
+        report.errors.append(f"retention stopped: {exc.message}")
+        report.archive_error = exc.message
+        (log.error if first else log.warning)(
+            "retention is stopped: %s. Tasks are kept in Redis until the archive can be written again (free "
+            "space, a writable folder); leases, reconciliation and dispatch go on", exc.message)
+
+    def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
+        """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
+        started = time.monotonic()
+        while stop_after_s is None or time.monotonic() - started < stop_after_s:
+            t0 = time.monotonic()
+            try:
+                r = self.run_once()
+                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired:
+                    log.info("sweep: %s", r.as_dict())
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("sweep failed, Redis unreachable: %s", exc)
+            except McqError as exc:
+                log.error("sweep failed: %s", exc)
+            time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))

@@ -1,0 +1,144 @@
+"""Handlers registered by name (the App), with the defaults they inherit.
+
+::
+
+    app = mc_queue.App()
+
+    @app.handler("fix-issue", queue="agents", lease_ms=60_000, budget=mc_queue.Budget(max_attempts=4))
+    def fix_issue(ctx: mc_queue.Context, payload: dict) -> dict:
+        ctx.checkpoint("workspace_prepared", scope={"repository": payload["repo"]})
+        ...
+        return {"pull_request": 17}
+
+Handlers are looked up by the name recorded in the task, in the App the worker was started with;
+nothing is ever imported from a name found in Redis. What a handler runs with is
+:class:`mc_queue.worker.context.Context`; how Attempts reach RQ is :mod:`mc_queue.producer.dispatch`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client.core import DEFAULT_LEASE_MS, DEFAULT_MAX_LEASE_MS
+from ..contracts.config import Budget, Retention, RetryPolicy
+from ..contracts.errors import InvalidArgument
+from ..contracts.keys import check_queue
+from ..policy.effects import Reconcile, mint_key
+from .dispatch import AppClient
+
+# A handler that declares no phases names them freely: their order is the order an Attempt reaches
+# them. These are the seed's phases; `source_capture_done` (read-only work) is reusable by default.
+SEED_PHASES: tuple[str, ...] = (
+    "claimed", "workspace_prepared", "verification_passed", "source_capture_done", "commit_done",
+    "result_pending", "result_submitted",
+)
+DEFAULT_REUSABLE: frozenset[str] = frozenset({"source_capture_done"})
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+Handler = Callable[..., Any]  # fn(ctx: mc_queue.Context, payload: dict) -> JSON result
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    name: str
+    fn: Handler
+    queue: str
+    retry: RetryPolicy
+    budget: Budget
+    lease_ms: int
+    timeout_s: float
+    phases: tuple[str, ...] | None  # the declared order, or None: any name, in the order an Attempt reaches it
+    reusable_phases: frozenset[str]
+
+
+@dataclass
+class App:
+    """A registry of handlers by name, with the defaults they inherit."""
+
+    name: str = "mc_queue"
+    default_queue: str = "default"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    budget: Budget = field(default_factory=Budget)
+    lease_ms: int = DEFAULT_LEASE_MS
+    timeout_s: float = 3600.0
+    handlers: dict[str, HandlerSpec] = field(default_factory=dict)
+    operations: dict[str, Reconcile] = field(default_factory=dict)
+    # queue -> how long its ended tasks stay in Redis; published by `mcq worker` and `mcq sweeper --app`
+    # (an operator's `mcq retention set` wins over it)
+    retention: dict[str, Retention] = field(default_factory=dict)
+
+    def publish_retention(self, client: Any) -> None:
+        """Record this App's retention policies in the namespace (source 'app')."""
+        for queue, policy in self.retention.items():
+            client.set_retention(check_queue(queue), policy, source="app")
+
+    def operation(self, name: str, reconcile: Reconcile) -> None:
+        """Register how to ask the provider whether operation ``name`` with a key happened.
+
+        The sweeper calls it for intents whose worker vanished: ``reconcile(key)`` returns the
+        receipt, None when the provider certainly has nothing, or raises when it cannot tell.
+        """
+        mint_key("q:00000000000000000000000000", name, "x")  # validates the name
+        self.operations[name] = reconcile
+
+    def handler(self, name: str, *, queue: str | None = None, retry: RetryPolicy | None = None,
+                budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
+                phases: tuple[str, ...] | None = None,
+                reusable_phases: frozenset[str] | None = None) -> Callable[[Handler], Handler]:
+        """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time.
+
+        ``phases``: the checkpoint phases (``ctx.checkpoint(phase)``) in the order an Attempt must reach
+        them; a phase not in the list stops the task as a configuration failure. Without it any phase
+        name goes, in the order the Attempt first reaches it (a phase already reached cannot be recorded
+        again with other data). ``reusable_phases``: phases whose data a later Attempt may reuse when
+        its scope binding is identical (default: ``source_capture_done``)."""
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise InvalidArgument(f"invalid handler name {name!r}: use 1-128 letters, digits, '_', '.', ':', '-'")
+        if name in self.handlers:
+            raise InvalidArgument(f"handler {name!r} is registered twice")
+        lease = lease_ms or self.lease_ms
+        timeout = timeout_s or self.timeout_s
+        if isinstance(lease, bool) or not isinstance(lease, int) or not 1000 <= lease <= DEFAULT_MAX_LEASE_MS:
+            raise InvalidArgument(f"handler {name!r}: lease_ms must be an integer from 1000 (heartbeats run every "
+                                  f"third) to {DEFAULT_MAX_LEASE_MS} (the default namespace ceiling)")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 30 * 86_400:
+            raise InvalidArgument(f"handler {name!r}: timeout_s must be a number of seconds up to 30 days")
+        if timeout * 1000 < lease:
+            raise InvalidArgument(f"handler {name!r}: timeout_s must be at least one lease length")
+        ph = None if phases is None else tuple(phases)
+        if ph is not None and (not ph or len(set(ph)) != len(ph) or not all(
+                isinstance(p, str) and _NAME_RE.fullmatch(p) for p in ph)):
+            raise InvalidArgument(f"handler {name!r}: phases must be distinct names (letters, digits, '_', '.', ':', "
+                                  f"'-'), in the order an Attempt reaches them; got {phases!r}")
+        if reusable_phases is None:
+            reusable = frozenset(DEFAULT_REUSABLE if ph is None else DEFAULT_REUSABLE & set(ph))
+        else:
+            reusable = frozenset(reusable_phases)
+        if ph is not None and not reusable <= set(ph):
+            raise InvalidArgument(f"handler {name!r}: reusable phases {sorted(reusable - set(ph))} are not phases")
+
+        def register(fn: Handler) -> Handler:
+            self.handlers[name] = HandlerSpec(
+                name=name, fn=fn, queue=check_queue(queue or self.default_queue), retry=retry or self.retry,
+                budget=budget or self.budget, lease_ms=lease, timeout_s=timeout, phases=ph, reusable_phases=reusable)
+            return fn
+
+        return register
+
+    def spec(self, name: str) -> HandlerSpec:
+        try:
+            return self.handlers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.handlers)) or "none"
+            raise InvalidArgument(
+                f"unknown handler {name!r}: app {self.name!r} registers {known}; register it with "
+                f"@app.handler({name!r}) in the app the workers run") from None
+
+    def connect(self, url: str | None = None, *, prefix: str | None = None, home: str | None = None) -> AppClient:
+        """A client that refuses unknown handlers at enqueue and dispatches Attempts to RQ."""
+        from ..client.connect import connect
+
+        return AppClient(self, connect(url, prefix=prefix, home=home))

@@ -1,0 +1,89 @@
+"""The producer side: enqueue through an App's handlers, and hand Attempts to RQ (dispatch).
+
+Dispatch records first, then sends: the outbox already holds every Attempt that must run, so an RQ
+message lost between the two is sent again by the sweeper, and one sent twice is refused by the claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import redis
+
+from ..client.core import DEFAULT_LEASE_MS, Client
+from ..contracts.config import Budget, RetryPolicy
+from ..contracts.models import Attempt, AttemptState, Task
+from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
+
+DEFAULT_RECHECK_MS = 60_000
+
+
+class _Spec(Protocol):
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def retry(self) -> RetryPolicy: ...
+
+    @property
+    def budget(self) -> Budget: ...
+
+    @property
+    def lease_ms(self) -> int: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+
+class Handlers(Protocol):
+    """What the producer needs of an App: a handler's spec by name (InvalidArgument when unknown)."""
+
+    def spec(self, name: str) -> _Spec: ...
+
+
+class AppClient:
+    """A Client bound to an App: refuses unknown handlers and dispatches Attempts to RQ."""
+
+    def __init__(self, app: Handlers, client: Client) -> None:
+        self.app = app
+        self.client = client
+        self._rq = rq_connection(client)
+
+    def enqueue(self, handler: str, payload: Any, *, idempotency_key: str | None = None, queue: str | None = None,
+                **manifest: Any) -> Task:
+        spec = self.app.spec(handler)
+        task = self.client.enqueue(queue or spec.queue, handler, payload, idempotency_key,
+                                   retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
+                                   timeout_s=spec.timeout_s, **manifest)
+        latest = task.latest
+        if latest is not None and latest.state is AttemptState.PENDING:
+            self.dispatch(task, latest)
+        return task
+
+    def dispatch(self, task: Task, attempt: Attempt, *, recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
+        dispatch(self.client, self._rq, task, attempt, recheck_ms=recheck_ms)
+
+    def close(self) -> None:
+        self.client.close()
+        self._rq.close()
+
+
+def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
+             recheck_ms: int = DEFAULT_RECHECK_MS) -> bool:
+    """Send one Attempt to its RQ queue (record first, then send: the outbox already holds it), unless
+    RQ already holds its job waiting or running: then only the outbox's recheck moves. Returns True
+    when a message was pushed. A job sent again is first cleared from RQ's registries."""
+    manifest = attempt.manifest or task.manifest
+    timeout = manifest.timeout_s if manifest else None
+    queue = rq_queue(rq, client.keys.prefix, task.queue)
+    jid = job_id(client.keys.prefix, attempt.id)
+    if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
+        if waiting(rq, queue, jid):
+            client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+            return False
+        clear_job(rq, queue, jid)
+    queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, task.lease_ms or DEFAULT_LEASE_MS),
+                       job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None,
+                       description=job_description(task.handler, attempt.id))
+    client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+    return True

@@ -1,0 +1,178 @@
+"""How mc_queue names things in RQ, its execution transport (the producer and the worker both use it).
+
+An RQ job carries only ids, serialized as JSON: ``mc_queue.worker.runner.run_attempt(prefix, attempt_id,
+lease_ms)`` (the worker takes the lease length from the task, not from the message). Its job id is
+derived from the attempt id, so dispatching an Attempt twice makes one RQ job; a job RQ still holds
+queued is never pushed again (:func:`waiting`), and one sent again is first cleared from RQ's
+registries (:func:`clear_job`), so RQ's own counts (``rq info``) show one entry per waiting Attempt.
+Its ``description`` (:func:`job_description`) names the handler, the task and the Attempt, for
+rq-dashboard and anything else that lists RQ's jobs.
+
+mc_queue is the only source of truth; RQ's registries must not contradict it. RQ moves a job to its
+failed registry for 7 days when the process running it dies (a work horse killed after its Attempt's
+outcome was recorded, a worker lost in a failover whose execution RQ later calls abandoned), whatever
+mc_queue decided; :func:`forget_orphans` (the sweeper's tidying, every ``tidy_every_s``) removes the
+failed and executing entries of Attempts mc_queue has settled, and their jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from ..client.core import Client, quiet_connection_kwargs
+from ..contracts.keys import Keys, parse_attempt_id
+from ..contracts.models import TERMINAL_ATTEMPT_STATES
+from ..store.urls import make_redis
+
+ENTRY = "mc_queue.worker.run_attempt"
+
+
+def rq_queue_name(prefix: str, queue: str) -> str:
+    return f"mcq:{prefix}:{queue}"
+
+
+def _job_ns(prefix: str, queue: str) -> str:
+    return hashlib.sha1(f"{prefix}\0{queue}".encode()).hexdigest()[:8]
+
+
+def job_id(prefix: str, attempt_id: str) -> str:
+    """One RQ job id per Attempt (RQ allows only [A-Za-z0-9_-] in ids)."""
+    task_id, n = parse_attempt_id(attempt_id)
+    queue, _, ulid = task_id.rpartition(":")
+    return f"mcq-{_job_ns(prefix, queue)}-{ulid}-{n}"
+
+
+def attempt_of(queue: Queue, jid: str) -> str | None:
+    """The attempt id an RQ job id of this queue names (:func:`job_id`'s inverse), or None when mc_queue
+    did not make it for this queue."""
+    prefix, _, name = queue.name.removeprefix("mcq:").rpartition(":")
+    head = f"mcq-{_job_ns(prefix, name)}-"
+    if not jid.startswith(head):
+        return None
+    ulid, _, n = jid[len(head):].rpartition("-")
+    aid = f"{name}:{ulid}/{n}"
+    try:
+        parse_attempt_id(aid)
+    except ValueError:
+        return None
+    return aid if job_id(prefix, aid) == jid else None
+
+
+def job_description(handler: str, attempt_id: str) -> str:
+    """The RQ job's ``description``: what rq-dashboard and other listings of RQ's jobs show for it instead
+    of RQ's default, the entry call (``mc_queue.worker.runner.run_attempt('ops', 'mail:01.../1', 3000)``): the
+    handler, the task and the Attempt. Shown only; a worker neither reads nor trusts it (it acts on the
+    ids in the job's arguments, after its claim)."""
+    task_id, n = parse_attempt_id(attempt_id)
+    return f"{handler} task {task_id} attempt {n}"
+
+
+def rq_connection(client: Client) -> redis.Redis:
+    """RQ needs bytes responses; same server and credentials as the client, built by the same factory
+    (a sentinel URL follows a failover here too)."""
+    return make_redis(client.target, socket_timeout=30, socket_connect_timeout=10, **quiet_connection_kwargs())
+
+
+def rq_queue(rq: redis.Redis, prefix: str, queue: str) -> Queue:
+    return Queue(rq_queue_name(prefix, queue), connection=rq, serializer=JSONSerializer)
+
+
+def waiting(rq: redis.Redis, queue: Queue, jid: str) -> bool:
+    """True when RQ holds this job waiting in its queue's list, or running in a worker whose
+    execution is still live (RQ's started registry): sending it again would make a second entry
+    for one Attempt. Anything else (no job, a lost list entry, a started job whose worker died
+    before its claim, failed, finished) means the message must be sent again."""
+    pipe = rq.pipeline(transaction=False)
+    pipe.hget(Job.key_for(jid), "status")
+    pipe.lpos(queue.key, jid)
+    status, position = pipe.execute()
+    if status == b"queued":
+        return position is not None
+    if status == b"started":
+        now = time.time()
+        return any(score > now for _, score in rq.zscan_iter(queue.started_job_registry.key, match=f"{jid}:*"))
+    return False
+
+
+def clear_job(rq: redis.Redis, queue: Queue, jid: str, *, delete: bool = False) -> None:
+    """Remove this job id from its queue's list and every registry RQ keeps for the queue (and its
+    hash with ``delete``): before it is sent again, and once its Attempt is settled, so that no
+    registry names a job RQ no longer has (``rq requeue --all`` and rq-dashboard fail on those)."""
+    started = queue.started_job_registry.key
+    executions = [m for m, _ in rq.zscan_iter(started, match=f"{jid}:*", count=1000)]
+    pipe = rq.pipeline(transaction=False)
+    pipe.lrem(queue.key, 0, jid)
+    for registry in (queue.failed_job_registry, queue.finished_job_registry, queue.canceled_job_registry,
+                     queue.deferred_job_registry, queue.scheduled_job_registry):
+        pipe.zrem(registry.key, jid)
+    if executions:
+        pipe.zrem(started, *executions)
+    if delete:
+        pipe.delete(Job.key_for(jid))
+    pipe.execute()
+
+
+def orphaned(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
+    """Job ids the queue's failed and finished registries name but RQ no longer holds (up to ``limit``
+    of each, oldest first): left by jobs deleted after they were recorded there."""
+    out: list[str] = []
+    for registry in (queue.failed_job_registry, queue.finished_job_registry):
+        ids = [m.decode() if isinstance(m, bytes) else str(m) for m in rq.zrange(registry.key, 0, limit - 1)]
+        if not ids:
+            continue
+        pipe = rq.pipeline(transaction=False)
+        for jid in ids:
+            pipe.exists(Job.key_for(jid))
+        out.extend(j for j, found in zip(ids, pipe.execute(), strict=True) if not found)
+    return out
+
+
+def settled(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
+    """Job ids the queue's failed or started registry names (up to ``limit`` of each, oldest first) whose
+    Attempt mc_queue has settled (succeeded, failed, canceled; a packed task's), or does not hold (a
+    retired task, an Attempt it never had): RQ must call none of them failed or executing. An Attempt
+    still pending, running or suspect keeps its entries (the outbox sends it again, or the sweeper's
+    reconciliation clears them). ``rq``: the bytes connection of :func:`rq_connection`."""
+    jids = [m.decode() if isinstance(m, bytes) else str(m)
+            for m in rq.zrange(queue.failed_job_registry.key, 0, limit - 1)]
+    jids += [(m.decode() if isinstance(m, bytes) else str(m)).split(":", 1)[0]
+             for m in rq.zrange(queue.started_job_registry.key, 0, limit - 1)]
+    found = {jid: aid for jid in dict.fromkeys(jids) if (aid := attempt_of(queue, jid)) is not None}
+    if not found:
+        return []
+    keys = Keys(queue.name.removeprefix("mcq:").rpartition(":")[0])
+    pipe = rq.pipeline(transaction=False)
+    for aid in found.values():
+        task_id, n = parse_attempt_id(aid)
+        tk = keys.task(task_id)
+        pipe.hmget(tk.task, "state", "packed")
+        pipe.hget(tk.attempts, f"{n}.state")
+    replies = pipe.execute()
+    terminal = {s.value.encode() for s in TERMINAL_ATTEMPT_STATES}
+    out = []
+    for jid, (task_state, packed), state in zip(found, replies[::2], replies[1::2], strict=True):
+        if task_state is None or packed or state is None or state in terminal:
+            out.append(jid)
+    return out
+
+
+def forget_orphans(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
+    """Remove :func:`orphaned` ids from the queue's registries, and every trace RQ keeps of the
+    :func:`settled` ones (their registry entries and their job, as :func:`clear_job` does): ``rq info``
+    and rq-dashboard then count no failed or executing job mc_queue contradicts. Returns the ids."""
+    ids = orphaned(rq, queue, limit=limit)
+    if ids:
+        pipe = rq.pipeline(transaction=False)
+        for registry in (queue.failed_job_registry, queue.finished_job_registry):
+            pipe.zrem(registry.key, *ids)
+        pipe.execute()
+    done = settled(rq, queue, limit=limit)
+    for jid in done:
+        clear_job(rq, queue, jid, delete=True)
+    return ids + done

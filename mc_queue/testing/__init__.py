@@ -1,0 +1,36 @@
+"""Helpers for testing code built on mc_queue against real processes: private redis-servers on free
+loopback ports, Sentinel failover clusters, a TCP proxy that delays, drops and pauses a link, a git
+forge over HTTP and bare git remotes, and a recorder of every transition a run makes.
+
+They never touch the machine's shared Redis.
+"""
+
+from __future__ import annotations
+
+from ..store.embedded import find_redis_server
+from .harness import (
+    FailoverCluster,
+    ForgeServer,
+    PausableProxy,
+    RedisServer,
+    RepeatableFailoverCluster,
+    SentinelServer,
+    TransitionRecorder,
+    bare_git_remote,
+    free_port,
+    unique_prefix,
+)
+
+__all__ = [
+    "FailoverCluster",
+    "ForgeServer",
+    "PausableProxy",
+    "RedisServer",
+    "RepeatableFailoverCluster",
+    "SentinelServer",
+    "TransitionRecorder",
+    "bare_git_remote",
+    "find_redis_server",
+    "free_port",
+    "unique_prefix",
+]

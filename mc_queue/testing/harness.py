@@ -1,0 +1,743 @@
+"""Helpers for testing code built on mc_queue against a real redis-server.
+
+``RedisServer`` runs a private redis-server on a free loopback port with its data in a folder of
+its own; it can be stopped, killed and restarted with or without its data, which is what fault
+tests need. It never touches the machine's shared Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from ..contracts.packing import join_chunks, unpack
+from ..store.embedded import find_redis_server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server process owned by a test session."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, port: int | None = None, appendonly: bool = True,
+                 appendfsync: str = "always", extra: list[str] | None = None, password: str | None = None) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.extra = list(extra or [])
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        args = [
+            find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+            "--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log"),
+            "--enable-debug-command", "local",
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        return args + self.extra
+
+    def start(self, timeout: float = 15.0) -> RedisServer:
+        self.proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.dir / 'redis.log'}")
+            try:
+                c = self.client()
+                c.ping()
+                # Wait until the AOF (if any) is loaded.
+                while c.info("persistence").get("loading"):
+                    time.sleep(0.02)
+                c.close()
+                return self
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server on port {self.port} did not start within {timeout}s")
+
+    def client(self, **kw: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, decode_responses=True, **kw)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.proc = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self, *, keep_data: bool = True, sig: int = signal.SIGKILL) -> RedisServer:
+        """Stop (SIGKILL by default) and start again on the same port and folder.
+
+        ``keep_data=False`` wipes the folder first: Redis comes back empty, as after a restart
+        without persistence or a lost disk.
+        """
+        self.stop(sig)
+        if not keep_data:
+            for child in self.dir.iterdir():
+                if child.name != "redis.log":
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        return self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(signal.SIGKILL)
+
+
+def unique_prefix(stem: str = "t") -> str:
+    """A namespace prefix no other test uses: tests share a server, never FLUSHALL it."""
+    return f"{stem}-{uuid.uuid4().hex[:10]}"
+
+
+class TransitionRecorder:
+    """Watches every script a Client runs (``client.runner.observers``) and records each change of a
+    Task's or an Attempt's state it makes, as (entity, from, to, script); ``violations`` lists the
+    changes :mod:`mc_queue.contracts.states` does not allow. Reads through its own connection, around each call.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.redis = redis.Redis.from_url(client.url, decode_responses=True, encoding_errors="surrogateescape")
+        self.seen: list[tuple[str, str, str, str]] = []
+        self.violations: list[tuple[str, str, str, str]] = []
+        client.runner.observers.append(self)
+
+    def _read(self, task: str, attempts: str) -> tuple[str, dict[str, str]]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(task)
+        pipe.hgetall(attempts)
+        fields, att = pipe.execute()
+        if fields.get("packed"):  # a packed task: its Attempts are in the document (lua/pack.lua)
+            att = unpack(join_chunks(fields), fields).attempts
+        return fields.get("state") or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
+
+    def before(self, name: str, keys: Any, argv: Any) -> Any:
+        task, attempts = keys.get("task"), keys.get("attempts")
+        if not task or not attempts:
+            return None
+        return name, task, attempts, self._read(task, attempts)
+
+    def after(self, token: Any, reply: Any) -> None:
+        if token is None:
+            return
+        from ..contracts.states import allowed
+
+        name, task, attempts, (t0, a0) = token
+        t1, a1 = self._read(task, attempts)
+        changes = [("task", t0, t1, name)] if t0 != t1 else []
+        changes += [("attempt", a0.get(n, ""), a1.get(n, ""), name) for n in sorted(set(a0) | set(a1))
+                    if a0.get(n) != a1.get(n)]
+        for entity, src, dst, script in changes:
+            self.seen.append((entity, src, dst, script))
+            if not allowed("task" if entity == "task" else "attempt", src, dst, script):
+                self.violations.append((entity, src, dst, script))
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+class ForgeServer:
+    """A real local HTTP pull-request API (the protocol of ``mc_queue.providers.http``), for tests
+    and the demo: it counts what it did per operation key, and injects the faults that matter.
+
+    - ``honor_idempotency=False`` (default) ignores the ``Idempotency-Key`` header, like many real
+      APIs: only mc_queue's reconciliation (a lookup by key) then stands between a retry and a
+      duplicate pull request, which is what the tests must prove.
+    - ``one_pr_per_head=True`` refuses (422) a second pull request for the same repository and head
+      branch, as GitHub does: the provider-side fence against a zombie worker's late call.
+    - ``enforce_fence=True`` refuses (409) a creation whose ``Mcq-Fence`` header is lower than a fence
+      already seen for the same ``Idempotency-Key``: Kleppmann's fencing token checked at the storage,
+      which closes the zombie's window even without a uniqueness rule. ``fenced_out`` counts them.
+    - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
+      for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
+    - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
+    - ``lookups_unavailable(n)``: the next n lookups answer 503 (the reconciler cannot tell).
+    """
+
+    def __init__(self, *, honor_idempotency: bool = False, one_pr_per_head: bool = False,
+                 enforce_fence: bool = False) -> None:
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.honor_idempotency = honor_idempotency
+        self.one_pr_per_head = one_pr_per_head
+        self.enforce_fence = enforce_fence
+        self.fences: dict[str, int] = {}  # idempotency key -> highest Mcq-Fence seen
+        self.fenced_out = 0  # creations refused for a stale fence
+        self.pulls: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self._stall: list[float] = []
+        self._fail: list[tuple[int, float | None]] = []
+        self._lookup_fail = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="forge", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> ForgeServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> ForgeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def stalls_left(self) -> int:
+        """Stalls asked for with stall_next that no creation has served yet."""
+        with self.lock:
+            return len(self._stall)
+
+    def stall_next(self, n: int = 1, seconds: float = 3.0) -> None:
+        with self.lock:
+            self._stall.extend([seconds] * n)
+
+    def fail_next(self, n: int = 1, status: int = 503, retry_after: float | None = None) -> None:
+        with self.lock:
+            self._fail.extend([(status, retry_after)] * n)
+
+    def lookups_unavailable(self, n: int = 1) -> None:
+        with self.lock:
+            self._lookup_fail += n
+
+    def count_by_key(self) -> dict[str, int]:
+        with self.lock:
+            out: dict[str, int] = {}
+            for p in self.pulls:
+                out[p["idempotency_key"]] = out.get(p["idempotency_key"], 0) + 1
+            return out
+
+    def duplicates(self) -> dict[str, int]:
+        return {k: v for k, v in self.count_by_key().items() if v > 1}
+
+    def _handler(self) -> Any:
+        import json as _json
+        from http.server import BaseHTTPRequestHandler
+        from urllib.parse import parse_qs, urlparse
+
+        forge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                data = _json.dumps(body).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in (headers or {}).items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timed out) after we accepted
+
+            def do_POST(self) -> None:
+                parts = urlparse(self.path).path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "repos" or parts[3] != "pulls":
+                    return self._send(404, {"error": "not found"})
+                body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                key = self.headers.get("Idempotency-Key", "")
+                fence_header = self.headers.get("Mcq-Fence", "")
+                with forge.lock:
+                    if forge.enforce_fence and key and fence_header.isdigit():
+                        fence, seen = int(fence_header), forge.fences.get(key, 0)
+                        if fence < seen:
+                            forge.fenced_out += 1
+                            return self._send(409, {"error": f"stale fence {fence}: fence {seen} already wrote "
+                                                             f"with this key"})
+                        forge.fences[key] = fence
+                    if forge._fail:
+                        status, retry_after = forge._fail.pop(0)
+                        hdr = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+                        return self._send(status, {"error": "injected failure"}, hdr)
+                    if forge.honor_idempotency and key:
+                        for p in forge.pulls:
+                            if p["idempotency_key"] == key:
+                                return self._send(200, p)
+                    repo = f"{parts[1]}/{parts[2]}"
+                    if forge.one_pr_per_head and any(p["repo"] == repo and p["head"] == body.get("head")
+                                                     for p in forge.pulls):
+                        return self._send(422, {"error": f"a pull request already exists for {body.get('head')}"})
+                    pr = {"number": len(forge.pulls) + 1, "repo": f"{parts[1]}/{parts[2]}", "head": body.get("head"),
+                          "base": body.get("base"), "title": body.get("title"), "body": body.get("body", ""),
+                          "idempotency_key": key}
+                    pr["url"] = f"{forge.url}/repos/{pr['repo']}/pulls/{pr['number']}"
+                    forge.pulls.append(pr)
+                    stall = forge._stall.pop(0) if forge._stall else 0.0
+                if stall:
+                    time.sleep(stall)
+                return self._send(201, pr)
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                if url.path != "/pulls":
+                    return self._send(404, {"error": "not found"})
+                key = parse_qs(url.query).get("idempotency_key", [""])[0]
+                with forge.lock:
+                    if forge._lookup_fail:
+                        forge._lookup_fail -= 1
+                        return self._send(503, {"error": "lookup unavailable"})
+                    found = [p for p in forge.pulls
+                             if p["idempotency_key"] == key or f"Mcq-Operation-Key: {key}" in p["body"]]
+                if not found:
+                    return self._send(404, {"error": "no pull request with that key"})
+                return self._send(200, found[0])
+
+        return Handler
+
+
+def bare_git_remote(root: str | os.PathLike[str], *, branch: str = "main") -> Path:
+    """A bare git repository under ``root`` whose ``branch`` holds one initial commit: a real remote
+    for the git provider in tests and the demo."""
+    from ..providers.git import git
+
+    base = Path(root)
+    remote = base / "remote.git"
+    git("init", "--quiet", "--bare", f"--initial-branch={branch}", str(remote))
+    seed = base / "seed"
+    git("init", "--quiet", f"--initial-branch={branch}", str(seed))
+    (seed / "README.md").write_text("# example/app\n")
+    git("add", "README.md", cwd=seed)
+    git("-c", "user.name=mc_queue", "-c", "user.email=mc_queue@localhost", "commit", "--quiet", "-m", "initial",
+        cwd=seed)
+    git("push", "--quiet", str(remote), branch, cwd=seed)
+    shutil.rmtree(seed)
+    return remote
+
+
+# ---------------------------------------------------------------------- replication and Sentinel
+
+
+class PausableProxy:
+    """A TCP proxy on a free loopback port in front of ``upstream`` (host, port) that can hold back
+    what flows through it: ``pause()`` stops relaying in both directions (what arrives meanwhile waits
+    in the proxy and the kernel's buffers), ``resume()`` relays it, ``cut()`` closes every connection
+    and throws away whatever was not relayed yet. Put on a replica's replication link, it makes
+    replication lag on demand, and ``cut()`` after killing the primary makes the lagging bytes lost.
+
+    ``hold_only``: pause only the connections whose client sent these bytes (``b"REPLCONF"``: the
+    replication link), and let every other connection through the same port flow."""
+
+    def __init__(self, upstream: tuple[str, int], *, hold_only: bytes | None = None) -> None:
+        import threading
+
+        self.upstream = upstream
+        self.hold_only = hold_only.upper() if hold_only else None
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port: int = self._listener.getsockname()[1]
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._generation = 0  # bumped by cut(): a pump of an older generation never relays again
+        self._closed = False
+        self.relayed = 0  # bytes relayed from upstream to the client
+        self._thread = threading.Thread(target=self._accept, name="pausable-proxy", daemon=True)
+
+    def start(self) -> PausableProxy:
+        self._thread.start()
+        return self
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._flowing.is_set()
+
+    def cut(self) -> None:
+        """Close every connection now; nothing held back is relayed."""
+        with self._lock:
+            self._generation += 1
+            socks, self._socks = self._socks, []
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.cut()
+        self._flowing.set()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                gen = self._generation
+                self._socks += [client, upstream]
+            held = [self.hold_only is None]  # shared by the connection's two pumps
+            threading.Thread(target=self._pump, args=(client, upstream, gen, False, held), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, gen, True, held), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, gen: int, downstream: bool, held: list[bool]) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not held[0] and not downstream and self.hold_only and self.hold_only in data.upper():
+                    held[0] = True
+                if held[0]:
+                    self._flowing.wait()
+                if gen != self._generation:
+                    break  # cut while held back: thrown away
+                dst.sendall(data)
+                if downstream:
+                    self.relayed += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class SentinelServer:
+    """One redis-sentinel process (``redis-server <conf> --sentinel``) monitoring ``service``."""
+
+    def __init__(self, directory: str | os.PathLike[str], master: tuple[str, int], *, service: str = "mcq",
+                 quorum: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
+                 port: int | None = None) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.service = service
+        self.conf = self.dir / "sentinel.conf"
+        self.conf.write_text("\n".join([
+            f"port {self.port}", "bind 127.0.0.1", "daemonize no", f"dir {self.dir}",
+            f"logfile {self.dir / 'sentinel.log'}",
+            f"sentinel monitor {service} {master[0]} {master[1]} {quorum}",
+            f"sentinel down-after-milliseconds {service} {down_after_ms}",
+            f"sentinel failover-timeout {service} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {service} 1", "",
+        ]))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 15.0) -> SentinelServer:
+        self.proc = subprocess.Popen([find_redis_server(), str(self.conf), "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-sentinel exited with {self.proc.returncode}; see {self.dir}/sentinel.log")
+            try:
+                c = self.client()
+                c.ping()
+                c.close()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-sentinel on port {self.port} did not start within {timeout}s")
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
+
+    def master(self) -> dict[str, Any]:
+        c = self.client()
+        try:
+            return cast(dict[str, Any], c.execute_command("SENTINEL", "MASTER", self.service))  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+
+    def master_address(self) -> tuple[str, int] | None:
+        c = self.client()
+        try:
+            addr = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+        return (str(addr[0]), int(addr[1])) if addr else None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+class FailoverCluster:
+    """A primary (AOF, ``appendfsync always``) and one replica whose replication link runs through a
+    :class:`PausableProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
+    short ``down_after_ms`` and ``failover_timeout_ms``, so a failover takes a few seconds).
+
+    ``lag()`` holds the replication stream back, ``catch_up()`` lets it flow, ``kill_primary()``
+    SIGKILLs the primary and cuts the proxy (what was held back is lost, as with a replica that lagged
+    behind a dead primary), ``wait_failover()`` waits until the sentinels name the replica as the
+    primary, ``restart_old_primary()`` starts the old primary again on its own data (the sentinels
+    turn it into a replica of the new one). ``url()`` is the ``redis+sentinel://`` URL of the service.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, service: str = "mcq", sentinels: int = 3,
+                 quorum: int = 2, down_after_ms: int = 1000, failover_timeout_ms: int = 5000,
+                 appendfsync: str = "always") -> None:
+        self.dir = Path(directory)
+        self.service = service
+        fast = ["--repl-diskless-sync-delay", "0"]  # a full sync starts at once (default: waits 5 s)
+        self.primary = RedisServer(self.dir / "primary", appendfsync=appendfsync, extra=fast)
+        # The sentinels know the primary by the proxy's address too: they repoint a replica whose master
+        # address differs from theirs (+fix-slave-config) straight to the primary, past the proxy. Only
+        # the replication connection (it sends REPLCONF) is held back; the sentinels' and clients' flow.
+        self.proxy = PausableProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
+        self.replica = RedisServer(self.dir / "replica", appendfsync=appendfsync,
+                                   extra=[*fast, "--replicaof", "127.0.0.1", str(self.proxy.port)])
+        self.sentinels = [SentinelServer(self.dir / f"sentinel{i}", ("127.0.0.1", self.proxy.port), service=service,
+                                         quorum=quorum, down_after_ms=down_after_ms,
+                                         failover_timeout_ms=failover_timeout_ms) for i in range(sentinels)]
+        self.old_primary: RedisServer | None = None
+
+    def start(self, timeout: float = 30.0) -> FailoverCluster:
+        self.primary.start()
+        self.proxy.start()
+        self.replica.start()
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.replica_info().get("master_link_status") == "up", deadline, "the replica to sync")
+        for s in self.sentinels:
+            s.start()
+        want_others = len(self.sentinels) - 1
+
+        def ready() -> bool:
+            for s in self.sentinels:
+                m = s.master()
+                if int(m.get("num-slaves", 0)) < 1 or int(m.get("num-other-sentinels", 0)) < want_others:
+                    return False
+            return True
+
+        self._wait(ready, deadline, "the sentinels to see the replica and each other")
+        return self
+
+    @staticmethod
+    def _wait(cond: Any, deadline: float, what: str) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"timed out waiting for {what}")
+
+    def url(self, **params: Any) -> str:
+        from ..store.urls import sentinel_url
+
+        return sentinel_url([("127.0.0.1", s.port) for s in self.sentinels], self.service, **params)
+
+    def replica_info(self) -> dict[str, Any]:
+        c = self.replica.client(socket_timeout=2)
+        try:
+            return c.info("replication")
+        finally:
+            c.close()
+
+    def primary_info(self) -> dict[str, Any]:
+        c = self.primary.client(socket_timeout=2)
+        try:
+            return c.info("replication")
+        finally:
+            c.close()
+
+    def lag(self) -> None:
+        """Hold the replication stream back (the replica falls behind from now on)."""
+        self.proxy.pause()
+
+    def catch_up(self, timeout: float = 10.0) -> None:
+        """Let the stream flow and wait until the replica acknowledged the primary's offset."""
+        self.proxy.resume()
+        target = int(self.primary_info()["master_repl_offset"])
+        self._wait(lambda: int(self.replica_info().get("master_repl_offset", 0)) >= target,
+                   time.monotonic() + timeout, "the replica to catch up")
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary and cut every connection through the proxy (the replication link among
+        them): what the replica had not received is gone."""
+        self.primary.kill()
+        self.proxy.cut()
+
+    def promoted_address(self) -> tuple[str, int]:
+        """The address the sentinels give for the replica once it is promoted."""
+        return ("127.0.0.1", self.replica.port)
+
+    def wait_failover(self, timeout: float = 30.0) -> tuple[str, int]:
+        """Wait until every sentinel names the replica as the primary, and it says so."""
+        want = self.promoted_address()
+
+        def switched() -> bool:
+            named = [s.master_address() for s in self.sentinels]
+            return all(a == want for a in named) and self.replica_info().get("role") == "master"
+
+        self._wait(switched, time.monotonic() + timeout, "the sentinels to promote the replica")
+        return want
+
+    def planned_failover(self, timeout: float = 30.0) -> tuple[str, int]:
+        """``SENTINEL FAILOVER``: the replica is promoted while the primary is alive; the sentinels turn
+        the old primary into a replica of the new one some seconds later (until then it takes writes).
+        Returns once every sentinel names the replica as the primary."""
+        c: Any = self.sentinels[0].client()  # execute_command's typing differs between redis-py releases
+        try:
+            c.execute_command("SENTINEL", "FAILOVER", self.service)
+        finally:
+            c.close()
+        return self.wait_failover(timeout)
+
+    def wait_demoted(self, timeout: float = 60.0) -> None:
+        """After a planned failover: wait until the old primary replicates from the new one, in sync."""
+        master_port = self.promoted_address()[1]
+
+        def demoted() -> bool:
+            info = self.primary_info()
+            return bool(info.get("role") == "slave" and info.get("master_port") == master_port
+                        and info.get("master_link_status") == "up")
+
+        self._wait(demoted, time.monotonic() + timeout, "the old primary to turn into a replica of the new one")
+
+    def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
+        """Start the killed primary again on its own data; wait until the sentinels made it a replica
+        of the new primary and it is in sync."""
+        old = self.old_primary = self.primary
+        old.start()
+        master_port = self.promoted_address()[1]  # the address the old primary replicates from
+
+        def synced() -> bool:
+            c = old.client(socket_timeout=2)
+            try:
+                info = c.info("replication")
+            finally:
+                c.close()
+            return bool(info.get("role") == "slave" and info.get("master_port") == master_port
+                        and info.get("master_link_status") == "up")
+
+        self._wait(synced, time.monotonic() + timeout, "the old primary to rejoin as a replica of the new one")
+        return old
+
+    def stop(self) -> None:
+        for s in self.sentinels:
+            s.stop()
+        self.proxy.close()
+        for r in (self.replica, self.primary):
+            r.kill()
+
+    def __enter__(self) -> FailoverCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RepeatableFailoverCluster(FailoverCluster):
+    """A :class:`FailoverCluster` whose failover can be repeated: ``lag()``, ``kill_primary()``,
+    ``wait_failover()``, ``restart_old_primary()`` again and again, each time on the node that holds
+    the role now.
+
+    Each node sits behind a :class:`PausableProxy` of its own (``hold_only=b"REPLCONF"``) and
+    announces the proxy's address as its own (``replica-announce-ip`` / ``replica-announce-port``),
+    so the sentinels, the clients of the ``redis+sentinel://`` URL and the replication link of
+    whichever node is the replica reach a node through its proxy, whatever its role: after a
+    failover the sentinels name the promoted node by its proxy's address and point the restarted old
+    primary at it, so its replication link goes through the new primary's proxy and ``lag()`` holds
+    it back as before.
+
+    ``primary`` / ``proxy`` always name the node that is the primary now and its proxy, ``replica`` /
+    ``replica_proxy`` the other node: ``restart_old_primary()`` swaps them once the old primary
+    replicates from the new one. ``kill_primary()`` also resumes the dead primary's proxy after cutting
+    it (what was held back is thrown away), so that it relays again when that node is the primary
+    next. ``failovers`` counts the completed role swaps.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], **kw: Any) -> None:
+        super().__init__(directory, **kw)
+        self.replica_proxy = PausableProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
+        for node, proxy in ((self.primary, self.proxy), (self.replica, self.replica_proxy)):
+            node.extra += ["--replica-announce-ip", "127.0.0.1", "--replica-announce-port", str(proxy.port)]
+        self.failovers = 0
+
+    def start(self, timeout: float = 30.0) -> RepeatableFailoverCluster:
+        self.replica_proxy.start()
+        super().start(timeout)
+        return self
+
+    @property
+    def primary_address(self) -> tuple[str, int]:
+        """The address the sentinels give for the primary now (its proxy's)."""
+        return ("127.0.0.1", self.proxy.port)
+
+    def kill_primary(self) -> None:
+        super().kill_primary()
+        self.proxy.resume()  # the cut threw the held bytes away; relay again when this node is primary next
+
+    def promoted_address(self) -> tuple[str, int]:
+        """The replica is named by its proxy's address."""
+        return ("127.0.0.1", self.replica_proxy.port)
+
+    def restart_old_primary(self, timeout: float = 30.0) -> RedisServer:
+        """Start the killed primary again on its own data; wait until the sentinels made it a replica
+        of the new primary (through the new primary's proxy) and it is in sync; then swap the roles."""
+        old = super().restart_old_primary(timeout)
+        self.primary, self.replica = self.replica, old
+        self.proxy, self.replica_proxy = self.replica_proxy, self.proxy
+        self.failovers += 1
+        return old
+
+    def stop(self) -> None:
+        super().stop()
+        self.replica_proxy.close()
