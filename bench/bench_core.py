@@ -145,17 +145,17 @@ def count_round_trips() -> Iterator[list[int]]:
 
 def new_client(server: RedisServer) -> mc_queue.Client:
     q = mc_queue.connect(server.url, prefix=unique_prefix("bench"), actor="bench")
-    q.open_namespace()  # create the namespace (init script) outside any timed section
+    q.backend.open_namespace()  # create the namespace (init script) outside any timed section
     return q
 
 
 def enqueue_n(q: mc_queue.Client, n: int) -> list[str]:
-    return [q.enqueue(QUEUE, HANDLER, {"i": i}).id for i in range(n)]
+    return [q.producer.enqueue(QUEUE, HANDLER, {"i": i}).id for i in range(n)]
 
 
 def run_cycle(q: mc_queue.Client, task_id: str) -> None:
-    lease = q.claim_attempt(task_id, WORKER)
-    q.complete_attempt(lease.attempt_id, lease.fence, RESULT, worker_id=WORKER)
+    lease = q.leases.claim_attempt(task_id, WORKER)
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, RESULT, worker_id=WORKER)
 
 
 # --------------------------------------------------------------------------- the three loops
@@ -204,7 +204,7 @@ class CycleLoop:
         self.done = 0
 
     def run(self, seconds: float) -> None:
-        claim, complete = self.q.claim_attempt, self.q.complete_attempt
+        claim, complete = self.q.leases.claim_attempt, self.q.leases.complete_attempt
         target = self.w.wall + seconds
         while self.w.wall < target:
             if not self.pool:
@@ -234,10 +234,10 @@ class CycleLoop:
 
 
 def measure_enqueue(q: mc_queue.Client, admin: redis.Redis, seconds: float) -> tuple[dict[str, Any], list[str]]:
-    """One producer calling q.enqueue in a loop; the tasks it creates feed the cycle measurement."""
+    """One producer calling q.producer.enqueue in a loop; the tasks it creates feed the cycle measurement."""
     ids: list[str] = []
     w = Window(admin)
-    enqueue = q.enqueue
+    enqueue = q.producer.enqueue
     with w.timed():
         deadline = time.perf_counter() + seconds
         i = 0
@@ -304,7 +304,7 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
         for tid in ids:
             run_cycle(q, tid)
         mem2, ds2 = used_memory(admin, settle)
-        while q.pack_due(limit=1000, min_age_ms=0):  # what the sweeper does a minute after each finish
+        while q.maintenance.pack_due(limit=1000, min_age_ms=0):  # what the sweeper does a minute after each finish
             pass
         mem3, ds3 = used_memory(admin, settle)
         packed_parts: dict[str, list[int]] = {"task hash (packed)": []}
@@ -548,7 +548,7 @@ def render(modes: list[dict[str, Any]], mems: list[dict[str, Any]], args: argpar
         lambda m: f"{m['client_round_trips']['per_cycle']:.2f}")
     row("4c. Redis commands per cycle, incl. those run inside Lua (commandstats)",
         lambda m: f"{med(r(m), 'cycles', 'commands_per_cycle'):.1f}")
-    row("6. enqueue tasks/s (1 producer, q.enqueue)",
+    row("6. enqueue tasks/s (1 producer, q.producer.enqueue)",
         lambda m: f"**{med(r(m), 'enqueue', 'per_s'):,.0f}** ({spread(r(m), 'enqueue', 'per_s')})")
     row("CPUs busy outside this benchmark during the column's runs (avg) / VM steal",
         lambda m: "n/a" if m["other_cpu"] is None else f"{m['other_cpu']:.2f} / {m['steal_cpu']:.2f}")

@@ -49,7 +49,7 @@ from typing import Any
 import redis
 
 import mc_queue
-from mc_queue.client.core import Client
+from mc_queue.client import Client
 from mc_queue.contracts.codec import encode_payload
 from mc_queue.contracts.config import Budget, RetryPolicy
 from mc_queue.contracts.keys import new_task_id
@@ -98,10 +98,10 @@ class IdleLoader:
 
     def __init__(self, q: Client, admin: redis.Redis) -> None:
         self.q, self.admin = q, admin
-        done = q.enqueue(QUEUE, HANDLER, {"i": "template-done"})
-        lease = q.claim_attempt(done.id, WORKER)
-        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id=WORKER)
-        pend = q.enqueue(QUEUE, HANDLER, {"i": "template-pending"})
+        done = q.producer.enqueue(QUEUE, HANDLER, {"i": "template-done"})
+        lease = q.leases.claim_attempt(done.id, WORKER)
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id=WORKER)
+        pend = q.producer.enqueue(QUEUE, HANDLER, {"i": "template-pending"})
         self.templates = {"succeeded": self._read(done.id), "pending": self._read(pend.id)}
         # The pending template stays a real task: push it far out like the clones.
         far = now_ms(admin) + FAR_MS
@@ -159,11 +159,11 @@ class DueWork:
     def make(self) -> None:
         self.clear()
         for i in range(self.expired):
-            t = self.q.enqueue(QUEUE, HANDLER, {"expire": i, "n": uuid.uuid4().hex})
-            self.q.claim_attempt(t.id, WORKER, lease_ms=1)
+            t = self.q.producer.enqueue(QUEUE, HANDLER, {"expire": i, "n": uuid.uuid4().hex})
+            self.q.leases.claim_attempt(t.id, WORKER, lease_ms=1)
             self.admin.zrem(self.q.keys.outbox, f"{t.id}/1")  # claim removed it already; be explicit
         for i in range(self.due):
-            self.q.enqueue(QUEUE, HANDLER, {"due": i, "n": uuid.uuid4().hex})
+            self.q.producer.enqueue(QUEUE, HANDLER, {"due": i, "n": uuid.uuid4().hex})
         time.sleep(0.005)  # the 1 ms leases are past expiry
 
 
@@ -189,7 +189,7 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
     with server:
         admin = server.client()
         q = mc_queue.connect(server.url, prefix=unique_prefix("ops"), actor="bench")
-        q.open_namespace()
+        q.backend.open_namespace()
         mem0 = used_memory(admin)
         loader = IdleLoader(q, admin)
         sweeper = Sweeper(q, batch=args.batch)
@@ -244,7 +244,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             manifest = Manifest(handler=HANDLER, payload_digest=dg, policy_version="default-v1").model_dump_json()
             # The keys and arguments Client.enqueue and Client.claim_attempt send, pipelined.
             scripts.call("enqueue", {
-                **q._ns_keys(), "idem": keys.idem,
+                **q.backend.ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "tomb": tk.tomb,
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
@@ -256,7 +256,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
         for tid in chunk:
             tk = keys.task(tid)
             scripts.call("claim", {
-                **q._ns_keys(), "stats": keys.stats,
+                **q.backend.ns_keys(), "stats": keys.stats,
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "fence": tk.fence,
                 "lease": tk.lease, "paused": keys.paused,
@@ -291,7 +291,7 @@ class Renewer(threading.Thread):
             for tid, n, fence in b:
                 tk = keys.task(tid)
                 # The keys and arguments Client.heartbeat sends (no charge), pipelined.
-                rows.append(({**q._ns_keys(), "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
+                rows.append(({**q.backend.ns_keys(), "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                               "stats": keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease},
                              {"n": n, **q._fenced_args(f"{tid}/{n}", fence, WORKER), "lease_ms": "", "cost": "0",
                               "tokens": 0, "request_id": ""}))
@@ -325,7 +325,7 @@ def bench_leases(base: Path, args: argparse.Namespace) -> dict[str, Any]:
         admin = server.client()
         prefix = unique_prefix("ops")
         q = mc_queue.connect(server.url, prefix=prefix, actor="bench")
-        q.open_namespace()
+        q.backend.open_namespace()
         print(f"  enqueue + claim {args.leases:,} attempts (lease {args.lease_ms} ms) ...", file=sys.stderr)
         t0 = time.perf_counter()
         leases = enqueue_and_claim(q, args.leases, args.lease_ms)

@@ -67,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # so that `bench.recovery_app` imports when run as bench/bench_recovery.py
     sys.path.insert(0, str(ROOT))
 
-from mc_queue.client.core import DEFAULT_LEASE_MS  # noqa: E402
+from mc_queue.client import DEFAULT_LEASE_MS  # noqa: E402
 from mc_queue.testing import ForgeServer, RedisServer, unique_prefix  # noqa: E402
 
 APP_SPEC = "bench.recovery_app:app"
@@ -295,7 +295,7 @@ class Bench:
             done_id, _ = self.wait_event(task.id, "attempt_succeeded", 2, timeout)
         finally:
             stop(retry)
-        final = self.client.get_task(task.id)
+        final = self.client.reads.get_task(task.id)
         evs = self.events(task.id)
 
         def first(typ: str, attempt: int) -> tuple[str, dict[str, str]] | None:
@@ -305,7 +305,7 @@ class Bench:
         expired = first("lease_expired", 1)
         created2 = first("attempt_created", 2)
         replayed = first("effect_replayed", 2)
-        keys = list(self.client.effects(task.id))
+        keys = list(self.client.reads.effects(task.id))
         counts = self.forge.count_by_key()
         a1 = final.attempts[0]
         a2 = final.attempts[1] if len(final.attempts) > 1 else None

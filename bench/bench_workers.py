@@ -272,7 +272,7 @@ class Bench:
             try:
                 bad = []
                 for tid in ids:
-                    t = client.get_task(tid)
+                    t = client.reads.get_task(tid)
                     if (t.state.value != "succeeded" or len(t.attempts) != 1
                             or t.attempts[0].state.value != "succeeded"):
                         bad.append(f"{tid}: {t.state.value}, {len(t.attempts)} attempt(s)")
@@ -441,9 +441,9 @@ class Bench:
         for tid in ids:
             aid = f"{tid}/1"
             t0 = pc()
-            lease = client.claim_attempt(tid, "bench-steps", lease_ms=spec.lease_ms, expect_attempt=1)
+            lease = client.leases.claim_attempt(tid, "bench-steps", lease_ms=spec.lease_ms, expect_attempt=1)
             t1 = pc()
-            task = client.get_task(tid)
+            task = client.reads.get_task(tid)
             t2 = pc()
             ctx = Context(client, spec, task, task.attempts[0], lease.fence, "bench-steps",
                           functools.partial(ws.create, aid))
@@ -454,7 +454,7 @@ class Bench:
             t5 = pc()
             ctx.stop_heartbeats()
             t6 = pc()
-            client.complete_quietly(aid, lease.fence, None, worker_id="bench-steps")
+            client.leases.complete_quietly(aid, lease.fence, None, worker_id="bench-steps")
             t7 = pc()
             t8 = t7
             for name, a, b in (("claim_attempt (EVALSHA claim)", t0, t1),

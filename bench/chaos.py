@@ -83,8 +83,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mc_queue import failpoints  # noqa: E402
-from mc_queue.client.core import Client  # noqa: E402
+from mc_queue.contracts import failpoints  # noqa: E402
+from mc_queue.client import Client  # noqa: E402
 from mc_queue.contracts.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
 from mc_queue.contracts.keys import parse_attempt_id  # noqa: E402
 from mc_queue.contracts.models import Task, TaskState  # noqa: E402
@@ -285,7 +285,7 @@ class Run:
         self.rng.shuffle(aids)
         for aid in aids:
             task_id, n = parse_attempt_id(aid)
-            att = self.client.get_task(task_id).attempts[n - 1]
+            att = self.client.reads.get_task(task_id).attempts[n - 1]
             if att.state.value == "running" and att.worker_id in live:
                 return aid, str(att.worker_id)
         return None
@@ -417,7 +417,7 @@ class Run:
         if now < self.next_ns_check:
             return
         self.next_ns_check = now + 1.0
-        self.ns_state = self.client.namespace().state
+        self.ns_state = self.client.reads.namespace().state
         if self.ns_state not in ("lost", "recovering") or self.failover_busy():
             return
         t0 = time.monotonic()
@@ -653,7 +653,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
     for key, known in r.keys.items():
         tid = known or c.redis.hget(c.keys.idem, key)
         try:
-            tasks.append(c.get_task(str(tid))) if tid else missing.append(key)
+            tasks.append(c.reads.get_task(str(tid))) if tid else missing.append(key)
         except Exception:
             missing.append(key)
     states = Counter(t.state.value for t in tasks)
@@ -703,7 +703,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
             else:
                 latencies[f.kind].append(1000 * (at - f.at))
     try:
-        ns_state = c.namespace().state
+        ns_state = c.reads.namespace().state
     except Exception as exc:
         ns_state = f"unreadable: {exc}"
     refused_events = events["stale_write_refused"]
@@ -744,7 +744,7 @@ def failover_figures(r: Run) -> dict[str, Any]:
     """--failover: what the failovers did, what the producer saw, whether a loss was detected."""
     try:
         losses = [{"at": e.get("id", ""), "actor": e.get("actor", ""), "reason": e.get("reason", "")[:300]}
-                  for e in r.client.namespace_events() if e.get("type") == "state_loss_detected"]
+                  for e in r.client.reads.namespace_events() if e.get("type") == "state_loss_detected"]
     except Exception as exc:
         losses = [{"at": "", "actor": "", "reason": f"namespace log unreadable: {exc}"}]
     done = [f for f in r.failovers if "kill_to_promotion_s" in f]

@@ -125,7 +125,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     fleet = Fleet(prefix, url, prov.env, logs, sweeper_interval_s=0.5, restart=True)
     producer = Producer(url, prefix)
     ops = mc_queue.Client(url, prefix=prefix, actor="bench", track_replication="off")  # reads
-    result: dict[str, Any] = {"mode": mode, "min_replicas": producer.ac.client.min_replicas,
+    result: dict[str, Any] = {"mode": mode, "min_replicas": producer.ac.client.backend.min_replicas,
                               "url_names_min_replicas": min_replicas is not None}
     try:
         for _ in range(args.workers):
@@ -138,7 +138,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
             producer.send(k, i, args.think_s)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # some work done before the lag starts
-            done = sum(1 for t in producer.acked.values() if ops.get_task(t).state is TaskState.SUCCEEDED)
+            done = sum(1 for t in producer.acked.values() if ops.reads.get_task(t).state is TaskState.SUCCEEDED)
             if done >= max(1, len(warm) // 2):
                 break
             time.sleep(0.2)
@@ -205,7 +205,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
             if meta.get("state") == "lost":
                 detected_at = time.monotonic()
                 break
-            if producer.ac.client.min_replicas and time.monotonic() - t_failover > args.quiet_s:
+            if producer.ac.client.backend.min_replicas and time.monotonic() - t_failover > args.quiet_s:
                 break  # nothing to detect: stop waiting after a while
             fleet.reap("failover")
             for k in keys:  # the producer resends what was never acknowledged, with its key
@@ -248,7 +248,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
             states = Counter()
             for k in keys:
                 tid = producer.acked.get(k)
-                states[ops.get_task(tid).state.value if tid else "not acknowledged"] += 1
+                states[ops.reads.get_task(tid).state.value if tid else "not acknowledged"] += 1
             if states.get("succeeded", 0) == len(keys):
                 break
             fleet.reap("settle")
@@ -262,7 +262,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
         result["namespace_final"] = ops.namespace().state
         result["namespace_log_final"] = [
             {k: str(e.get(k, ""))[:300] for k in ("type", "actor", "reason")}
-            for e in ops.namespace_events() if e.get("type") in ("state_loss_detected", "recovery_started",
+            for e in ops.reads.namespace_events() if e.get("type") in ("state_loss_detected", "recovery_started",
                                                                   "recovery_finished")]
         result["unexpected_exits"] = [{"process": e["process"], "exit_code": e["exit_code"],
                                        "last_log_line": e["last_log_line"][:160]} for e in fleet.unexpected_exits]
@@ -297,19 +297,19 @@ def throughput(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             for mode, kw in modes.items():
                 q = mc_queue.Client(primary.url, prefix=f"tp-{rep}-{mode.replace('=', '')}", actor="bench",
                                     state_dir=str(root / "tp-state"), **kw)  # type: ignore[arg-type]
-                q.open_namespace()
+                q.backend.open_namespace()
                 ids = []
                 t0 = time.perf_counter()
                 end = t0 + args.seconds
                 while time.perf_counter() < end:
-                    ids.append(q.enqueue("tp", "noop", {"i": len(ids)}).id)
+                    ids.append(q.producer.enqueue("tp", "noop", {"i": len(ids)}).id)
                 rates[mode]["enqueue"].append(len(ids) / (time.perf_counter() - t0))
                 n = 0
                 t0 = time.perf_counter()
                 end = t0 + args.seconds
                 while time.perf_counter() < end and n < len(ids):
-                    lease = q.claim_attempt(ids[n], "w", 60_000)
-                    q.complete_quietly(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w")
+                    lease = q.leases.claim_attempt(ids[n], "w", 60_000)
+                    q.leases.complete_quietly(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w")
                     n += 1
                 rates[mode]["cycle"].append(n / (time.perf_counter() - t0))
                 q.close()

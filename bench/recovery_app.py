@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mc_queue import App, Context
-from mc_queue.client.core import DEFAULT_LEASE_MS
+from mc_queue.client import DEFAULT_LEASE_MS
 from mc_queue.providers import HttpPullRequests
 
 QUEUE = "recovery"

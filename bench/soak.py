@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         admin = server.client()
         prefix = unique_prefix("soak")
         q = mc_queue.connect(server.url, prefix=prefix, actor="soak")
-        q.open_namespace()
-        q.set_retention(QUEUE, Retention(done_s=args.retention, tombstone_s=args.retention),
+        q.backend.open_namespace()
+        q.operator.set_retention(QUEUE, Retention(done_s=args.retention, tombstone_s=args.retention),
                         reason="the soak keeps finished tasks for the window only")
         sq = mc_queue.connect(server.url, prefix=prefix, actor="soak-sweeper")
         sweeper = Sweeper(sq, pack_after_ms=int(args.pack_after * 1000), retention_budget_s=0.8)
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                 if done > (now - start) * args.rate:
                     time.sleep(0.005)
                     continue
-                t = q.enqueue(QUEUE, "h", {"i": done}, f"soak-{done}")
-                lease = q.claim_attempt(t.id, "w", 60_000)
-                q.complete_quietly(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w")
+                t = q.producer.enqueue(QUEUE, "h", {"i": done}, f"soak-{done}")
+                lease = q.leases.claim_attempt(t.id, "w", 60_000)
+                q.leases.complete_quietly(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w")
                 done += 1
                 if done == args.tasks:
                     finished_at = time.monotonic()

@@ -6,8 +6,8 @@ generation is the only authority to write; every transition and every refusal is
 
 from __future__ import annotations
 
+from .client import DEFAULT_LEASE_MS, Client
 from .client.connect import connect
-from .client.core import DEFAULT_LEASE_MS, Client
 from .contracts.config import Backoff, Budget, Decision, RetryPolicy
 from .contracts.errors import (
     AttemptNotRunning,

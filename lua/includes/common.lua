@@ -315,7 +315,7 @@ end
 -- Past this share of `maxmemory`, new work is refused (enqueue answers E_OVERLOADED): the rest is
 -- headroom for the claims, completions and reconciliations of work already admitted. Redis itself
 -- refuses every write script at 100% (noeviction).
-local ENQUEUE_MEMORY_SHARE = 0.9  -- mc_queue.client.core.ENQUEUE_MEMORY_SHARE reports the headroom to it
+local ENQUEUE_MEMORY_SHARE = 0.9  -- mc_queue.client.reads.ENQUEUE_MEMORY_SHARE reports the headroom to it
 
 -- nil when Redis has no maxmemory or is below the share, else why new work is refused.
 local function memory_pressure(share)

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import click
 import redis
 
+from ..client import Client
 from ..client.connect import NoEmbeddedServer, connect, embedded_client
-from ..client.core import Client
 from ..contracts.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -245,8 +245,8 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
 @handle_errors
 def show(obj: Ctx, task_id: str, as_json: bool) -> None:
     """A task, its Attempts and its whole timeline."""
-    task = obj.reader.get_task(task_id)
-    effects = obj.reader.effects(task_id)
+    task = obj.reader.reads.get_task(task_id)
+    effects = obj.reader.reads.effects(task_id)
     if as_json:
         _emit_json(task_json(task, effects))
     else:
@@ -270,20 +270,20 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
         from ..ops.render import status_table, text_console
 
         console = text_console()
-        with Live(status_table(client.status(), client.overview(), console.width), console=console,
+        with Live(status_table(client.reads.status(), client.reads.overview(), console.width), console=console,
                   refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(status_table(client.status(), client.overview(), console.width))
-    data = client.status()
-    overview = client.overview()
-    paused = client.paused_queues()
+                live.update(status_table(client.reads.status(), client.reads.overview(), console.width))
+    data = client.reads.status()
+    overview = client.reads.overview()
+    paused = client.reads.paused_queues()
     if as_json:
         _emit_json({"namespace": client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
     else:
         print_status(data, overview)
         _echo_paused(paused)
-    _exit_if_lost(client.namespace())
+    _exit_if_lost(client.reads.namespace())
 
 
 @main.command()
@@ -297,7 +297,7 @@ def retry(obj: Ctx, task_id: str, reason: str, hypothesis: str | None, as_json: 
     """Append Attempt N+1 to a failed task (Mission Control's rules)."""
     if len(reason.strip()) < 10:
         raise click.BadParameter("a retry needs a reason of at least ten characters", param_hint="--reason")
-    attempt = obj.client.retry_task(task_id, reason, hypothesis, actor="operator")
+    attempt = obj.client.operator.retry_task(task_id, reason, hypothesis, actor="operator")
     if as_json:
         _emit_json(attempt.model_dump(mode="json"))
     else:
@@ -310,7 +310,7 @@ def retry(obj: Ctx, task_id: str, reason: str, hypothesis: str | None, as_json: 
 @handle_errors
 def expire(obj: Ctx, as_json: bool) -> None:
     """Turn every lease past its expiry into a suspect Attempt (once)."""
-    expired = obj.client.expire_leases()
+    expired = obj.client.maintenance.expire_leases()
     if as_json:
         _emit_json([dataclasses.asdict(e) for e in expired])
     else:
@@ -350,9 +350,9 @@ def recover(obj: Ctx, reason: str, yes: bool, as_json: bool) -> None:
     from ..policy.recovery import recover as run_recovery
 
     client = obj.client
-    info = client.namespace()
+    info = client.reads.namespace()
     if info.state == "ok" and not yes:
-        live = client.overview()["leases_live"]
+        live = client.reads.overview()["leases_live"]
         _fail(f"namespace {info.prefix!r} is ok: `mcq recover` would retire its epoch {info.epoch}, raise the "
               f"fence floor and void its {live} live lease(s) (their workers' next writes refused, their "
               "Attempts turned suspect and reconciled). Nothing was done; add --yes to recover it anyway",
@@ -373,9 +373,9 @@ def namespace(obj: Ctx, as_json: bool) -> None:
     """The namespace's state (ok | lost | recovering | missing), epoch, claim sequence and fence floor.
     Read only: it never creates a namespace. Exit 3 when the namespace lost state."""
     client = obj.reader
-    info = client.namespace()
-    refused = client.refusals(count=100)
-    data = {**dataclasses.asdict(info), "events": client.namespace_events(count=1000), "refused": refused}
+    info = client.reads.namespace()
+    refused = client.reads.refusals(count=100)
+    data = {**dataclasses.asdict(info), "events": client.reads.namespace_events(count=1000), "refused": refused}
     if as_json:
         _emit_json(data)
     else:
@@ -595,7 +595,7 @@ def cancel(obj: Ctx, task_id: str, reason: str, ack_timeout: float, as_json: boo
     """Cancel a task: prevent new work, signal the executor, reconcile, terminate as canceled."""
     if len(reason.strip()) < 10:
         raise click.BadParameter("a cancellation needs a reason of at least ten characters", param_hint="--reason")
-    outcome = obj.client.cancel_task(task_id, reason, actor="operator", ack_timeout_ms=int(ack_timeout * 1000))
+    outcome = obj.client.operator.cancel_task(task_id, reason, actor="operator", ack_timeout_ms=int(ack_timeout * 1000))
     if as_json:
         _emit_json({"task_id": task_id, "outcome": outcome})
     else:
@@ -619,9 +619,9 @@ def dlq_list(obj: Ctx, by: str | None, as_json: bool) -> None:
         _dlq_by_fingerprint(obj, as_json)
         return
     client = obj.reader
-    items = {i["task_id"]: i for i in client.attention_items()}
+    items = {i["task_id"]: i for i in client.reads.attention_items()}
     rows = [{"task_id": t, "quarantined_at_ms": at, "why": items.get(t, {}).get("why_unsafe"),
-             "summary": items.get(t, {}).get("summary")} for t, at in client.dlq()]
+             "summary": items.get(t, {}).get("summary")} for t, at in client.reads.dlq()]
     if as_json:
         _emit_json(rows)
         return
@@ -636,8 +636,8 @@ def dlq_list(obj: Ctx, by: str | None, as_json: bool) -> None:
 @click.pass_obj
 @handle_errors
 def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
-    task = obj.reader.get_task(task_id)
-    item = next((i for i in obj.reader.attention_items() if i.get("task_id") == task_id), None)
+    task = obj.reader.reads.get_task(task_id)
+    item = next((i for i in obj.reader.reads.attention_items() if i.get("task_id") == task_id), None)
     if as_json:
         _emit_json({**task_json(task), "attention": item})
         return
@@ -665,7 +665,7 @@ def dlq_replay(obj: Ctx, task_id: str | None, fingerprint: str | None, reason: s
         _dlq_replay_fingerprint(obj, fingerprint, reason, hypothesis)
         return
     assert task_id is not None
-    attempt = obj.client.dlq_replay(task_id, reason, hypothesis, actor="operator")
+    attempt = obj.client.operator.dlq_replay(task_id, reason, hypothesis, actor="operator")
     click.echo(f"{attempt.id} pending (the sweeper dispatches it)")
 
 
@@ -689,7 +689,7 @@ def dlq_purge(obj: Ctx, task_id: str | None, older_than: str | None, reason: str
         _dlq_purge_older(obj, older_than, reason, keep_days)
         return
     assert task_id is not None
-    n = obj.client.dlq_purge(task_id, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
+    n = obj.client.operator.dlq_purge(task_id, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
     click.echo(f"{task_id} purged ({n} attempt(s)); its id and producer key are refused for {keep_days:g} day(s)")
 
 
@@ -735,13 +735,13 @@ def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive
 @handle_errors
 def attention(obj: Ctx, as_json: bool) -> None:
     """Tasks stopped for a person: what was tried, what changed, why another Attempt is unsafe."""
-    items = obj.reader.attention_items()
+    items = obj.reader.reads.attention_items()
     if as_json:
         _emit_json(items)
         return
     from ..ops.render import print_attention
 
-    print_attention(items, quarantined={task_id for task_id, _ in obj.reader.dlq()})
+    print_attention(items, quarantined={task_id for task_id, _ in obj.reader.reads.dlq()})
 
 
 @main.command()
@@ -1077,7 +1077,7 @@ def health_worker(obj: Ctx, hostname: str | None) -> None:
     client = obj.reader
     rows = [r for r in live_workers(client) if r["hostname"] == host]
     healthy = [r for r in rows if r["healthy"] and alive(r["pid"])]
-    _exit_if_lost(client.namespace())
+    _exit_if_lost(client.reads.namespace())
     if not healthy:
         _fail(f"no live worker of namespace {client.keys.prefix!r} on host {host!r} "
               f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
@@ -1133,7 +1133,7 @@ def queue_pause(obj: Ctx, queue_name: str, reason: str) -> None:
     """Claims of QUEUE's Attempts are refused (workers skip them, tasks stay pending) and the sweeper
     does not dispatch them, until `mcq queue resume`."""
     _check_reason(reason)
-    if obj.client.pause_queue(queue_name, reason=reason, actor="operator"):
+    if obj.client.operator.pause_queue(queue_name, reason=reason, actor="operator"):
         click.echo(f"queue {queue_name} paused")
     else:
         click.echo(f"queue {queue_name} was already paused")
@@ -1147,7 +1147,7 @@ def queue_pause(obj: Ctx, queue_name: str, reason: str) -> None:
 def queue_resume(obj: Ctx, queue_name: str, reason: str) -> None:
     """Undo `mcq queue pause`: the sweeper dispatches QUEUE's pending Attempts again."""
     _check_reason(reason)
-    if obj.client.resume_queue(queue_name, reason=reason, actor="operator"):
+    if obj.client.operator.resume_queue(queue_name, reason=reason, actor="operator"):
         click.echo(f"queue {queue_name} resumed (the sweeper dispatches its pending Attempts)")
     else:
         click.echo(f"queue {queue_name} was not paused")
@@ -1179,7 +1179,7 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
     now = _redis_now_ms(obj)
     older = _duration_ms(older_than, "--older-than")
     newer = _duration_ms(since, "--since")
-    rows, truncated = client.list_tasks(
+    rows, truncated = client.reads.list_tasks(
         queue=queue_name, states=list(states) or None, handler=handler, limit=limit,
         created_before_ms=None if older is None else now - older,
         created_after_ms=None if newer is None else now - newer)
@@ -1230,11 +1230,12 @@ def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: 
     for kind in kinds:
         skipped: set[str] = set()
         while done < limit:
-            rows = [r for r in c.ended_tasks(queue_name, kind, before_ms=cutoff, limit=min(500, limit - done)
+            rows = [r for r in c.maintenance.ended_tasks(queue_name, kind, before_ms=cutoff, limit=min(500,
+                                                                                                       limit - done)
                                              + len(skipped)) if r[0] not in skipped]
             if not rows:
                 break
-            now_states = c.task_states([t for t, _ in rows])
+            now_states = c.reads.task_states([t for t, _ in rows])
             wanted = [(t, sc) for t, sc in rows if now_states.get(t) in states]
             skipped.update(t for t, _ in rows)
             if not wanted:
@@ -1292,8 +1293,8 @@ def retention() -> None:
 def retention_show(obj: Ctx, as_json: bool) -> None:
     rows = []
     client = obj.reader
-    for q in client.queues():
-        policy, source = client.retention(q)
+    for q in client.reads.queues():
+        policy, source = client.reads.retention(q)
         rows.append({"queue": q, "source": source, **policy.model_dump()})
     if as_json:
         _emit_json(rows)
@@ -1328,10 +1329,10 @@ def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: in
     _check_reason(reason)
     c = obj.client
     if clear:
-        c.set_retention(queue_name, None, actor="operator", reason=reason)
+        c.operator.set_retention(queue_name, None, actor="operator", reason=reason)
         click.echo(f"queue {queue_name}: the operator's retention policy is dropped")
         return
-    current, _ = c.retention(queue_name)
+    current, _ = c.reads.retention(queue_name)
     update: dict[str, Any] = {}
 
     def secs(text: str, param: str) -> float | None:
@@ -1355,12 +1356,12 @@ def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: in
     except ValueError as exc:
         _fail(f"invalid retention policy: {exc}", EXIT_BAD_INPUT)
         return
-    c.set_retention(queue_name, policy, actor="operator", reason=reason)
+    c.operator.set_retention(queue_name, policy, actor="operator", reason=reason)
     click.echo(f"queue {queue_name}: retention set ({policy.model_dump()})")
 
 
 def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:
-    groups = obj.client.dlq_fingerprints()
+    groups = obj.client.reads.dlq_fingerprints()
     rows: list[dict[str, Any]] = [{"fingerprint": fp, "count": len(ids), "task_ids": ids}
                                   for fp, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]
     if as_json:
@@ -1371,12 +1372,13 @@ def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:
 
 
 def _dlq_replay_fingerprint(obj: Ctx, fingerprint: str, reason: str, hypothesis: str | None) -> None:
-    ids = obj.client.dlq_fingerprints().get(fingerprint, [])
+    ids = obj.client.reads.dlq_fingerprints().get(fingerprint, [])
     if not ids:
         _fail(f"no quarantined task's last failure has fingerprint {fingerprint!r} (see `mcq dlq list --by "
               "fingerprint`)", EXIT_BAD_INPUT)
     # each replay recorded on its task, as a single replay is
-    done = _each(ids, lambda tid: f"{obj.client.dlq_replay(tid, reason, hypothesis, actor='operator').id} pending",
+    done = _each(ids,
+                 lambda tid: f"{obj.client.operator.dlq_replay(tid, reason, hypothesis, actor='operator').id} pending",
                  "not replayed")
     click.echo(f"replayed {done} of {len(ids)} task(s) with fingerprint {fingerprint}")
     if done < len(ids):
@@ -1397,17 +1399,17 @@ def _each(ids: list[str], act: Callable[[str], str], refused: str) -> int:
 
 def _redis_now_ms(obj: Ctx) -> int:
     """Redis's clock (one clock: ages are measured against the times Redis recorded)."""
-    return obj.client.redis_time_ms()
+    return obj.client.backend.redis_time_ms()
 
 
 def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:
     age = _duration_ms(older_than, "--older-than")
     assert age is not None
     cutoff = _redis_now_ms(obj) - age
-    ids = [tid for tid, at in obj.client.dlq() if at <= cutoff]
+    ids = [tid for tid, at in obj.client.reads.dlq() if at <= cutoff]
 
     def purge(tid: str) -> str:  # recorded (tombstone, namespace log) as a single purge is
-        obj.client.dlq_purge(tid, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
+        obj.client.operator.dlq_purge(tid, reason=reason, actor="operator", keep_key_s=keep_days * 86_400)
         return f"{tid} purged"
 
     done = _each(ids, purge, "not purged")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
-from .core import DEFAULT_LEASE_MS, Client
+from ..store.backend import DEFAULT_LEASE_MS
+from .facade import Client
 
 __all__ = ["DEFAULT_LEASE_MS", "Client"]

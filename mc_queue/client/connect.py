@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from ..contracts.errors import McqError
-from .core import Client
+from .facade import Client
 
 
 def state_dir(home: str | None = None) -> str:

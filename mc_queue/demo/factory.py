@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..client import Client
 from ..client.connect import connect
-from ..client.core import Client
 from ..contracts.models import Task, TaskState
 from ..ops.render import mcq_invocation
 from ..providers.git import TRAILER, git
@@ -48,7 +48,7 @@ class Faults:
 def _running(client: Client, tasks: list[str]) -> list[Task]:
     out = []
     for tid in tasks:
-        t = client.get_task(tid)
+        t = client.reads.get_task(tid)
         latest = t.latest
         if t.state is TaskState.RUNNING and latest is not None and latest.state.value == "running":
             out.append(t)
@@ -115,7 +115,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
                       TimeElapsedColumn(), console=console) as bar:
             job = bar.add_task("tasks final", total=tasks)
             while time.monotonic() < deadline:
-                done = sum(1 for t in ids if q.get_task(t).state in FINAL)
+                done = sum(1 for t in ids if q.reads.get_task(t).state in FINAL)
                 bar.update(job, completed=done,
                            description=f"tasks final (killed {len(faults.killed)}, paused {len(faults.paused)})")
                 if done == tasks and not fleet.paused:
@@ -126,7 +126,7 @@ def run_factory_demo(redis_url: str | None, home: str | None, *, tasks: int = 8,
         fleet.stop_all()
         faults.provider_timeouts = 1 - forge.stalls_left  # the stalls the provider actually served
         code = _report(console, q, ids, forge, remote, faults)
-        story = max(ids, key=lambda t: len(q.get_task(t).attempts))
+        story = max(ids, key=lambda t: len(q.reads.get_task(t).attempts))
         if after is not None:
             after(q)
         return code
@@ -169,7 +169,7 @@ def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, rem
     reconciled: Counter[str] = Counter()
     pushes = 0
     for tid in ids:
-        t = q.get_task(tid)
+        t = q.reads.get_task(tid)
         events.update(e.type for e in t.events)
         for e in t.events:
             if e.type == "effect_receipt" and e.fields.get("source") == "reconcile":
@@ -185,7 +185,7 @@ def _report(console: Console, q: Client, ids: list[str], forge: ForgeServer, rem
             pushes += log.count(f"{TRAILER}: push:")
     console.print(table)
     dup = forge.duplicates()
-    succeeded = sum(1 for t in ids if q.get_task(t).state is TaskState.SUCCEEDED)
+    succeeded = sum(1 for t in ids if q.reads.get_task(t).state is TaskState.SUCCEEDED)
     totals = Table(title="Totals (from the records and the providers)")
     totals.add_column("what", overflow="fold")
     totals.add_column("count", justify="right", overflow="fold")

@@ -23,8 +23,8 @@ from typing import Any
 
 from rich.console import Console
 
+from ..client import Client
 from ..client.connect import connect
-from ..client.core import Client
 from ..contracts.errors import McqError
 from ..ops.render import print_task
 from ..policy.reconcile import reconcile_attempt
@@ -36,18 +36,19 @@ LEASE_MS = 1500
 def _worker_a(url: str, prefix: str, task_id: str) -> None:
     """Worker A: claim, heartbeat every 300 ms for ~3 s of 'work', then try to complete."""
     q = connect(url, prefix=prefix)
-    lease = q.claim_attempt(task_id, "worker-A", lease_ms=LEASE_MS)
+    lease = q.leases.claim_attempt(task_id, "worker-A", lease_ms=LEASE_MS)
     print(json.dumps({"event": "claimed", "attempt": lease.attempt_id, "fence": lease.fence}), flush=True)
     outcome: dict[str, Any] = {}
     for _ in range(10):
         time.sleep(0.3)
         try:
-            q.renew_lease(lease.attempt_id, lease.fence, worker_id="worker-A")
+            q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="worker-A")
         except McqError as exc:
             outcome["heartbeat"] = f"{type(exc).__name__}: {exc}"
             break
     try:
-        q.complete_attempt(lease.attempt_id, lease.fence, {"pull_request": "from worker A"}, worker_id="worker-A")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"pull_request": "from worker A"},
+                                  worker_id="worker-A")
         outcome["complete"] = "accepted"
     except McqError as exc:
         outcome["complete"] = f"{type(exc).__name__}: {exc}"
@@ -66,16 +67,16 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
                       f"(AOF, appendfsync always; data in {server.home / 'redis'})")
     else:
         console.print(f"[bold]redis[/bold]: {redacted(redis_url or '')}")
-    info = q.open_namespace()
+    info = q.backend.open_namespace()
     if info.state != "ok":
         console.print(f"[red]namespace 'demo' is {info.state}: run `mcq --prefix demo recover` first[/red]")
         return 3
 
     run_key = f"demo-{int(time.time() * 1000)}"
     payload = {"repository": "example/app", "issue": 42, "instruction": "fix the failing test"}
-    task = q.enqueue("agents", "fix-issue", payload, idempotency_key=run_key, executor="codex", model="gpt-x",
+    task = q.producer.enqueue("agents", "fix-issue", payload, idempotency_key=run_key, executor="codex", model="gpt-x",
                      base_sha="4f9c2a1")
-    again = q.enqueue("agents", "fix-issue", payload, idempotency_key=run_key)
+    again = q.producer.enqueue("agents", "fix-issue", payload, idempotency_key=run_key)
     console.print(f"1. enqueued [bold]{task.id}[/bold]; sent again with the same key -> "
                   f"same task: {again.id == task.id}")
 
@@ -91,23 +92,24 @@ def run_demo(redis_url: str | None, home: str | None, *, keep_server: bool = Fal
     os.kill(proc.pid, signal.SIGSTOP)
     console.print(f"3. worker A frozen with SIGSTOP for {2 * LEASE_MS} ms (its lease is {LEASE_MS} ms)")
     time.sleep(2 * LEASE_MS / 1000)
-    expired = q.expire_leases(actor="sweeper")
+    expired = q.maintenance.expire_leases(actor="sweeper")
     for e in expired:
         console.print(f"4. sweeper: {e.attempt_id} suspect, fence {e.old_fence} -> {e.new_fence}")
     settled = reconcile_attempt(q, claimed["attempt"], actor="reconciler")
     console.print(f"5. reconciliation: no side effect recorded -> attempt {settled.number} {settled.state.value} "
                   f"({settled.failure.failure_class.value if settled.failure else ''})")
-    attempt2 = q.retry_task(task.id, "worker A stopped heartbeating and lost its lease",
+    attempt2 = q.operator.retry_task(task.id, "worker A stopped heartbeating and lost its lease",
                             "a healthy worker finishes the same plan", actor="operator")
-    lease_b = q.claim_attempt(task.id, "worker-B", lease_ms=10_000)
-    q.complete_attempt(lease_b.attempt_id, lease_b.fence, {"pull_request": "from worker B"}, worker_id="worker-B")
+    lease_b = q.leases.claim_attempt(task.id, "worker-B", lease_ms=10_000)
+    q.leases.complete_attempt(lease_b.attempt_id, lease_b.fence, {"pull_request": "from worker B"},
+                              worker_id="worker-B")
     console.print(f"6. operator retry -> {attempt2.id}; worker B claimed it with fence {lease_b.fence} and completed")
     os.kill(proc.pid, signal.SIGCONT)
     out, _ = proc.communicate(timeout=30)
     done = json.loads(out.strip().splitlines()[-1])
     console.print(f"7. worker A thawed: heartbeat -> {done.get('heartbeat', 'no refusal')}")
     console.print(f"   worker A complete -> {done.get('complete')}")
-    final = q.get_task(task.id)
+    final = q.reads.get_task(task.id)
     console.print(f"8. the records: task {final.state.value}, result {final.result}\n")
     print_task(final, console)
     refused = sum(1 for e in final.events if e.type == "stale_write_refused")

@@ -34,7 +34,7 @@ from ..contracts.packing import Packed
 from ..store.embedded import replace_state_file
 
 if TYPE_CHECKING:
-    from ..client.core import Client
+    from ..client import Client
 
 RECORD_VERSION = 1
 log = logging.getLogger("mc_queue.archive")
@@ -101,7 +101,7 @@ def archive_and_retire(client: Client, sink: ArchiveSink | None, rows: Sequence[
         seen = {}
         records = []
         for tid, _ in rows:
-            rec, version = client.task_snapshot(tid)
+            rec, version = client.reads.task_snapshot(tid)
             if rec is not None:
                 seen[tid] = version
                 records.append(_archived(tid, rec, reason, now_ms))
@@ -113,7 +113,7 @@ def archive_and_retire(client: Client, sink: ArchiveSink | None, rows: Sequence[
                                    f"({type(exc).__name__}: {exc}); nothing was deleted") from exc
         archived = len(records)
         rows = [r for r in rows if r[0] in seen]  # gone since the index read: nothing to delete
-    out = client.retire_batch(rows, states=states, reason=reason, tombstone_s=tombstone_s, actor=actor,
+    out = client.maintenance.retire_batch(rows, states=states, reason=reason, tombstone_s=tombstone_s, actor=actor,
                               log_each=log_each, seen=seen) if rows else {"retired": 0, "skipped": 0, "refused": 0}
     out["archived"] = archived
     return out

@@ -84,7 +84,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..client.core import Client
+from ..client import Client
 from ..contracts.models import TERMINAL_ATTEMPT_STATES, FailureClass, TaskState
 from ..producer.app import App
 
@@ -127,8 +127,8 @@ class NamespaceCollector(Collector):
     def _families(self) -> Iterator[Metric]:
         c = self.client
         k = c.keys
-        status = c.status()
-        ov = c.overview()
+        status = c.reads.status()
+        ov = c.reads.overview()
         pipe = c.redis.pipeline(transaction=False)
         pipe.hgetall(k.stats)
         pipe.hgetall(k.sweeper)

@@ -39,7 +39,8 @@ from typing import Any
 
 import redis
 
-from ..client.core import PACK_AFTER_MS, Client
+from ..client import Client
+from ..client.maintenance import PACK_AFTER_MS
 from ..contracts.errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
 from ..contracts.keys import parse_attempt_id, parse_task_id
 from ..contracts.models import AttemptState
@@ -103,10 +104,10 @@ class Sweeper:
         try:
             # The replication lineage first: a failover that lost acknowledged writes marks the namespace
             # lost here (the watermark of this host's processes against the primary's history).
-            self.client.check_lineage()
+            self.client.backend.check_lineage()
         except NamespaceLost as exc:
             log.error("namespace %r: %s", self.client.keys.prefix, exc)
-        info = self.client.namespace()
+        info = self.client.reads.namespace()
         if info.state == "missing":
             # A namespace nobody has written yet (a deployment starts its processes in any order): nothing
             # to sweep, nothing decided, nothing written that could look like a loss. The pass is recorded
@@ -146,10 +147,10 @@ class Sweeper:
                       "`mcq recover` has run", self.client.keys.prefix, exc)
 
     def _expire(self, report: SweepReport) -> None:
-        expired = self.client.expire_due(limit=self.batch, actor=self.actor)
-        overdue = self.client.due_cancels(limit=self.batch)
+        expired = self.client.maintenance.expire_due(limit=self.batch, actor=self.actor)
+        overdue = self.client.maintenance.due_cancels(limit=self.batch)
         if overdue:  # cancellation: the executor did not acknowledge in time, its lease is voided
-            expired.merge(self.client.expire(overdue, actor=self.actor, force=True,
+            expired.merge(self.client.maintenance.expire(overdue, actor=self.actor, force=True,
                                              reason="cancel not acknowledged in time", index="cancels"))
         report.expired.extend(e.attempt_id for e in expired.expired)
         report.dropped.extend(expired.dropped)
@@ -157,7 +158,7 @@ class Sweeper:
 
     def _drop(self, index: str, member: str, why: str, report: SweepReport) -> None:
         try:
-            if self.client.drop_index_entry(index, member, reason=why, actor=self.actor):
+            if self.client.maintenance.drop_index_entry(index, member, reason=why, actor=self.actor):
                 report.dropped.append(member)
         except TransitionRefused as exc:  # the entry is right after all (state moved on meanwhile)
             log.info("%s entry %s kept: %s", index, member, exc)
@@ -165,7 +166,7 @@ class Sweeper:
             report.errors.append(f"{member}: {exc}")
 
     def _reconcile(self, report: SweepReport) -> None:
-        for aid in self.client.task_ids_of("suspect", limit=self.batch):
+        for aid in self.client.reads.task_ids_of("suspect", limit=self.batch):
             try:
                 parse_attempt_id(aid)
             except ValueError as exc:
@@ -173,7 +174,7 @@ class Sweeper:
                 continue
             try:
                 attempt = self.reconciler.reconcile(aid, apply_policy=True)
-                task = self.client.get_task(attempt.task_id)
+                task = self.client.reads.get_task(attempt.task_id)
                 report.reconciled[aid] = task.state.value
                 clear_job(self.rq, rq_queue(self.rq, self.client.keys.prefix, task.queue),
                           job_id(self.client.keys.prefix, aid), delete=True)
@@ -197,8 +198,8 @@ class Sweeper:
         the head of the outbox, the page grows past them (up to MAX_DUE_PAGE entries a pass) so that
         other queues' Attempts are not held back."""
         limit = self.batch
-        due = self.client.due_dispatches(limit=limit)
-        paused = set(self.client.paused_queues()) if due else set()  # read once per pass
+        due = self.client.maintenance.due_dispatches(limit=limit)
+        paused = set(self.client.reads.paused_queues()) if due else set()  # read once per pass
         if not paused:
             return due
 
@@ -214,7 +215,7 @@ class Sweeper:
             if len(ready) >= self.batch or len(due) < limit or limit >= MAX_DUE_PAGE:
                 break
             limit = min(MAX_DUE_PAGE, len(skipped) + self.batch)
-            due = self.client.due_dispatches(limit=limit)
+            due = self.client.maintenance.due_dispatches(limit=limit)
         report.paused.extend(skipped)
         return ready[:self.batch]
 
@@ -226,17 +227,17 @@ class Sweeper:
                 self._drop("outbox", aid, str(exc), report)
                 continue
             try:
-                task = self.client.get_task(task_id)
+                task = self.client.reads.get_task(task_id)
                 attempt = task.attempts[n - 1] if n <= len(task.attempts) else None
                 if attempt is None or attempt.state is not AttemptState.PENDING:
-                    self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
+                    self.client.maintenance.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
                     continue
                 if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms):
                     report.dispatched.append(aid)
                 else:
                     report.rechecked.append(aid)
             except TaskNotFound:
-                self.client.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
+                self.client.maintenance.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
                 report.dropped.append(aid)
             except NamespaceLost:
                 raise
@@ -257,7 +258,7 @@ class Sweeper:
         if time.monotonic() - self._tidied_at < self.tidy_every_s:
             return
         self._tidied_at = time.monotonic()
-        for queue in self.client.queues():
+        for queue in self.client.reads.queues():
             report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, self.client.keys.prefix, queue),
                                                 limit=self.batch))
 
@@ -274,13 +275,13 @@ class Sweeper:
         deadline = time.monotonic() + self.retention_budget_s
         c = self.client
         while time.monotonic() < deadline:
-            n = c.pack_due(limit=self.retention_batch, min_age_ms=self.pack_after_ms)
+            n = c.maintenance.pack_due(limit=self.retention_batch, min_age_ms=self.pack_after_ms)
             report.packed += n
             if n < self.retention_batch:
                 break
         self._retire(report, deadline)
-        c.trim_idempotency(limit=1000)
-        forgotten = c.forget_empty_queues(limit=100, actor=self.actor)
+        c.maintenance.trim_idempotency(limit=1000)
+        forgotten = c.maintenance.forget_empty_queues(limit=100, actor=self.actor)
         report.forgotten.extend(forgotten)
         for queue in forgotten:  # RQ's registries of a queue no longer listed are tidied once, here
             report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, c.keys.prefix, queue), limit=self.batch))
@@ -288,9 +289,9 @@ class Sweeper:
     def _retire(self, report: SweepReport, deadline: float) -> None:
         """Delete what each queue's retention policy lets go (archived first when an archive is set)."""
         c = self.client
-        now = c.redis_time_ms()
-        queues = c.queues()
-        policies = c.retention_policies(queues)  # one read for every queue
+        now = c.backend.redis_time_ms()
+        queues = c.reads.queues()
+        policies = c.reads.retention_policies(queues)  # one read for every queue
         for queue in queues:
             policy, source = policies[queue]
             for kind, age_s, keep, states in (
@@ -304,7 +305,8 @@ class Sweeper:
                           f"{' newest ' + str(keep) if keep is not None else ''})")
                 total = 0
                 while time.monotonic() < deadline:
-                    rows = c.ended_tasks(queue, kind, before_ms=before, keep_newest=keep, limit=self.retention_batch)
+                    rows = c.maintenance.ended_tasks(queue, kind, before_ms=before, keep_newest=keep,
+                                                     limit=self.retention_batch)
                     if not rows:
                         break
                     try:
@@ -324,7 +326,8 @@ class Sweeper:
                         break
                 if total:
                     report.retired[f"{queue}/{kind}"] = total
-                    c.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total, "actor": self.actor,
+                    c.operator.log_event("tasks_retired", {"queue": queue, "kind": kind, "count": total,
+                                                           "actor": self.actor,
                                               "reason": reason, "archive": repr(self.archive) if self.archive else ""})
         self.archive_error = None
 

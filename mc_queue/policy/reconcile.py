@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..client.core import Client
+from ..client import Client
 from ..contracts.config import Decision
 from ..contracts.failures import make_failure
 from ..contracts.keys import parse_attempt_id
@@ -41,16 +41,16 @@ class Reconciler:
         """suspect -> reconciling -> settled (see the module's docstring for the decision)."""
         c = self.client
         who = actor or self.actor
-        c.begin_reconcile(attempt_id, actor=who)
+        c.operator.begin_reconcile(attempt_id, actor=who)
         task_id, n = parse_attempt_id(attempt_id)
         findings: list[dict[str, Any]] = []
-        for key, rec in c.effects(task_id).items():
+        for key, rec in c.reads.effects(task_id).items():
             if rec.state == "intent":
                 outcome, value = self._ask_provider(key, rec)
-                rec = c.effect_done(attempt_id, None, key, outcome, value, source="reconcile", actor=who)
+                rec = c.leases.effect_done(attempt_id, None, key, outcome, value, source="reconcile", actor=who)
             findings.append({"key": key, "operation": rec.operation, "state": rec.state, "receipt": rec.receipt,
                              "note": rec.note, "by_attempt": rec.receipt_attempt or rec.attempt})
-        task = c.get_task(task_id)
+        task = c.reads.get_task(task_id)
         attempt = task.attempts[n - 1]
         pending = attempt.checkpoints.get("result_pending")
         unknown = [f["key"] for f in findings if f["state"] == "unknown"]
@@ -58,7 +58,7 @@ class Reconciler:
         evidence: dict[str, Any] = {"effects": findings, "result_pending": pending is not None}
         if task.cancel_requested:
             evidence["conclusion"] = f"canceled ({task.cancel_requested}); effects found are kept as evidence"
-            return c.settle_attempt(attempt_id, who, "canceled", evidence=evidence)
+            return c.operator.settle_attempt(attempt_id, who, "canceled", evidence=evidence)
         phase = attempt.phase or "start"
         failure = make_failure(FailureClass.EXECUTOR, "LeaseLost",
                                f"the worker's lease expired in phase {phase} before it completed")
@@ -70,16 +70,18 @@ class Reconciler:
                 "tried": [{"attempt": a.number, "state": a.state.value, "hypothesis": a.hypothesis}
                           for a in task.attempts],
                 "changed": [], "why_unsafe": why, "effects": findings, "failure_class": "executor"})
-            return c.settle_attempt(attempt_id, who, "failed", failure=failure, evidence=evidence, decision=stop)
+            return c.operator.settle_attempt(attempt_id, who, "failed", failure=failure, evidence=evidence,
+                                             decision=stop)
         if pending is not None and not mine_absent:
             result = (pending.get("data") or {}).get("result")
             evidence["conclusion"] = "the result was on file before the worker vanished and every effect is proven"
-            return c.settle_attempt(attempt_id, who, "succeeded", result=result, evidence=evidence)
+            return c.operator.settle_attempt(attempt_id, who, "succeeded", result=result, evidence=evidence)
         evidence["conclusion"] = (f"failed (executor): the worker vanished in phase {phase}; "
                                   f"{sum(1 for f in findings if f['state'] == 'done')} effect(s) proven done will be "
                                   "replayed from their receipts, not repeated")
         decision = decision_for(task, attempt, Classified(failure)) if apply_policy else None
-        return c.settle_attempt(attempt_id, who, "failed", failure=failure, evidence=evidence, decision=decision)
+        return c.operator.settle_attempt(attempt_id, who, "failed", failure=failure, evidence=evidence,
+                                         decision=decision)
 
     def _ask_provider(self, key: str, rec: EffectRecord) -> tuple[str, Any]:
         ask = self.operations.get(rec.operation)

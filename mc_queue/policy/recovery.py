@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client.core import Client
+from ..client import Client
 from ..contracts.errors import McqError
 
 
@@ -34,14 +34,15 @@ def recover(client: Client, *, reason: str = "operator ran recover", actor: str 
     """Run the recovery (see the module's docstring). Returns the new epoch, the fence floor, the
     leases voided and the index entries dropped."""
     who = actor or client.actor
-    epoch, floor = client.begin_recovery(reason=reason, actor=who)
+    epoch, floor = client.operator.begin_recovery(reason=reason, actor=who)
     voided: list[str] = []
     dropped = 0
     while True:
-        members = client.task_ids_of("leases", limit=batch)
+        members = client.reads.task_ids_of("leases", limit=batch)
         if not members:
             break
-        report = client.expire(members, actor=who, force=True, reason="namespace recovery voided every lease",
+        report = client.maintenance.expire(members, actor=who, force=True,
+                                           reason="namespace recovery voided every lease",
                                recovering_epoch=epoch)
         voided.extend(e.attempt_id for e in report.expired)
         dropped += report.removed - len(report.expired)
@@ -50,5 +51,5 @@ def recover(client: Client, *, reason: str = "operator ran recover", actor: str 
             raise RecoveryIncomplete(
                 f"recovery made no progress on {len(members)} lease index entries ({why}); the namespace stays "
                 "recovering: look at them with `mcq show`, then run `mcq recover` again", members)
-    client.finish_recovery(epoch, voided=len(voided), actor=who)
+    client.operator.finish_recovery(epoch, voided=len(voided), actor=who)
     return {"epoch": epoch, "fence_floor": floor, "voided_leases": voided, "dropped_entries": dropped}

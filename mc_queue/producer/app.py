@@ -22,11 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client.core import DEFAULT_LEASE_MS, DEFAULT_MAX_LEASE_MS
+from ..client import DEFAULT_LEASE_MS
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
 from ..contracts.keys import check_queue
 from ..policy.effects import Reconcile, mint_key
+from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .dispatch import AppClient
 
 # A handler that declares no phases names them freely: their order is the order an Attempt reaches
@@ -73,7 +74,7 @@ class App:
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies in the namespace (source 'app')."""
         for queue, policy in self.retention.items():
-            client.set_retention(check_queue(queue), policy, source="app")
+            client.operator.set_retention(check_queue(queue), policy, source="app")
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

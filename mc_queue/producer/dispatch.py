@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import redis
 
-from ..client.core import DEFAULT_LEASE_MS, Client
+from ..client import DEFAULT_LEASE_MS, Client
 from ..contracts.config import Budget, RetryPolicy
 from ..contracts.models import Attempt, AttemptState, Task
 from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
@@ -52,7 +52,7 @@ class AppClient:
     def enqueue(self, handler: str, payload: Any, *, idempotency_key: str | None = None, queue: str | None = None,
                 **manifest: Any) -> Task:
         spec = self.app.spec(handler)
-        task = self.client.enqueue(queue or spec.queue, handler, payload, idempotency_key,
+        task = self.client.producer.enqueue(queue or spec.queue, handler, payload, idempotency_key,
                                    retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
                                    timeout_s=spec.timeout_s, **manifest)
         latest = task.latest
@@ -79,11 +79,11 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
         if waiting(rq, queue, jid):
-            client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+            client.maintenance.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
             return False
         clear_job(rq, queue, jid)
     queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, task.lease_ms or DEFAULT_LEASE_MS),
                        job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None,
                        description=job_description(task.handler, attempt.id))
-    client.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+    client.maintenance.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
     return True

@@ -25,9 +25,10 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from ..client.core import Client, quiet_connection_kwargs
+from ..client import Client
 from ..contracts.keys import Keys, parse_attempt_id
 from ..contracts.models import TERMINAL_ATTEMPT_STATES
+from ..store.backend import quiet_connection_kwargs
 from ..store.urls import make_redis
 
 ENTRY = "mc_queue.worker.run_attempt"

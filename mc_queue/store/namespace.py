@@ -39,7 +39,7 @@ WITNESS_RULE = DirRule("the witness's folder", "the namespace witness",
 
 
 class NamespaceState:
-    """Per-client memory of the namespace (one per :class:`~mc_queue.client.core.Client`)."""
+    """Per-client memory of the namespace (one per :class:`~mc_queue.client.Client`)."""
 
     MAX_ISSUED = 10_000  # claim records kept (a worker holds a handful; a bound keeps memory flat)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from ..client.core import Client
+from ..client import Client
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json, digest
 from ..contracts.errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
@@ -142,7 +142,7 @@ class Context:
 
     def _beat(self, *, cost: float = 0.0, tokens: int = 0, request_id: str | None = None) -> None:
         try:
-            hb = self.client.heartbeat(self.attempt_id, self.fence, worker_id=self.worker_id,
+            hb = self.client.leases.heartbeat(self.attempt_id, self.fence, worker_id=self.worker_id,
                                        cost=cost, tokens=tokens, request_id=request_id)
         except WriteRefused as exc:
             self._mark_lost(f"{type(exc).__name__}: {exc.message}")
@@ -201,7 +201,7 @@ class Context:
         record = {"phase": phase, "data": data, "scope": scope, "scope_digest": self.scope_digest(scope),
                   "task": self.task.id, "attempt": self.attempt.number}
         try:
-            self.client.checkpoint(self.attempt_id, self.fence, phase, index, record, worker_id=self.worker_id)
+            self.client.leases.checkpoint(self.attempt_id, self.fence, phase, index, record, worker_id=self.worker_id)
             if phase not in self._reached:
                 self._reached.append(phase)
         except PhaseOutOfOrder:
@@ -267,7 +267,7 @@ class Context:
         if assume:
             record["assume"] = dict(assume)
         self.effects_used = True
-        status, existing = self._fenced(lambda: self.client.effect_begin(
+        status, existing = self._fenced(lambda: self.client.leases.effect_begin(
             self.attempt_id, self.fence, key, record, worker_id=self.worker_id))
         if status == "DONE":
             assert existing is not None
@@ -275,7 +275,7 @@ class Context:
         if status == "OK" and self.ask_first:
             found = ask(key)  # after a loss the provider may hold an effect whose record Redis lost
             if found is not None:
-                self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", found,
+                self._fenced(lambda: self.client.leases.effect_done(self.attempt_id, self.fence, key, "done", found,
                                                              source="reconcile", actor=self.worker_id))
                 return found
         elif status == "PENDING":
@@ -285,13 +285,13 @@ class Context:
                 raise EffectUnknown(f"cannot tell whether {key} happened: {type(exc).__name__}: {exc}",
                                     attempt_id=self.attempt_id, task_id=self.task.id) from exc
             if found is not None:
-                self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", found,
+                self._fenced(lambda: self.client.leases.effect_done(self.attempt_id, self.fence, key, "done", found,
                                                              source="reconcile", actor=self.worker_id))
                 return found
-            self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "absent",
+            self._fenced(lambda: self.client.leases.effect_done(self.attempt_id, self.fence, key, "absent",
                                                          "provider has no trace of it", source="reconcile",
                                                          actor=self.worker_id))
-            status, _ = self._fenced(lambda: self.client.effect_begin(
+            status, _ = self._fenced(lambda: self.client.leases.effect_begin(
                 self.attempt_id, self.fence, key, record, worker_id=self.worker_id))
             if status != "OK":
                 raise EffectUnknown(f"effect {key} changed while it was reconciled ({status})",
@@ -300,7 +300,7 @@ class Context:
         failpoints.hit("effect.before_call", operation=operation, attempt=self.attempt_id, worker=self.worker_id)
         receipt = perform(key)
         failpoints.hit("effect.after_call", operation=operation, attempt=self.attempt_id, worker=self.worker_id)
-        self._fenced(lambda: self.client.effect_done(self.attempt_id, self.fence, key, "done", receipt,
+        self._fenced(lambda: self.client.leases.effect_done(self.attempt_id, self.fence, key, "done", receipt,
                                                      source="perform", actor=self.worker_id))
         return receipt
 

@@ -68,7 +68,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.worker import BaseWorker
 
-from ..client.core import Client
+from ..client import Client
 from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from ..contracts.failures import make_failure
 from ..contracts.keys import parse_attempt_id
@@ -208,7 +208,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     client = rt.client
     attempt_id, task_id, n = adm.attempt_id, adm.task_id, adm.number
     try:
-        lease = client.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
+        lease = client.leases.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
                                      request_id=uuid.uuid4().hex)
     except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
         log.info("attempt %s: not claimed: %s", attempt_id, exc.message)
@@ -217,10 +217,10 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
         # The claim is on the primary only: a failover could forget it while the handler acts. The
         # Attempt does not run; its lease is given up (or runs out) and the sweeper reconciles it.
         with contextlib.suppress(McqError, redis.RedisError):
-            client.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
+            client.operator.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
         log.warning("attempt %s: not run: %s", attempt_id, exc.message)
         return {"unconfirmed": exc.message}
-    task = client.get_task(task_id)
+    task = client.reads.get_task(task_id)
     attempt = task.attempts[n - 1]
     spec = rt.app.handlers.get(task.handler)
     if spec is None:  # admitted a moment ago: only a task rewritten in between gets here
@@ -244,7 +244,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
             # leaves a result the reconciler can prove, not a rerun of every effect.
             ctx.checkpoint("result_pending", {"result": result})
         try:
-            client.complete_quietly(attempt_id, lease.fence, result, worker_id=rt.worker_id)
+            client.leases.complete_quietly(attempt_id, lease.fence, result, worker_id=rt.worker_id)
             outcome = {"succeeded": attempt_id}
             log.info("attempt %s (%s) succeeded", attempt_id, task.handler)
         except CancelRequested:
@@ -282,7 +282,7 @@ def _record_refusal(rt: Runtime, refusal: Refusal, **fields: Any) -> dict[str, A
     if refusal.func_name is not None:
         record["func_name"] = str(refusal.func_name)[:300]
     try:
-        rt.client.audit("transport_job_refused", record)
+        rt.client.operator.audit("transport_job_refused", record)
     except (McqError, redis.RedisError) as exc:
         log.error("could not record a refused transport message (%s): %s", exc, record)
     log.warning("refused transport message %s: %s", record.get("job_id") or record.get("attempt"), refusal.why)
@@ -292,7 +292,7 @@ def _record_refusal(rt: Runtime, refusal: Refusal, **fields: Any) -> dict[str, A
 def _acknowledge(client: Client, rt: Runtime, attempt_id: str, fence: int) -> dict[str, Any]:
     """Cancellation step three: the executor stopped; it gives up its lease for reconciliation."""
     try:
-        client.acknowledge_cancel(attempt_id, fence, worker_id=rt.worker_id)
+        client.leases.acknowledge_cancel(attempt_id, fence, worker_id=rt.worker_id)
         log.info("attempt %s: cancel acknowledged", attempt_id)
         return {"cancel_acknowledged": attempt_id}
     except (WriteRefused, TransitionRefused) as exc:
@@ -307,7 +307,7 @@ def _timed_out(client: Client, rt: Runtime, attempt_id: str, ctx: Context, exc: 
     why = (f"RQ's job timeout ended the handler ({str(exc)[:200]}); its effects are reconciled with their "
            "providers before anything is retried")
     try:
-        voided = client.void_leases([attempt_id], actor=rt.worker_id, reason=why)
+        voided = client.operator.void_leases([attempt_id], actor=rt.worker_id, reason=why)
     except McqError as err:  # the lease runs out by itself and the sweeper takes it from there
         log.error("attempt %s: timed out; giving up its lease failed (%s): it expires by itself", attempt_id, err)
         voided = []
@@ -320,18 +320,18 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
           classified: Classified, exc: BaseException | None = None) -> dict[str, Any]:
     f = classified.failure
     try:
-        fresh = client.get_task(task.id)
+        fresh = client.reads.get_task(task.id)
         current = fresh.attempts[attempt.number - 1]
         decision = decision_for(fresh, current, classified, cost=current.cost, tokens=current.tokens)
         if decision.action != "retry":
             # No next Attempt will reconcile effects this one started without a receipt: say so.
-            pending = [k for k, r in client.effects(task.id).items() if r.state == "intent"]
+            pending = [k for k, r in client.reads.effects(task.id).items() if r.state == "intent"]
             if pending:
                 why = (f"{decision.attention.get('why_unsafe', '')}; effects started but not confirmed by their "
                        f"provider: {', '.join(pending)} (a retry reconciles them before anything is redone)")
                 decision = dataclasses.replace(
                     decision, attention={**decision.attention, "pending_effects": pending, "why_unsafe": why})
-        client.fail_attempt(attempt.id, fence, f, worker_id=rt.worker_id, decision=decision)
+        client.leases.fail_attempt(attempt.id, fence, f, worker_id=rt.worker_id, decision=decision)
     except CancelRequested:
         return _acknowledge(client, rt, attempt.id, fence)
     except WriteRefused as err:
@@ -528,7 +528,7 @@ def _install_runtime(name: str) -> Runtime:
     if _TEMPLATE is None:
         raise McqError("call mc_queue.worker.runner.configure(app, client) before building a worker")
     app, client, root, grace_s = _TEMPLATE
-    info = client.open_namespace()  # the epoch, loaded once here: forked work horses inherit it
+    info = client.backend.open_namespace()  # the epoch, loaded once here: forked work horses inherit it
     # Workspace names carry the namespace's epoch: the same prefix on another Redis server sharing this
     # root has another epoch, and its live workspaces are never taken for this namespace's stale ones.
     workspaces = WorkspaceRoot(root, namespace=client.keys.prefix, epoch=info.epoch or None)

@@ -72,7 +72,7 @@ class CleanupReport:
 class WorkspaceRoot:
     """The workspaces of one namespace under ``root`` (a root may be shared by several namespaces, and by
     the same prefix on several Redis servers). ``epoch``: the namespace epoch
-    (``client.open_namespace().epoch``); without it the names carry the prefix alone, and the same
+    (``client.backend.open_namespace().epoch``); without it the names carry the prefix alone, and the same
     prefix on another server that shares the root could not be told apart."""
 
     def __init__(self, root: str | os.PathLike[str], *, namespace: str, epoch: str | None = None) -> None:

@@ -116,8 +116,8 @@ def _arm_kill_before_complete(ctx: Context) -> None:
     def complete_attempt(*args: Any, **kwargs: Any) -> Any:
         die()
 
-    client.complete_attempt = complete_attempt  # type: ignore[method-assign]
-    client.complete_quietly = complete_attempt  # type: ignore[method-assign]
+    client.leases.complete_attempt = complete_attempt  # type: ignore[method-assign]
+    client.leases.complete_quietly = complete_attempt  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------- handlers

@@ -53,14 +53,14 @@ def records_pid_report(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
         except mc_queue.McqError as exc2:
             report["context_checkpoint"] = type(exc2).__name__
         try:
-            ctx.client.checkpoint(ctx.attempt_id, ctx.fence, "workspace_prepared", 1,
+            ctx.client.leases.checkpoint(ctx.attempt_id, ctx.fence, "workspace_prepared", 1,
                                   {"phase": "workspace_prepared", "data": "after lease lost"},
                                   worker_id=ctx.worker_id)
             report["raw_checkpoint"] = "accepted"
         except mc_queue.McqError as exc2:
             report["raw_checkpoint"] = type(exc2).__name__
         try:
-            ctx.client.complete_attempt(ctx.attempt_id, ctx.fence, {"stale": True}, worker_id=ctx.worker_id)
+            ctx.client.leases.complete_attempt(ctx.attempt_id, ctx.fence, {"stale": True}, worker_id=ctx.worker_id)
             report["raw_complete"] = "accepted"
         except mc_queue.McqError as exc2:
             report["raw_complete"] = type(exc2).__name__

@@ -56,10 +56,10 @@ class Story:
 
 
 def quarantine(q: mc_queue.Client, message: str, *, queue: str = "agents") -> str:
-    task = q.enqueue(queue, "fix-issue", {"repo": "example/app", "issue": message})
-    lease = q.claim_attempt(task.id, "worker-3", 60_000)
+    task = q.producer.enqueue(queue, "fix-issue", {"repo": "example/app", "issue": message})
+    lease = q.leases.claim_attempt(task.id, "worker-3", 60_000)
     why = "an internal failure means the platform or the handler is broken; repeating it cannot help"
-    q.fail_attempt(lease.attempt_id, lease.fence,
+    q.leases.fail_attempt(lease.attempt_id, lease.fence,
                    make_failure(FailureClass.INTERNAL, "KeyError", f"'{message}' missing from the plan"),
                    worker_id="worker-3",
                    decision=Decision("quarantine", "internal failures quarantine the task",
@@ -95,38 +95,39 @@ def build_story(server: RedisServer, home: Path) -> Story:
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     s.succeeded = task.id
-    assert q.get_task(s.succeeded).state.value == "succeeded"
+    assert q.reads.get_task(s.succeeded).state.value == "succeeded"
 
     # pending, running (a live lease), backoff (a retry decision with a wait), failed (waits for a person)
-    s.pending = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 1}).id
-    s.running = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 2}).id
-    lease = q.claim_attempt(s.running, "worker-7", 600_000)
-    q.heartbeat(lease.attempt_id, lease.fence, worker_id="worker-7", cost=0.12, tokens=3400)
-    s.backoff = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 3}).id
-    lease = q.claim_attempt(s.backoff, "worker-7", 60_000)
-    q.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.CAPACITY, "RateLimited", "429 from the "
+    s.pending = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 1}).id
+    s.running = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 2}).id
+    lease = q.leases.claim_attempt(s.running, "worker-7", 600_000)
+    q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="worker-7", cost=0.12, tokens=3400)
+    s.backoff = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 3}).id
+    lease = q.leases.claim_attempt(s.backoff, "worker-7", 60_000)
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.CAPACITY, "RateLimited",
+                                                                      "429 from the "
                    "model provider"), worker_id="worker-7",
                    decision=Decision("retry", "capacity failures back off", delay_s=600,
                                      next_reason="the provider was at capacity", next_hypothesis="it recovers"))
-    s.failed = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 4}).id
-    lease = q.claim_attempt(s.failed, "worker-7", 60_000)
-    q.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.VALIDATION, "AssertionError",
+    s.failed = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 4}).id
+    lease = q.leases.claim_attempt(s.failed, "worker-7", 60_000)
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.VALIDATION, "AssertionError",
                    "test_parser fails: expected 3, got 4"), worker_id="worker-7")
 
     # reconciled: worker-A's lease expires after its push intent; its late completion is refused
     # (a stale write), reconciliation cannot prove the push and stops the task for a person
-    s.reconciled = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 5}).id
-    lease = q.claim_attempt(s.reconciled, "worker-A", 300)
-    q.checkpoint(lease.attempt_id, lease.fence, "workspace_prepared", 1, {"repository": "example/app"},
+    s.reconciled = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 5}).id
+    lease = q.leases.claim_attempt(s.reconciled, "worker-A", 300)
+    q.leases.checkpoint(lease.attempt_id, lease.fence, "workspace_prepared", 1, {"repository": "example/app"},
                  worker_id="worker-A")
-    q.effect_begin(lease.attempt_id, lease.fence, f"push:{s.reconciled}:4f9c2a1",
+    q.leases.effect_begin(lease.attempt_id, lease.fence, f"push:{s.reconciled}:4f9c2a1",
                    {"operation": "push", "identity": "4f9c2a1"}, worker_id="worker-A")
     deadline = time.monotonic() + 5
-    while not q.expire_leases(actor="sweeper"):
+    while not q.maintenance.expire_leases(actor="sweeper"):
         assert time.monotonic() < deadline, "the lease did not expire"
         time.sleep(0.05)
     with pytest.raises(StaleFence):
-        q.complete_attempt(lease.attempt_id, lease.fence, {"pull_request": 1}, worker_id="worker-A")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"pull_request": 1}, worker_id="worker-A")
     reconcile_attempt(q, lease.attempt_id, actor="sweeper")
 
     s.quarantined = [quarantine(q, "base_sha"), quarantine(q, "base_sha"), quarantine(q, "repository")]

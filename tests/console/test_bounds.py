@@ -117,7 +117,7 @@ def test_the_overview_reads_the_series_of_the_queues_it_shows(client: mc_queue.C
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     queues = [f"q{i:03d}" for i in range(300)]
     for q in queues:
-        client.enqueue(q, "h", {"q": q})
+        client.producer.enqueue(q, "h", {"q": q})
     assert sample(client, interval_s=0) == 300
     c = local(create_app(client, token=TOKEN, sampling=False))
     cost = Cost(own_redis, monkeypatch)
@@ -134,7 +134,7 @@ def test_the_overview_reads_the_series_of_the_queues_it_shows(client: mc_queue.C
 def test_the_task_list_pipelines_its_per_queue_reads(client: mc_queue.Client, own_redis: RedisServer,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(300):
-        client.enqueue(f"q{i:03d}", "h", {"n": i})
+        client.producer.enqueue(f"q{i:03d}", "h", {"n": i})
     c = local(create_app(client, token=TOKEN, sampling=False))
     cost = Cost(own_redis, monkeypatch)
     r, trips, calls = cost.measure(lambda: c.get("/tasks"))
@@ -143,16 +143,16 @@ def test_the_task_list_pipelines_its_per_queue_reads(client: mc_queue.Client, ow
 
 
 def test_the_sampler_samples_only_listed_queues_that_hold_a_task(client: mc_queue.Client) -> None:
-    kept = client.enqueue("busy", "h", {"n": 1}).id
+    kept = client.producer.enqueue("busy", "h", {"n": 1}).id
     gone = quarantine(client, "emptied", queue="emptied")
-    client.dlq_purge(gone, reason="nobody needs this one any more", actor="operator", keep_key_s=60)
-    assert "emptied" in client.queues()  # listed until the core forgets queues without task or policy
+    client.operator.dlq_purge(gone, reason="nobody needs this one any more", actor="operator", keep_key_s=60)
+    assert "emptied" in client.reads.queues()  # listed until the core forgets queues without task or policy
     assert sample(client, interval_s=0) == 1
     assert client.redis.exists(client.keys.queue_samples("busy")) == 1
     assert client.redis.exists(client.keys.queue_samples("emptied")) == 0
     # a queue the counts name but Client.queues() does not list (forgotten): not sampled either
     client.redis.hset(client.keys.counts, "forgotten|pending", 1)
-    assert "forgotten" not in client.queues()
+    assert "forgotten" not in client.reads.queues()
     assert sample(client, interval_s=0) == 1
     assert client.redis.exists(client.keys.queue_samples("forgotten")) == 0
-    assert client.get_task(kept).state.value == "pending"
+    assert client.reads.get_task(kept).state.value == "pending"

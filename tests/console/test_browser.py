@@ -141,7 +141,7 @@ def test_replay_from_the_dlq_page_and_a_short_reason_refused(page: Any, console:
     item.locator("button[type=submit]").click()
     alert = page.locator("#error")
     assert alert.inner_text() == "Replay: bad input: reason needs at least 10 characters (after trimming spaces)"
-    assert story.client.get_task(tid).state is TaskState.QUARANTINED
+    assert story.client.reads.get_task(tid).state is TaskState.QUARANTINED
     item = page.locator(f"li[data-task='{tid}']")
     assert item.locator("textarea[name=reason]").input_value() == "too short"  # what was typed is kept
     item.locator("textarea[name=reason]").fill(REASON)
@@ -152,7 +152,7 @@ def test_replay_from_the_dlq_page_and_a_short_reason_refused(page: Any, console:
     attempt = page.locator("#attempt-2")
     assert "pending" in attempt.inner_text() and REASON in attempt.inner_text()
     assert "the plan names its base sha now" in attempt.inner_text()
-    events = [e.fields for e in story.client.get_task(tid).events if e.type == "dlq_replayed"]
+    events = [e.fields for e in story.client.reads.get_task(tid).events if e.type == "dlq_replayed"]
     assert [e["actor"] for e in events] == ["console:127.0.0.1"]
 
 
@@ -161,7 +161,8 @@ def test_pages_update_without_a_reload(page: Any, console: Running, story: Story
     page.goto(console.url + f"tasks/{tid}")
     page.evaluate("window.__sameDocument = true")
     assert page.locator("#attempt-2").count() == 0
-    story.client.dlq_replay(tid, "replayed from the command line meanwhile", actor="operator")  # like `mcq dlq replay`
+    story.client.operator.dlq_replay(tid, "replayed from the command line meanwhile",
+                                     actor="operator")  # like `mcq dlq replay`
     page.wait_for_selector("#attempt-2", timeout=5_000)
     assert page.evaluate("window.__sameDocument") is True  # swapped in place, not reloaded
     assert "replayed from the command line meanwhile" in page.locator("#timeline").inner_text()
@@ -186,7 +187,7 @@ def test_a_request_from_a_non_loopback_address_needs_the_token(browser: Any, con
         # an action without the token: refused before any form check, nothing changes
         refused = pg.request.post(base + "actions/replay", form={"task_id": tid, "reason": REASON, "csrf": "x.y"})
         assert refused.status == 401
-        assert story.client.get_task(tid).state is TaskState.QUARANTINED
+        assert story.client.reads.get_task(tid).state is TaskState.QUARANTINED
         # with the token (once, in the address; a cookie from then on) the same action goes through
         response = pg.goto(base + f"tasks/{tid}?token={TOKEN}")
         assert response is not None and response.status == 200 and "token=" not in pg.url
@@ -195,7 +196,7 @@ def test_a_request_from_a_non_loopback_address_needs_the_token(browser: Any, con
         form.locator("textarea[name=reason]").fill(REASON)
         form.locator("button[type=submit]").click()
         pg.wait_for_selector("#attempt-2")
-        events = [e.fields for e in story.client.get_task(tid).events if e.type == "dlq_replayed"]
+        events = [e.fields for e in story.client.reads.get_task(tid).events if e.type == "dlq_replayed"]
         assert [e["actor"] for e in events] == [actor]
     finally:
         context.close()
@@ -237,7 +238,7 @@ def test_redis_going_down_is_a_banner_on_the_open_page(browser: Any, own_redis: 
     running = start(client, port=0, background=True, poll_ms=300, sampling=False)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     try:
-        client.enqueue("jobs", "fix-issue", {"n": 1})
+        client.producer.enqueue("jobs", "fix-issue", {"n": 1})
         pg = context.new_page()
         open_console(pg, running)
         assert pg.locator("#banner .banner-down").count() == 0

@@ -44,7 +44,7 @@ def _read_until(fd: int, pattern: str, timeout: float, seen: list[str]) -> re.Ma
 def test_mcq_dashboard_serves_the_namespace_with_its_rules(redis_server: RedisServer) -> None:
     prefix = unique_prefix("dash")
     with mc_queue.connect(redis_server.url, prefix=prefix) as q:
-        tid = q.enqueue("jobs", "h", {"n": 1}).id
+        tid = q.producer.enqueue("jobs", "h", {"n": 1}).id
     port = free_port()
     token = "dashboard-token-from-the-environment"
     proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,

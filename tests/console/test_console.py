@@ -42,7 +42,7 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert story.quarantined[0] in c.get("/attention").text
     dlq = c.get("/dlq").text
     groups = re.findall(r'class="card dlq-group" id="group-\d+" data-fingerprint="([0-9a-f]{16})"', dlq)
-    fingerprints = story.client.dlq_fingerprints()
+    fingerprints = story.client.reads.dlq_fingerprints()
     first, third = (next(fp for fp, ids in fingerprints.items() if tid in ids)
                     for tid in (story.quarantined[0], story.quarantined[2]))
     assert first != third and {first, third} <= set(groups)
@@ -131,7 +131,7 @@ def test_an_action_from_a_non_loopback_origin_without_token_is_refused(app, stor
     r = remote.post("/actions/replay", data={"csrf": csrf_of(page), "task_id": victim, "reason": REASON,
                                              "page": "task"})
     assert r.status_code == 401
-    assert story.client.get_task(victim).state is TaskState.QUARANTINED
+    assert story.client.reads.get_task(victim).state is TaskState.QUARANTINED
 
 
 def test_forms_need_the_console_s_csrf_token(app, story: Story) -> None:  # type: ignore[no-untyped-def]
@@ -152,10 +152,10 @@ def test_forms_need_the_console_s_csrf_token(app, story: Story) -> None:  # type
             other.cookies.update(cookies)
         r = other.post("/actions/replay", data=data, headers=headers)
         assert r.status_code == 403 and "CSRF" in r.text, r.text[:300]
-    assert story.client.get_task(victim).state is TaskState.QUARANTINED
+    assert story.client.reads.get_task(victim).state is TaskState.QUARANTINED
     r = c.post("/actions/replay", data={**form, "csrf": token}, headers={"Origin": LOCAL_URL})
     assert r.status_code == 200 and "replayed from the dead-letter queue" in r.text
-    assert story.client.get_task(victim).state is TaskState.PENDING
+    assert story.client.reads.get_task(victim).state is TaskState.PENDING
 
 
 def test_actions_follow_the_cli_contract_and_record_the_actor(app, story: Story) -> None:  # type: ignore[no-untyped-def]
@@ -168,7 +168,7 @@ def test_actions_follow_the_cli_contract_and_record_the_actor(app, story: Story)
     assert r.status_code == 400
     assert alert_of(r.text) == "Replay: bad input: reason needs at least 10 characters (after trimming spaces)"
     assert 'too short</textarea>' in r.text  # what was typed is kept
-    assert q.get_task(victim).state is TaskState.QUARANTINED
+    assert q.reads.get_task(victim).state is TaskState.QUARANTINED
     r = c.post("/actions/retry", data={"csrf": csrf, "task_id": story.failed, "reason": "short", "page": "task"})
     assert r.status_code == 409
     assert alert_of(r.text) == (f"Retry: refused: retry of {story.failed} refused: a retry needs a recorded reason "
@@ -185,28 +185,29 @@ def test_actions_follow_the_cli_contract_and_record_the_actor(app, story: Story)
     r = c.post("/actions/replay", data={"csrf": csrf, "task_id": victim, "reason": REASON,
                                         "hypothesis": "the plan names the base sha now", "page": "dlq"})
     assert r.status_code == 200 and f"{victim}/2 created (pending)" in r.text
-    replayed = [e for e in q.get_task(victim).events if e.type == "dlq_replayed"]
+    replayed = [e for e in q.reads.get_task(victim).events if e.type == "dlq_replayed"]
     assert [(e.fields["actor"], e.fields["reason"]) for e in replayed] == [("console:127.0.0.1", REASON)]
     other = quarantine(q, "contract-purge")
     r = c.post("/actions/purge", data={"csrf": csrf, "task_id": other, "reason": REASON, "confirm": "yes",
                                        "keep_days": "1", "page": "dlq"})
     assert r.status_code == 200 and f"{other} purged (1 attempt(s))" in r.text
-    assert (q.tombstone(other) or {}).get("reason") == REASON
+    assert (q.reads.tombstone(other) or {}).get("reason") == REASON
     r = c.post("/actions/cancel", data={"csrf": csrf, "task_id": story.pending, "reason": REASON, "page": "task"})
     assert r.status_code == 200 and f"{story.pending}: canceled" in r.text
-    story.pending = q.enqueue("agents", "fix-issue", {"repo": "example/app", "issue": 11}).id  # for later tests
+    story.pending = q.producer.enqueue("agents", "fix-issue", {"repo": "example/app",
+                                                               "issue": 11}).id  # for later tests
 
 
 def test_a_group_replay_by_fingerprint(app, story: Story) -> None:  # type: ignore[no-untyped-def]
     q = story.client
     ids = [quarantine(q, "group-replay"), quarantine(q, "group-replay")]
-    fp = next(fp for fp, members in q.dlq_fingerprints().items() if ids[0] in members)
+    fp = next(fp for fp, members in q.reads.dlq_fingerprints().items() if ids[0] in members)
     c = local(app)
     fields = hidden_fields(c.get("/dlq").text, "replay-group", within=f'data-fingerprint="{fp}"')
     assert fields["ids"].split() == ids and fields["count"] == "2"
     r = c.post("/actions/replay", data={**fields, "reason": REASON})
     assert r.status_code == 200 and f"replayed 2 of the 2 task(s) shown with fingerprint {fp}" in r.text
-    assert all(q.get_task(t).state is TaskState.PENDING for t in ids)
+    assert all(q.reads.get_task(t).state is TaskState.PENDING for t in ids)
     r = c.post("/actions/replay", data={**fields, "fingerprint": "0" * 16, "reason": REASON})
     assert r.status_code == 400 and "no quarantined task" in alert_of(r.text)
 
@@ -223,7 +224,7 @@ def test_read_only_shows_no_form_and_refuses_actions(story: Story) -> None:
     csrf = app.state.console.guard.csrf_field(nonce)
     r = c.post("/actions/replay", data={"csrf": csrf, "task_id": story.quarantined[0], "reason": REASON})
     assert r.status_code == 403 and "read-only" in r.text
-    assert story.client.get_task(story.quarantined[0]).state is TaskState.QUARANTINED
+    assert story.client.reads.get_task(story.quarantined[0]).state is TaskState.QUARANTINED
 
 
 def test_redis_down_is_a_banner_and_no_secret_is_rendered(tmp_path: Path) -> None:
@@ -251,7 +252,7 @@ def test_redis_down_is_a_banner_and_no_secret_is_rendered(tmp_path: Path) -> Non
 def test_redis_going_away_and_coming_back(own_redis: RedisServer) -> None:
     client = mc_queue.connect(own_redis.url, prefix="flaky", socket_timeout=2.0)
     try:
-        client.enqueue("jobs", "h", {"n": 1})
+        client.producer.enqueue("jobs", "h", {"n": 1})
         c = local(create_app(client, sampling=False))
         assert c.get("/").status_code == 200
         own_redis.stop()
@@ -276,7 +277,7 @@ def test_queue_samples_are_capped_kept_in_redis_and_drawn(story: Story, redis_se
             assert time.monotonic() < deadline, "the racing console took no sample"
             time.sleep(0.01)
         for queue in ("agents", "other"):
-            q.enqueue(queue, "fix-issue", {"queue": queue})
+            q.producer.enqueue(queue, "fix-issue", {"queue": queue})
         key = q.keys.queue_samples("agents")
         assert sample(q, interval_s=10) == 2  # every queue of the namespace
         assert sample(q, interval_s=10) == 0  # another console sampled less than an interval ago: skipped
@@ -310,7 +311,7 @@ def test_every_response_carries_the_security_headers(app) -> None:  # type: igno
 def test_a_lost_namespace_says_so_with_the_way_out(redis_server: RedisServer) -> None:
     client = mc_queue.connect(redis_server.url, prefix=f"lost-{free_port()}")
     try:
-        client.enqueue("jobs", "h", {"n": 1})
+        client.producer.enqueue("jobs", "h", {"n": 1})
         client.redis.delete(client.keys.meta)  # Redis lost the namespace's record (a flush, a restart without data)
         html = local(create_app(client, sampling=False)).get("/").text
         assert 'class="card ns-card ns-lost"' in html
@@ -330,23 +331,23 @@ def test_a_lost_namespace_says_so_with_the_way_out(redis_server: RedisServer) ->
 
 def test_pages_of_the_task_list_and_a_paused_queue(app, story: Story) -> None:  # type: ignore[no-untyped-def]
     q = story.client
-    ids = [q.enqueue("many", "fix-issue", {"n": i}).id for i in range(27)]
+    ids = [q.producer.enqueue("many", "fix-issue", {"n": i}).id for i in range(27)]
     c = local(app)
     first = c.get("/tasks", params={"queue": "many"}).text
     assert sum(t in first for t in ids) == 25 and ids[0] in first  # oldest first
     assert 'href="/tasks?queue=many&amp;page=2"' in first
     second = c.get("/tasks", params={"queue": "many", "page": "2"}).text
     assert sum(t in second for t in ids) == 2 and ids[-1] in second and "page=3" not in second
-    assert q.pause_queue("many", reason="the provider asked us to slow down", actor="operator")
+    assert q.operator.pause_queue("many", reason="the provider asked us to slow down", actor="operator")
     try:
         html = c.get("/").text
         assert "Paused by operator: the provider asked us to slow down" in html
     finally:
-        q.resume_queue("many", reason="the provider is fine again", actor="operator")
+        q.operator.resume_queue("many", reason="the provider is fine again", actor="operator")
 
 
 def _fingerprint_of(q: mc_queue.Client, task_id: str) -> str:
-    return next(fp for fp, members in q.dlq_fingerprints().items() if task_id in members)
+    return next(fp for fp, members in q.reads.dlq_fingerprints().items() if task_id in members)
 
 
 def _flash(response) -> str:  # type: ignore[no-untyped-def]
@@ -371,12 +372,12 @@ def test_purge_all_acts_on_the_tasks_the_operator_saw(app, story: Story) -> None
     q = story.client
     c = local(app)
     seen, fp, fields, newcomer = _shown_then_grown(c, q, "purge-what-was-seen", "purge-group")
-    assert set(q.dlq_fingerprints()[fp]) == {*seen, newcomer}
+    assert set(q.reads.dlq_fingerprints()[fp]) == {*seen, newcomer}
     r = c.post("/actions/purge", data={**fields, "reason": REASON, "confirm": "yes", "keep_days": "1"})
     assert r.status_code == 200, alert_of(r.text)
-    assert all(q.tombstone(t) for t in seen)
-    assert q.get_task(newcomer).state is TaskState.QUARANTINED and q.tombstone(newcomer) is None
-    assert q.dlq_fingerprints()[fp] == [newcomer]
+    assert all(q.reads.tombstone(t) for t in seen)
+    assert q.reads.get_task(newcomer).state is TaskState.QUARANTINED and q.reads.tombstone(newcomer) is None
+    assert q.reads.dlq_fingerprints()[fp] == [newcomer]
     said = _flash(r)
     assert f"purged 2 of the 2 task(s) shown with fingerprint {fp}" in said
     assert "1 task quarantined since the page was shown was left alone" in said
@@ -386,20 +387,20 @@ def test_replay_all_acts_on_the_tasks_the_operator_saw(app, story: Story) -> Non
     q = story.client
     c = local(app)
     seen, fp, fields, newcomer = _shown_then_grown(c, q, "replay-what-was-seen", "replay-group")
-    q.dlq_replay(seen[1], "replayed from the command line meanwhile", actor="operator")  # gone from the group
+    q.operator.dlq_replay(seen[1], "replayed from the command line meanwhile", actor="operator")  # gone from the group
     r = c.post("/actions/replay", data={**fields, "reason": REASON})
     assert r.status_code == 200, alert_of(r.text)
-    assert q.get_task(seen[0]).state is TaskState.PENDING
-    assert len(q.get_task(seen[1]).attempts) == 2  # replayed once (by the command line), not twice
-    assert q.get_task(newcomer).state is TaskState.QUARANTINED
+    assert q.reads.get_task(seen[0]).state is TaskState.PENDING
+    assert len(q.reads.get_task(seen[1]).attempts) == 2  # replayed once (by the command line), not twice
+    assert q.reads.get_task(newcomer).state is TaskState.QUARANTINED
     said = _flash(r)
     assert f"replayed 1 of the 2 task(s) shown with fingerprint {fp}" in said
     assert "1 had left the group" in said and "1 task quarantined since the page was shown was left alone" in said
     # every task shown has left the group since: refused, nothing changes
     r = c.post("/actions/replay", data={**fields, "reason": REASON})
     assert r.status_code == 400 and "none of the 2 task(s) shown" in alert_of(r.text)
-    assert q.get_task(newcomer).state is TaskState.QUARANTINED
+    assert q.reads.get_task(newcomer).state is TaskState.QUARANTINED
     # a group form that lists no task (an old page, a hand-made form) is refused
     r = c.post("/actions/replay", data={"csrf": fields["csrf"], "fingerprint": fp, "page": "dlq", "reason": REASON})
     assert r.status_code == 400 and "reload the page" in alert_of(r.text)
-    assert q.get_task(newcomer).state is TaskState.QUARANTINED
+    assert q.reads.get_task(newcomer).state is TaskState.QUARANTINED

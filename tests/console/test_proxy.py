@@ -122,7 +122,7 @@ def _csrf_form(client: httpx.Client, url: str) -> str:
 def test_same_host_proxy_needs_the_token(story: Story, console: Running, proxy: Nginx) -> None:
     q = story.client
     victim = quarantine(q, "behind-nginx")
-    before = q.task_record(victim)
+    before = q.reads.task_record(victim)
     # nginx relays as 127.0.0.1 and names 127.0.0.1 (the upstream): nothing tells the console who asked
     with httpx.Client(base_url=proxy.url, timeout=10) as anyone:
         for path in ("/", "/tasks", f"/tasks/{victim}", "/dlq", "/attention", "/static/console.js"):
@@ -135,9 +135,9 @@ def test_same_host_proxy_needs_the_token(story: Story, console: Running, proxy: 
         r = anyone.post("/actions/purge", data={"task_id": victim, "reason": REASON, "page": "dlq", "confirm": "yes",
                                                  "csrf": "x.y"})
         assert r.status_code == 401
-    assert q.task_record(victim) == before  # nothing changed in Redis
-    assert victim in dict(q.dlq())
-    assert q.get_task(victim).state is TaskState.QUARANTINED
+    assert q.reads.task_record(victim) == before  # nothing changed in Redis
+    assert victim in dict(q.reads.dlq())
+    assert q.reads.get_task(victim).state is TaskState.QUARANTINED
     # with the token (once in the address: an HttpOnly cookie from then on) the same request goes through
     with httpx.Client(base_url=proxy.url, timeout=10) as operator:
         r = operator.get(f"/tasks/{victim}", params={"token": TOKEN}, follow_redirects=False)
@@ -146,7 +146,7 @@ def test_same_host_proxy_needs_the_token(story: Story, console: Running, proxy: 
         r = operator.post("/actions/replay", data={"task_id": victim, "reason": REASON, "page": "task", "csrf": csrf},
                           follow_redirects=True)
         assert r.status_code == 200 and f"{victim}/2 created (pending)" in r.text
-    assert q.get_task(victim).state is TaskState.PENDING
+    assert q.reads.get_task(victim).state is TaskState.PENDING
     # and with Authorization: Bearer
     with httpx.Client(base_url=proxy.url, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}) as script:
         assert script.get("/dlq").status_code == 200

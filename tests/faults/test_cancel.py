@@ -41,12 +41,12 @@ def test_cancel_of_a_pending_task_is_immediate_and_its_message_ends_quietly(h: H
     task = h.app.enqueue("heartbeats", {"steps": 1})
     assert h.queued() == 1  # its RQ message is already on the way
 
-    assert h.client.cancel_task(task.id, REASON) == "canceled"
+    assert h.client.operator.cancel_task(task.id, REASON) == "canceled"
     t = h.task(task.id)
     why = explain(t)
     assert t.state is TaskState.CANCELED and t.attempts[0].state is AttemptState.CANCELED, why
     assert events(t, "task_canceled", attempt=1)[0].fields["reason"] == REASON, why
-    assert h.client.cancel_task(task.id, REASON) == "canceled"  # a second request reports the first
+    assert h.client.operator.cancel_task(task.id, REASON) == "canceled"  # a second request reports the first
     assert not h.sweeper.run_once().dispatched  # the outbox no longer holds it
 
     # The message is delivered anyway: the claim refuses it, the worker ends quietly.
@@ -72,7 +72,7 @@ def test_cancel_of_a_running_task_is_heard_acknowledged_and_reconciled(h: Harnes
     w = h.start_worker("simple", "--name", name)
     wait_for(lambda: events(h.task(task.id), "attempt_claimed"), 20, "the worker to claim")
 
-    assert h.client.cancel_task(task.id, REASON, ack_timeout_ms=30_000) == "signaled"
+    assert h.client.operator.cancel_task(task.id, REASON, ack_timeout_ms=30_000) == "signaled"
     acked = wait_for(lambda: (t := h.task(task.id)) and events(t, "cancel_acknowledged") and t, 10,
                      "the worker to acknowledge the cancel")
     assert w.wait(20) == 0, h.worker_log(w)
@@ -111,7 +111,7 @@ def test_an_executor_that_never_acknowledges_has_its_lease_voided_after_the_time
     assert pid == w.pid
     h.sigstop(pid)  # it will never hear the signal, let alone acknowledge
 
-    assert h.client.cancel_task(task.id, REASON, ack_timeout_ms=300) == "signaled"
+    assert h.client.operator.cancel_task(task.id, REASON, ack_timeout_ms=300) == "signaled"
     final = h.sweep_until(lambda t: t.state is TaskState.CANCELED, task.id, 10,
                           "the sweeper to void the lease and cancel")
     why = explain(final)
@@ -144,14 +144,14 @@ def test_an_executor_that_never_acknowledges_has_its_lease_voided_after_the_time
 
 def test_a_completion_after_cancel_is_refused_kept_and_cannot_reopen_the_task(h: Harness) -> None:
     q = h.client
-    task = q.enqueue("effects", "heartbeats", {"steps": 1})
-    lease = q.claim_attempt(task.id, "late-worker", lease_ms=10_000)
-    assert q.cancel_task(task.id, REASON, ack_timeout_ms=200) == "signaled"
+    task = q.producer.enqueue("effects", "heartbeats", {"steps": 1})
+    lease = q.leases.claim_attempt(task.id, "late-worker", lease_ms=10_000)
+    assert q.operator.cancel_task(task.id, REASON, ack_timeout_ms=200) == "signaled"
 
     # While the cancel is pending: the completion is refused (the executor must acknowledge instead).
     with pytest.raises(CancelRequested):
-        q.complete_attempt(lease.attempt_id, lease.fence, {"done": True}, worker_id="late-worker")
-    t = q.get_task(task.id)
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"done": True}, worker_id="late-worker")
+    t = q.reads.get_task(task.id)
     why = explain(t)
     refused = events(t, "stale_write_refused", attempt=1, op="complete")
     assert len(refused) == 1 and refused[0].fields["refusal"] == "cancel_requested", why
@@ -162,15 +162,15 @@ def test_a_completion_after_cancel_is_refused_kept_and_cannot_reopen_the_task(h:
 
     # Late writes with the old fence: every one refused, every one kept, the task stays canceled.
     with pytest.raises(WriteRefused):
-        q.complete_attempt(lease.attempt_id, lease.fence, {"done": True}, worker_id="late-worker")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"done": True}, worker_id="late-worker")
     with pytest.raises(WriteRefused):
-        q.fail_attempt(lease.attempt_id, lease.fence, mc_queue.make_failure("provider", "Timeout", "late"),
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, mc_queue.make_failure("provider", "Timeout", "late"),
                        worker_id="late-worker")
     with pytest.raises(WriteRefused):
-        q.heartbeat(lease.attempt_id, lease.fence, worker_id="late-worker")
+        q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="late-worker")
     with pytest.raises(TransitionRefused):
-        q.retry_task(task.id, "try it once more after the cancel")
-    after = q.get_task(task.id)
+        q.operator.retry_task(task.id, "try it once more after the cancel")
+    after = q.reads.get_task(task.id)
     why = explain(after)
     late = [e for e in events(after, "stale_write_refused", attempt=1) if e.fields.get("refusal") == "stale_fence"]
     assert [e.fields["op"] for e in late] == ["complete", "fail", "renew"], why
@@ -178,7 +178,7 @@ def test_a_completion_after_cancel_is_refused_kept_and_cannot_reopen_the_task(h:
     assert after.state is TaskState.CANCELED and after.result is None, why
     assert [a.state for a in after.attempts] == [AttemptState.CANCELED], why
     assert not events(after, "attempt_succeeded") and len(after.events) > len(final.events), why
-    assert q.cancel_task(task.id, REASON) == "canceled"
+    assert q.operator.cancel_task(task.id, REASON) == "canceled"
 
 
 # --------------------------------------------------------------------------- 5. cancel racing complete
@@ -194,11 +194,11 @@ def race(worker: mc_queue.Client, operator: mc_queue.Client, task_id: str, lease
     def complete() -> None:
         barrier.wait()
         try:
-            worker.complete_attempt(lease.attempt_id, lease.fence, result, worker_id="racer")
+            worker.leases.complete_attempt(lease.attempt_id, lease.fence, result, worker_id="racer")
             seen["complete"] = "ok"
         except CancelRequested:
             seen["complete"] = "cancel_requested"
-            worker.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="racer")
+            worker.leases.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="racer")
 
     def cancel() -> None:
         barrier.wait()
@@ -224,12 +224,12 @@ def test_cancel_racing_complete_ends_in_exactly_one_final_state(redis_server: Re
     try:
         for i in range(rounds):
             task = setup.enqueue("effects", "heartbeats", {"round": i})
-            lease = worker.claim_attempt(task.id, "racer", lease_ms=30_000)
+            lease = worker.leases.claim_attempt(task.id, "racer", lease_ms=30_000)
             seen = race(worker, operator, task.id, lease, {"round": i})
             assert set(seen) == {"complete", "cancel"}, seen
             if seen["cancel"] == "signaled":
                 reconcile_attempt(setup, lease.attempt_id, actor="reconciler")
-            final = setup.get_task(task.id)
+            final = setup.reads.get_task(task.id)
             why = f"round {i}: {seen}{explain(final)}"
             succeeded = final.state is TaskState.SUCCEEDED
             canceled = final.state is TaskState.CANCELED

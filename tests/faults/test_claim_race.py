@@ -37,12 +37,12 @@ def _racer(idx: int, url: str, prefix: str, task_ids: list[str], plan: list[tupl
     results: list[tuple[Any, ...]] = []
     client = mc_queue.connect(url, prefix=prefix)
     try:
-        client.open_namespace()  # epoch known before the race starts: every racer sends exactly one claim
+        client.backend.open_namespace()  # epoch known before the race starts: every racer sends exactly one claim
         for r, tid in enumerate(task_ids):
             then, lease_ms = plan[r]
             barrier.wait(BARRIER_TIMEOUT)
             try:
-                lease = client.claim_attempt(tid, worker, lease_ms=lease_ms)
+                lease = client.leases.claim_attempt(tid, worker, lease_ms=lease_ms)
             except mc_queue.ClaimRejected as exc:
                 results.append((r, "rejected", tid, exc.detail[0] if exc.detail else "",
                                 exc.detail[1] if len(exc.detail) > 1 else ""))
@@ -52,7 +52,7 @@ def _racer(idx: int, url: str, prefix: str, task_ids: list[str], plan: list[tupl
                 results.append((r, "won", tid, lease.fence, lease.number))
                 if then == "fail":
                     try:
-                        client.fail_attempt(lease.attempt_id, lease.fence,
+                        client.leases.fail_attempt(lease.attempt_id, lease.fence,
                                             mc_queue.make_failure("provider", "Flaky", "try again"),
                                             worker_id=worker)
                     except Exception as exc:
@@ -126,14 +126,14 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        q.open_namespace()
+        q.backend.open_namespace()
         seq0 = int(meta(r, prefix)["seq"])
         task_ids = [new_task_id("race") for _ in range(ROUNDS)]
         plan = [("hold", 60_000)] * ROUNDS
         t0 = time.monotonic()
         with Race(redis_server.url, prefix, task_ids, plan) as race:
             for i, tid in enumerate(task_ids):
-                q.enqueue("race", "noop", {"round": i}, task_id=tid)
+                q.producer.enqueue("race", "noop", {"round": i}, task_id=tid)
                 race.release()
                 race.wait_round()
             by_round = race.results()
@@ -179,7 +179,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
         assert all(b > a for a, b in itertools.pairwise(seqs)), "claim sequence not increasing"
         assert seqs == list(range(seq0 + 1, seq0 + ROUNDS + 1))
         assert int(meta(r, prefix)["seq"]) == seq0 + ROUNDS
-        assert q.status()["race"]["counts"] == {"running": ROUNDS}
+        assert q.reads.status()["race"]["counts"] == {"running": ROUNDS}
     finally:
         q.close()
         r.close()
@@ -193,7 +193,7 @@ def test_reclaims_after_expiry_or_failure_get_strictly_higher_fences(redis_serve
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        tid = q.enqueue("race", "noop", {"reclaim": True}).id
+        tid = q.producer.enqueue("race", "noop", {"reclaim": True}).id
         # Even rounds: the winner gets a 1 ms lease and goes silent; the sweeper expires it (fence
         # bumped), the Attempt is reconciled and a retry appended. Odd rounds: the winner fails the
         # Attempt itself (fence unchanged), then a retry is appended.
@@ -212,13 +212,13 @@ def test_reclaims_after_expiry_or_failure_get_strictly_higher_fences(redis_serve
                     deadline = time.monotonic() + 5
                     got: list[mc_queue.ExpiredLease] = []
                     while not got and time.monotonic() < deadline:
-                        got = q.expire_leases()
+                        got = q.maintenance.expire_leases()
                     assert [(e.attempt_id, e.old_fence, e.new_fence) for e in got] == \
                         [(aid, expected_fence, expected_fence + 1)]
                     expected_fence += 1
                     expired.append((got[0].old_fence, got[0].new_fence))
                     reconcile_attempt(q, aid)
-                q.retry_task(tid, f"round {i}: try again after {plan[i][0]}", hypothesis="another racer")
+                q.operator.retry_task(tid, f"round {i}: try again after {plan[i][0]}", hypothesis="another racer")
             by_round = race.results()
 
         seen_fences = []
@@ -245,7 +245,7 @@ def test_reclaims_after_expiry_or_failure_get_strictly_higher_fences(redis_serve
             assert int(a["fence"]) == claimed[i]
             assert a["state"] == "failed"
             assert a.get("settled_by") == ("reconcile" if plan[i][0] == "hold" else None)
-        task = q.get_task(tid)
+        task = q.reads.get_task(tid)
         assert task.attempt_count == RECLAIM_ROUNDS + 1 and task.state == mc_queue.TaskState.PENDING
         assert task.fence == expected_fence
     finally:

@@ -5,7 +5,7 @@ The handlers (tests/apps/effects_app.py) open pull requests at a real local HTTP
 to a real bare git repository, always through ``ctx.effect``. Workers are subprocesses; the sweeper
 runs in the test process with the same App, so it reconciles with the same providers.
 
-Every assertion reads records: the task's Attempts and events, ``client.effects(task)``, the forge's
+Every assertion reads records: the task's Attempts and events, ``client.reads.effects(task)``, the forge's
 own count of pull requests per operation key, and the bare repository's refs and history.
 
 This module also holds the harness the other effect fault tests (test_whiteboard, test_cancel) use.
@@ -157,7 +157,7 @@ class Harness:
     # -- records
 
     def task(self, task_id: str) -> Task:
-        return self.client.get_task(task_id)
+        return self.client.reads.get_task(task_id)
 
     def rq_queue(self, queue: str = "effects") -> Queue:
         return Queue(rq_queue_name(self.prefix, queue), connection=self.rq, serializer=JSONSerializer)
@@ -254,7 +254,7 @@ def test_worker_killed_at_each_point_leaves_exactly_one_pull_request(h: Harness,
     assert final.state is TaskState.SUCCEEDED, why
     # Exactly one pull request for the logical operation: no duplicate, none lost.
     assert forge.count_by_key() == {key: 1}, why
-    fx = h.client.effects(task.id)
+    fx = h.client.reads.effects(task.id)
     assert list(fx) == [key], why
     rec = fx[key]
     assert rec.state == "done" and rec.receipt["number"] == forge.pulls[0]["number"], why
@@ -339,7 +339,7 @@ def test_git_push_accepted_then_timed_out_is_found_and_never_pushed_again(
         task = h.app.enqueue("git-push", {"branch": branch, "content": "parser fixed\n"})
         final = h.drive(task.id, "simple", timeout=60)
         why = explain(final)
-        fx = h.client.effects(task.id)
+        fx = h.client.reads.effects(task.id)
         assert len(fx) == 1, why
         key, rec = next(iter(fx.items()))
         head = git("rev-parse", f"refs/heads/{branch}", cwd=bare).strip()
@@ -399,7 +399,7 @@ def test_poison_handler_is_quarantined_after_three_deaths_then_replayed_and_purg
         fps = {x.failure.fingerprint for x in t.attempts if x.failure}
         assert len(fps) == 1 and all(x.settled_by == "reconcile" for x in t.attempts), why
         assert len(events(t, "task_quarantined")) == 1, why
-    items = {i["task_id"]: i for i in h.client.attention_items()}
+    items = {i["task_id"]: i for i in h.client.reads.attention_items()}
     assert items[a.id]["kind"] == "poison" and items[b.id]["kind"] == "poison", items
 
     listed = json.loads(h.run_cli("dlq", "list", "--json").stdout)
@@ -413,7 +413,7 @@ def test_poison_handler_is_quarantined_after_three_deaths_then_replayed_and_purg
     assert t.state is TaskState.PENDING and len(t.attempts) == 4, explain(t)
     assert t.attempts[3].state is AttemptState.PENDING and t.attempts[3].reason == reason, explain(t)
     assert events(t, "dlq_replayed", attempt=4)[0].fields["reason"] == reason
-    assert a.id not in {i["task_id"] for i in h.client.attention_items()}
+    assert a.id not in {i["task_id"] for i in h.client.reads.attention_items()}
     report = h.sweeper.run_once()
     assert f"{a.id}/4" in report.dispatched, report
 
@@ -421,8 +421,8 @@ def test_poison_handler_is_quarantined_after_three_deaths_then_replayed_and_purg
     h.run_cli("dlq", "purge", b.id, "--reason", "the operator read it all", "--yes")
     with pytest.raises(TaskNotFound):
         h.task(b.id)
-    assert h.client.effects(b.id) == {}
-    purged = [e for e in h.client.namespace_events() if e.get("type") == "task_purged"]
+    assert h.client.reads.effects(b.id) == {}
+    purged = [e for e in h.client.reads.namespace_events() if e.get("type") == "task_purged"]
     assert [e["task"] for e in purged] == [b.id] and purged[0]["reason"] == "the operator read it all"
     listed = json.loads(h.run_cli("dlq", "list", "--json").stdout)
     assert listed == [], listed
@@ -446,10 +446,10 @@ def test_effect_whose_reconcile_cannot_tell_blocks_the_task_for_a_person(h: Harn
     why = explain(final)
     assert final.state is TaskState.BLOCKED, why
     assert [a.state for a in final.attempts] == [AttemptState.FAILED], why
-    fx = h.client.effects(task.id)
+    fx = h.client.reads.effects(task.id)
     assert fx[key].state == "unknown" and fx[key].source == "reconcile", (fx, why)
     assert len(events(final, "effect_unknown", attempt=1, key=key)) == 1, why
-    items = [i for i in h.client.attention_items() if i["task_id"] == task.id]
+    items = [i for i in h.client.reads.attention_items() if i["task_id"] == task.id]
     assert len(items) == 1 and items[0]["kind"] == "unknown_effect", items
     assert key in json.dumps(items[0]["effects"])
 
@@ -475,7 +475,8 @@ def test_an_effect_still_unknown_at_the_next_attempt_is_explained_as_mc_queue_s_
     h.run_worker("simple")
     forge.lookups_unavailable(1000)
     h.sweep_until(lambda t: t.state in FINAL, task.id, 15, "the suspect Attempt to be settled")
-    h.client.retry_task(task.id, "the operator asks Attempt 2 to look again", "the forge answers lookups again")
+    h.client.operator.retry_task(task.id, "the operator asks Attempt 2 to look again",
+                                 "the forge answers lookups again")
     h.sweeper.run_once()  # dispatch Attempt 2
     h.run_worker("simple")
     final = h.sweep_until(lambda t: t.state in FINAL and len(t.attempts) == 2, task.id, 15, "Attempt 2 to stop")

@@ -54,7 +54,7 @@ def _fresh_process(url: str, prefix: str, state: Path) -> dict[str, str]:
     """A process started after the failover on the new primary's plain URL, as an operator would."""
     code = ("import json, sys, mc_queue\n"
             "q = mc_queue.connect(sys.argv[1], prefix=sys.argv[2], state_dir=sys.argv[3])\n"
-            "info = q.open_namespace()\n"
+            "info = q.backend.open_namespace()\n"
             "print(json.dumps({'state': info.state, 'reason': info.reason}))\n")
     out = subprocess.run([sys.executable, "-c", code, url, prefix, str(state)], capture_output=True, text=True,
                          timeout=60, check=True)
@@ -70,10 +70,10 @@ def test_failover_to_a_lagging_replica_is_detected_with_min_replicas_0(cluster: 
     try:
         assert producer.tracking and worker.tracking
         before = [producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3)]
-        worker.claim_attempt(before[0], "w1", LONG)
+        worker.leases.claim_attempt(before[0], "w1", LONG)
         cluster.lag()
         during = [producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3, 6)]  # acknowledged
-        lease = worker.claim_attempt(before[1], "w1", LONG)
+        lease = worker.leases.claim_attempt(before[1], "w1", LONG)
         cluster.kill_primary()
         cluster.wait_failover()
 
@@ -89,7 +89,7 @@ def test_failover_to_a_lagging_replica_is_detected_with_min_replicas_0(cluster: 
         with pytest.raises(mc_queue.NamespaceLost, match="failover lost acknowledged writes"):
             producer.enqueue("q", "h", {"i": 9}, "k9")
         with pytest.raises(mc_queue.NamespaceLost):
-            worker.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
+            worker.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
         info = producer.namespace()
         assert info.state == "lost" and "acknowledged at offset" in info.reason
         losses = [e for e in producer.namespace_events() if e["type"] == "state_loss_detected"]
@@ -104,15 +104,15 @@ def test_min_replicas_1_loses_no_acknowledged_task_and_follows_the_failover(clus
     prefix, state = "fo1", tmp_path / "state"
     q = mc_queue.connect(cluster.url(min_replicas=1, replica_timeout_ms=300), prefix=prefix, state_dir=state)
     try:
-        acked = [q.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3)]
-        lease = q.claim_attempt(acked[0], "w1", LONG)
+        acked = [q.producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3)]
+        lease = q.leases.claim_attempt(acked[0], "w1", LONG)
         cluster.lag()
         t0 = time.monotonic()
         with pytest.raises(ReplicationUnconfirmed, match="same idempotency key"):
-            q.enqueue("q", "h", {"i": 3}, "k3")  # on the primary only: an error, not an acknowledgement
+            q.producer.enqueue("q", "h", {"i": 3}, "k3")  # on the primary only: an error, not an acknowledgement
         assert time.monotonic() - t0 < 2.5
         with pytest.raises(ReplicationUnconfirmed, match="do not run the Attempt"):
-            q.claim_attempt(acked[1], "w1", LONG)
+            q.leases.claim_attempt(acked[1], "w1", LONG)
         cluster.kill_primary()
         cluster.wait_failover()
         cluster.restart_old_primary()  # a replica again, so that WAIT 1 can be confirmed
@@ -123,13 +123,14 @@ def test_min_replicas_1_loses_no_acknowledged_task_and_follows_the_failover(clus
         assert _fresh_process(cluster.replica.url, prefix, state)["state"] == "ok"
         # The same client goes on without a restart: the producer resends with its key, the claim
         # acknowledged before the failover still holds, the unconfirmed claim is made again.
-        resent = q.enqueue("q", "h", {"i": 3}, "k3")
-        assert q.enqueue("q", "h", {"i": 3}, "k3").id == resent.id
-        assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
-        again = q.claim_attempt(acked[1], "w1", LONG)
-        q.complete_attempt(again.attempt_id, again.fence, {"ok": 2}, worker_id="w1")
-        assert q.namespace().state == "ok"
-        assert [e for e in q.namespace_events() if e["type"] == "state_loss_detected"] == []
+        resent = q.producer.enqueue("q", "h", {"i": 3}, "k3")
+        assert q.producer.enqueue("q", "h", {"i": 3}, "k3").id == resent.id
+        assert q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1},
+                                         worker_id="w1").state.value == "succeeded"
+        again = q.leases.claim_attempt(acked[1], "w1", LONG)
+        q.leases.complete_attempt(again.attempt_id, again.fence, {"ok": 2}, worker_id="w1")
+        assert q.reads.namespace().state == "ok"
+        assert [e for e in q.reads.namespace_events() if e["type"] == "state_loss_detected"] == []
         r = cluster.replica.client()
         assert len(r.hgetall(Keys(prefix).idem)) == 4  # one task per producer key
         r.close()
@@ -146,7 +147,7 @@ def _producer_loop(q: mc_queue.Client, keys: list[str], stop: threading.Event, a
     for k in keys:
         while not stop.is_set():
             try:
-                acked[k] = (q.enqueue("q", "h", {"k": k}, k).id, time.monotonic())
+                acked[k] = (q.producer.enqueue("q", "h", {"k": k}, k).id, time.monotonic())
                 break
             except (mc_queue.McqError, redis.RedisError) as exc:
                 errors.append(type(exc).__name__)
@@ -161,7 +162,7 @@ def test_a_planned_sentinel_failover_loses_no_acknowledged_task_with_the_default
     acknowledged now means replicated (min_replicas defaults to 1): those writes are errors to their
     producer, resent with the same key, and nothing acknowledged is lost."""
     q = mc_queue.connect(cluster.url(replica_timeout_ms=300), prefix="pf1", state_dir=tmp_path / "state")
-    assert q.min_replicas == 1
+    assert q.backend.min_replicas == 1
     keys = [f"k{i}" for i in range(120)]
     acked: dict[str, tuple[str, float]] = {}
     errors: list[str] = []
@@ -181,7 +182,7 @@ def test_a_planned_sentinel_failover_loses_no_acknowledged_task_with_the_default
             assert new_primary.hlen(Keys("pf1").idem) == len(keys)  # one task per key: resends made no copy
         finally:
             new_primary.close()
-        assert q.namespace().state == "ok"
+        assert q.reads.namespace().state == "ok"
     finally:
         stop.set()
         q.close()
@@ -227,7 +228,7 @@ def test_a_loss_after_a_planned_failover_is_reported_within_one_sweeper_pass(clu
         print(f"loss reported {delay:.2f} s after the first acknowledged write the new primary lacks "
               f"({lost_at - promoted:.2f} s after the promotion), sweeper interval {interval} s")
         assert delay <= 2 * interval + 1.0, f"the loss was reported {delay:.1f} s late"
-        info = sweeper_client.namespace()
+        info = sweeper_client.reads.namespace()
         assert info.state == "lost" and "failover lost acknowledged writes" in info.reason, info
     finally:
         stop.set()

@@ -85,7 +85,7 @@ def test_a_zombie_push_is_refused_by_the_remote(redis_server: RedisServer, prefi
                                               "late_read": late_read})
             pid = _zombie_run(h, task.id, tmp_path / "pid")
             key = mint_key(task.id, "git-push", gitmod.identity(branch, digest(content)[:16]))
-            receipt = h.client.effects(task.id)[key].receipt
+            receipt = h.client.reads.effects(task.id)[key].receipt
             _resume(h, pid)
             after = h.task(task.id)
         finally:
@@ -180,7 +180,7 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
     fences and has no one-PR-per-head rule, so the fence alone has to hold. Counted at the providers:
     one commit per push key on the remote, one pull request per key, the branch tip is the receipt."""
     import mc_queue
-    from mc_queue import failpoints
+    from mc_queue.contracts import failpoints
     from mc_queue.examples import agents
     from mc_queue.ops.sweeper import Sweeper
 
@@ -213,7 +213,7 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
 
             def settle() -> bool:
                 sweeper.run_once()
-                current = client.get_task(task.id)
+                current = client.reads.get_task(task.id)
                 if current.state is TaskState.SUCCEEDED:
                     return True
                 if client.redis.llen(f"rq:queue:mcq:{prefix}:agents"):
@@ -221,10 +221,10 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
                 return False
 
             wait_for(settle, 90, "a replacement to finish the task", interval=0.3)
-            done = client.get_task(task.id)
+            done = client.reads.get_task(task.id)
             os.killpg(zombie.pid, signal.SIGCONT)
             zombie.wait(60)
-            after = client.get_task(task.id)
+            after = client.reads.get_task(task.id)
         finally:
             if zombie.poll() is None:
                 os.killpg(zombie.pid, signal.SIGCONT)

@@ -34,7 +34,7 @@ class Rig:
     prefix: str
 
     def new_task(self, n: int = 0) -> str:
-        return self.q.enqueue("resend", "noop", {"n": n}).id
+        return self.q.producer.enqueue("resend", "noop", {"n": n}).id
 
 
 @pytest.fixture
@@ -44,11 +44,11 @@ def rig(own_redis: RedisServer, prefix: str) -> Iterator[Rig]:
     direct = own_redis.client()
     try:
         # Warm up: scripts loaded (no NOSCRIPT round trips later), namespace known, connections open.
-        t = q.enqueue("resend", "noop", {"warm": True})
-        lease = q.claim_attempt(t.id, "warm", lease_ms=60_000)
-        q.renew_lease(lease.attempt_id, lease.fence, worker_id="warm")
-        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="warm")
-        q.get_task(t.id)
+        t = q.producer.enqueue("resend", "noop", {"warm": True})
+        lease = q.leases.claim_attempt(t.id, "warm", lease_ms=60_000)
+        q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="warm")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="warm")
+        q.reads.get_task(t.id)
         yield Rig(own_redis, proxy, q, direct, prefix)
     finally:
         q.close()
@@ -63,7 +63,7 @@ def test_dropped_claim_reply_runs_once_and_resend_returns_same_lease(rig: Rig) -
     rec = SendRecorder(rig.q)
     rig.proxy.drop_responses(1)
     try:
-        lease = rig.q.claim_attempt(tid, "w1", lease_ms=60_000)
+        lease = rig.q.leases.claim_attempt(tid, "w1", lease_ms=60_000)
     finally:
         rec.restore()
 
@@ -85,19 +85,19 @@ def test_dropped_claim_reply_runs_once_and_resend_returns_same_lease(rig: Rig) -
 
     # The lease the caller got back is the real one: others are refused, the holder can finish.
     with pytest.raises(mc_queue.ClaimRejected, match="held by w1"):
-        rig.q.claim_attempt(tid, "w2")
-    done = rig.q.complete_attempt(lease.attempt_id, lease.fence, {"r": 1}, worker_id="w1")
+        rig.q.leases.claim_attempt(tid, "w2")
+    done = rig.q.leases.complete_attempt(lease.attempt_id, lease.fence, {"r": 1}, worker_id="w1")
     assert done.state == mc_queue.AttemptState.SUCCEEDED and done.fence == 1
 
 
 def test_dropped_complete_reply_is_a_noop_resend(rig: Rig) -> None:
     tid = rig.new_task()
-    lease = rig.q.claim_attempt(tid, "w1", lease_ms=60_000)
+    lease = rig.q.leases.claim_attempt(tid, "w1", lease_ms=60_000)
     evalsha_before = evalsha_calls(rig.direct)
     rec = SendRecorder(rig.q)
     rig.proxy.drop_responses(1)
     try:
-        att = rig.q.complete_attempt(lease.attempt_id, lease.fence, {"answer": 42}, worker_id="w1")
+        att = rig.q.leases.complete_attempt(lease.attempt_id, lease.fence, {"answer": 42}, worker_id="w1")
     finally:
         rec.restore()
     assert rec.sends("complete") == ["ConnectionError", "DUP"]
@@ -106,7 +106,7 @@ def test_dropped_complete_reply_is_a_noop_resend(rig: Rig) -> None:
     assert len(events_of(rig.direct, rig.prefix, tid, "attempt_succeeded")) == 1
     assert events_of(rig.direct, rig.prefix, tid, "stale_write_refused") == []
     assert events_of(rig.direct, rig.prefix, tid, "completion_conflict") == []
-    task = rig.q.get_task(tid)
+    task = rig.q.reads.get_task(tid)
     assert task.state == mc_queue.TaskState.SUCCEEDED and task.result == {"answer": 42}
     counts = rig.direct.hgetall(Keys(rig.prefix).counts)
     assert counts["resend|succeeded"] == "2" and counts["resend|running"] == "0"  # moved once, not twice
@@ -119,7 +119,7 @@ def test_every_reply_lost_bounded_resends_then_caller_resend_gets_same_lease(rig
     rig.proxy.drop_responses(_RESENDS + 1)
     try:
         with pytest.raises(redis.ConnectionError):
-            rig.q.claim_attempt(tid, "w1", lease_ms=60_000, request_id="req-lost")
+            rig.q.leases.claim_attempt(tid, "w1", lease_ms=60_000, request_id="req-lost")
     finally:
         rec.restore()
     assert rig.proxy.armed == 0
@@ -135,12 +135,12 @@ def test_every_reply_lost_bounded_resends_then_caller_resend_gets_same_lease(rig
     assert events_of(rig.direct, rig.prefix, tid, "claim_refused") == []
 
     # The caller resends with the same request id: the same lease, not a ClaimRejected.
-    lease = rig.q.claim_attempt(tid, "w1", lease_ms=60_000, request_id="req-lost")
+    lease = rig.q.leases.claim_attempt(tid, "w1", lease_ms=60_000, request_id="req-lost")
     assert (lease.number, lease.fence, lease.expires_at_ms) == (1, 1, int(a1["lease_exp"]))
     assert len(events_of(rig.direct, rig.prefix, tid, "attempt_claimed")) == 1
     # A different request id is a different claim: refused and recorded.
     with pytest.raises(mc_queue.ClaimRejected):
-        rig.q.claim_attempt(tid, "w1", request_id="req-other")
+        rig.q.leases.claim_attempt(tid, "w1", request_id="req-other")
     assert len(events_of(rig.direct, rig.prefix, tid, "claim_refused")) == 1
 
 
@@ -159,7 +159,7 @@ def _claim_call_for(rig: Rig, tid: str) -> tuple[dict[str, Any], dict[str, Any]]
     scripts.call = spy
     try:
         dummy = rig.new_task(-1)
-        rig.q.claim_attempt(dummy, "spy", lease_ms=60_000)
+        rig.q.leases.claim_attempt(dummy, "spy", lease_ms=60_000)
     finally:
         scripts.call = orig
     keys, argv = seen[-1]
@@ -204,7 +204,7 @@ def test_raw_redis_py_default_retry_resends_silently(rig: Rig) -> None:
     rec = SendRecorder(rig.q)
     rig.proxy.drop_responses(1)
     try:
-        lease = rig.q.claim_attempt(tid2, "w1")
+        lease = rig.q.leases.claim_attempt(tid2, "w1")
     finally:
         rec.restore()
     assert evalsha_calls(rig.direct) - before == len(rec.sends("claim")) == 2

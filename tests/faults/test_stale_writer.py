@@ -64,7 +64,7 @@ def test_stale_writer_refused_and_audited_new_holder_stands(
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        tid = q.enqueue("stale", "edit_file", {"path": "a.txt"}).id
+        tid = q.producer.enqueue("stale", "edit_file", {"path": "a.txt"}).id
         r1, r2 = {"by": "worker-1", "diff": "old"}, {"by": "worker-2", "diff": "new"}
         w1 = WorkerProc(script, redis_server.url, prefix, tid, "worker-1", LEASE_MS, r1)
         procs.append(w1)
@@ -77,12 +77,12 @@ def test_stale_writer_refused_and_audited_new_holder_stands(
         _wait_stopped(w1)
         lease_exp = int(attempt_fields(r, prefix, tid, 1)["lease_exp"])
         _wait_redis_past(r, lease_exp)
-        expired = q.expire_leases()
+        expired = q.maintenance.expire_leases()
         assert [(e.attempt_id, e.old_fence, e.new_fence) for e in expired] == [(aid1, 1, 2)]
-        assert q.get_task(tid).attempts[0].state == mc_queue.AttemptState.SUSPECT
+        assert q.reads.get_task(tid).attempts[0].state == mc_queue.AttemptState.SUSPECT
         settled = reconcile_attempt(q, aid1)
         assert settled.state == mc_queue.AttemptState.FAILED and settled.settled_by == "reconcile"
-        a2 = q.retry_task(tid, "worker-1 froze past its lease", hypothesis="a live worker finishes it")
+        a2 = q.operator.retry_task(tid, "worker-1 froze past its lease", hypothesis="a live worker finishes it")
         assert a2.number == 2 and a2.previous == aid1
 
         w2 = WorkerProc(script, redis_server.url, prefix, tid, "worker-2", 30_000, r2)
@@ -111,7 +111,7 @@ def test_stale_writer_refused_and_audited_new_holder_stands(
         assert w2.call("complete")["ok"]
 
         # Redis side: the task succeeded with Attempt 2's result; Attempt 1 is exactly as it was.
-        task = q.get_task(tid)
+        task = q.reads.get_task(tid)
         assert task.state == mc_queue.TaskState.SUCCEEDED and task.result == r2
         assert task.fence == 3 and task.attempt_count == 2
         assert [a.state for a in task.attempts] == [mc_queue.AttemptState.FAILED, mc_queue.AttemptState.SUCCEEDED]
@@ -134,7 +134,7 @@ def test_stale_writer_refused_and_audited_new_holder_stands(
         assert refused[1]["payload_digest"] == refused[2]["payload_digest"] == want_digest
         assert want_digest != digest(canonical_json(r2))
         assert events_of(r, prefix, tid, "state_loss_detected") == []
-        assert q.namespace().state == "ok"
+        assert q.reads.namespace().state == "ok"
     finally:
         q.close()
         r.close()
@@ -147,7 +147,7 @@ def test_woken_before_the_sweeper_gets_lease_expired(
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        tid = q.enqueue("stale", "edit_file", {"path": "b.txt"}).id
+        tid = q.producer.enqueue("stale", "edit_file", {"path": "b.txt"}).id
         w1 = WorkerProc(script, redis_server.url, prefix, tid, "worker-1", LEASE_MS, {"by": "worker-1"})
         procs.append(w1)
         assert w1.claim["fence"] == 1
@@ -163,10 +163,10 @@ def test_woken_before_the_sweeper_gets_lease_expired(
         assert [(e["op"], e["refusal"], e["presented_fence"], e["current_fence"], e["attempt_state"])
                 for e in refused] == [("renew", "lease_expired", "1", "1", "running"),
                                       ("complete", "lease_expired", "1", "1", "running")]
-        task = q.get_task(tid)
+        task = q.reads.get_task(tid)
         assert task.state == mc_queue.TaskState.RUNNING and task.result is None  # the late result did not land
         # The sweeper then moves it on as usual; the fence is bumped past the frozen worker's.
-        assert [(e.old_fence, e.new_fence) for e in q.expire_leases()] == [(1, 2)]
+        assert [(e.old_fence, e.new_fence) for e in q.maintenance.expire_leases()] == [(1, 2)]
         got = w1.call("complete")
         assert (got["error"], got["presented"], got["current"]) == ("StaleFence", 1, 2), got
     finally:
@@ -184,14 +184,14 @@ def test_stale_write_after_reconcile_without_retry_is_refused_and_audited(
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     r = redis_server.client()
     try:
-        tid = q.enqueue("stale", "edit_file", {"path": f"{op}.txt"}).id
+        tid = q.producer.enqueue("stale", "edit_file", {"path": f"{op}.txt"}).id
         w1 = WorkerProc(script, redis_server.url, prefix, tid, "worker-1", LEASE_MS, {"by": "worker-1"})
         procs.append(w1)
         aid = w1.claim["attempt_id"]
         w1.stop()
         _wait_stopped(w1)
         _wait_redis_past(r, w1.claim["expires_at_ms"])
-        assert [(e.old_fence, e.new_fence) for e in q.expire_leases()] == [(1, 2)]
+        assert [(e.old_fence, e.new_fence) for e in q.maintenance.expire_leases()] == [(1, 2)]
         reconcile_attempt(q, aid)
         settled = attempt_fields(r, prefix, tid, 1)
         assert settled["state"] == "failed" and settled["settled_by"] == "reconcile"
@@ -203,7 +203,7 @@ def test_stale_write_after_reconcile_without_retry_is_refused_and_audited(
         assert [(e["op"], e["refusal"], e["presented_fence"], e["current_fence"], e["worker"]) for e in refused] == \
             [(op, "stale_fence", "1", "2", "worker-1")]
         assert attempt_fields(r, prefix, tid, 1) == settled  # the reconciled record is untouched
-        assert q.get_task(tid).state == mc_queue.TaskState.FAILED
+        assert q.reads.get_task(tid).state == mc_queue.TaskState.FAILED
     finally:
         q.close()
         r.close()

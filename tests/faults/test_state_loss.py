@@ -56,13 +56,13 @@ def test_empty_restart_holders_next_renew_raises_namespace_lost(
     """The lease holder's heartbeat is the first call after the loss: it must say NamespaceLost."""
     worker = _connect(own_redis, prefix, clients)
     tid = worker.enqueue("sl", "noop", {"i": 1}).id
-    lease = worker.claim_attempt(tid, "w1", lease_ms=LONG)
+    lease = worker.leases.claim_attempt(tid, "w1", lease_ms=LONG)
     own_redis.restart(keep_data=False)
 
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease length granted at claim
+        worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease length granted at claim
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+        worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
     assert _connect(own_redis, prefix, clients).namespace().state == "lost"
 
 
@@ -72,39 +72,39 @@ def test_empty_restart_refuses_until_recover_and_never_reuses_a_fence(
     worker = _connect(own_redis, prefix, clients)
     t1 = worker.enqueue("sl", "noop", {"i": 1}).id
     t2 = worker.enqueue("sl", "noop", {"i": 2}).id
-    lease = worker.claim_attempt(t1, "w1", lease_ms=LONG)
+    lease = worker.leases.claim_attempt(t1, "w1", lease_ms=LONG)
     f = lease.fence
     own_redis.restart(keep_data=False)
     r = own_redis.client()
 
     # The same client: its next claim and its completion are refused; Redis is marked lost.
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        worker.claim_attempt(t2, "w1")
+        worker.leases.claim_attempt(t2, "w1")
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        worker.complete_attempt(lease.attempt_id, f, {"done": True}, worker_id="w1")
+        worker.leases.complete_attempt(lease.attempt_id, f, {"done": True}, worker_id="w1")
     assert meta(r, prefix)["state"] == "lost"
     assert "state_loss_detected" in _nslog_types(r, prefix)
 
     # A new client sees 'lost' and is refused too, with a message that says what to do.
     fresh = _connect(own_redis, prefix, clients)
-    info = fresh.namespace()
+    info = fresh.reads.namespace()
     assert info.state == "lost"
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover") as exc:
-        fresh.enqueue("sl", "noop", {"i": 3})
+        fresh.producer.enqueue("sl", "noop", {"i": 3})
     assert exc.value.code == "E_NSLOST"
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        fresh.claim_attempt(t2, "w2")
+        fresh.leases.claim_attempt(t2, "w2")
     assert r.exists(Keys(prefix).task(t2).task) == 0  # nothing was written by the refused calls
     assert r.exists(Keys(prefix).queues) == 0
 
     # Recover, then claims work again; every new fence is above every fence issued before.
     out = recover(fresh, reason="test: redis came back empty")
     assert out["fence_floor"] > f and out["voided_leases"] == []
-    assert fresh.namespace().state == "ok"
-    t3 = fresh.enqueue("sl", "noop", {"i": 3}).id
-    new = fresh.claim_attempt(t3, "w2", lease_ms=LONG)
+    assert fresh.reads.namespace().state == "ok"
+    t3 = fresh.producer.enqueue("sl", "noop", {"i": 3}).id
+    new = fresh.leases.claim_attempt(t3, "w2", lease_ms=LONG)
     assert new.fence > f and new.fence > out["fence_floor"] - 1
-    assert fresh.complete_attempt(new.attempt_id, new.fence, {"ok": 1}, worker_id="w2").fence == new.fence
+    assert fresh.leases.complete_attempt(new.attempt_id, new.fence, {"ok": 1}, worker_id="w2").fence == new.fence
     types = _nslog_types(r, prefix)
     assert types.index("state_loss_detected") < types.index("recovery_started") < types.index("recovery_finished")
     r.close()
@@ -120,10 +120,10 @@ def test_empty_restart_clients_from_before_the_loss_work_after_recovery(
     producer = _connect(own_redis, prefix, clients)
     t1 = worker.enqueue("sl", "noop", {"i": 1}).id
     producer.enqueue("sl", "noop", {"i": 0})
-    lease = worker.claim_attempt(t1, "w1", lease_ms=LONG)
+    lease = worker.leases.claim_attempt(t1, "w1", lease_ms=LONG)
     own_redis.restart(keep_data=False)
     with pytest.raises(mc_queue.NamespaceLost):
-        worker.claim_attempt(t1, "w1")
+        worker.leases.claim_attempt(t1, "w1")
     ops = _connect(own_redis, prefix, clients)
     recover(ops, reason="test: redis came back empty")
     assert ops.namespace().state == "ok"
@@ -133,9 +133,9 @@ def test_empty_restart_clients_from_before_the_loss_work_after_recovery(
     assert ops.namespace().state == "ok"
     # The old worker's lease is gone with the data: its write is refused as such, not as a new loss.
     with pytest.raises((mc_queue.TaskNotFound, mc_queue.WriteRefused)):
-        worker.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+        worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
     assert ops.namespace().state == "ok"
-    new = worker.claim_attempt(t2, "w1", lease_ms=LONG)
+    new = worker.leases.claim_attempt(t2, "w1", lease_ms=LONG)
     assert new.fence > lease.fence
     assert ops.namespace().state == "ok"
 
@@ -173,22 +173,22 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     s.ta = s.ops.enqueue("snap", "noop", {"t": "a"}).id
     s.tb = s.ops.enqueue("snap", "noop", {"t": "b"}).id
     s.ops.enqueue("snap", "noop", {"t": "c"})
-    s.lease_a1 = s.w1.claim_attempt(s.ta, "w1", lease_ms=1)
+    s.lease_a1 = s.w1.leases.claim_attempt(s.ta, "w1", lease_ms=1)
     server.stop()  # clean shutdown: the AOF is complete on disk
     copy = copy_data(server, tmp / "older-copy")
     assert (copy / "appendonlydir").is_dir()
     server.start()
 
     time.sleep(0.005)
-    expired = s.ops.expire_leases()
+    expired = s.ops.maintenance.expire_leases()
     # The first fence after a restart lies above the restart time (Redis TIME in microseconds).
     assert [e.old_fence for e in expired] == [1] and expired[0].new_fence > 10**15
     reconcile_attempt(s.ops, s.lease_a1.attempt_id)
-    s.ops.retry_task(s.ta, "worker w1 lost its lease; run it again")
-    s.lease_a2 = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
-    s.lease_b = s.w2.claim_attempt(s.tb, "w2", lease_ms=LONG)
+    s.ops.operator.retry_task(s.ta, "worker w1 lost its lease; run it again")
+    s.lease_a2 = s.w2.leases.claim_attempt(s.ta, "w2", lease_ms=LONG)
+    s.lease_b = s.w2.leases.claim_attempt(s.tb, "w2", lease_ms=LONG)
     s.td = s.ops.enqueue("snap", "noop", {"t": "d"}).id
-    lease_d = s.w2.claim_attempt(s.td, "w2", lease_ms=LONG)
+    lease_d = s.w2.leases.claim_attempt(s.td, "w2", lease_ms=LONG)
     assert s.lease_a2.fence == expired[0].new_fence + 1
     assert s.lease_b.fence > 10**15 and lease_d.fence > 10**15  # above the floor the restart raised
     s.issued = {s.ta: [1, expired[0].new_fence, s.lease_a2.fence], s.tb: [s.lease_b.fence], s.td: [lease_d.fence]}
@@ -206,7 +206,7 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
 
 def _recover_and_check_no_reuse(s: Snapshot) -> None:
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        s.ops.claim_attempt(s.tb, "w3")
+        s.ops.leases.claim_attempt(s.tb, "w3")
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
         s.ops.enqueue("snap", "noop", {"t": "e"})
     assert s.lease_a1 and s.lease_a2 and s.lease_b
@@ -219,23 +219,24 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
 
     # Writes with any fence issued before the recovery are refused (recorded, not applied).
     with pytest.raises(mc_queue.StaleFence):
-        s.w1.complete_attempt(s.lease_a1.attempt_id, s.lease_a1.fence, {"by": "w1"}, worker_id="w1")
+        s.w1.leases.complete_attempt(s.lease_a1.attempt_id, s.lease_a1.fence, {"by": "w1"}, worker_id="w1")
     with pytest.raises(mc_queue.StaleFence):
-        s.w2.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+        s.w2.leases.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
     assert s.ops.namespace().state == "ok"
 
     # New fences: all above every fence issued before, none twice.
     reconcile_attempt(s.ops, s.lease_a1.attempt_id)
-    s.ops.retry_task(s.ta, "recovered: run A again after the restore")
-    new_a = s.w2.claim_attempt(s.ta, "w2", lease_ms=LONG)
-    new_b = s.w1.claim_attempt(s.tb, "w1", lease_ms=LONG)
+    s.ops.operator.retry_task(s.ta, "recovered: run A again after the restore")
+    new_a = s.w2.leases.claim_attempt(s.ta, "w2", lease_ms=LONG)
+    new_b = s.w1.leases.claim_attempt(s.tb, "w1", lease_ms=LONG)
     te = s.ops.enqueue("snap", "noop", {"t": "e"}).id
-    new_e = s.w1.claim_attempt(te, "w1", lease_ms=LONG)
+    new_e = s.w1.leases.claim_attempt(te, "w1", lease_ms=LONG)
     for lease in (new_a, new_b, new_e):
         assert lease.fence > s.max_issued()
         assert lease.fence not in s.issued.get(lease.task_id, [])
     assert new_a.fence > voided_to
-    assert s.w2.complete_attempt(new_a.attempt_id, new_a.fence, {"by": "w2"}, worker_id="w2").fence == new_a.fence
+    assert s.w2.leases.complete_attempt(new_a.attempt_id, new_a.fence, {"by": "w2"},
+                                        worker_id="w2").fence == new_a.fence
     r.close()
 
 
@@ -249,7 +250,7 @@ def test_older_snapshot_newer_fence_is_detected(
     assert s.lease_a2 is not None
     s.w2.ns.seq_seen = 0  # as if w2 had seen no claim after A/2's: only the fence can tell
     with pytest.raises(mc_queue.NamespaceLost, match=f"presented fence {s.lease_a2.fence} .*but Redis holds 1"):
-        s.w2.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+        s.w2.leases.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
     r = own_redis.client()
     assert meta(r, prefix)["state"] == "lost"
     ev = events_of(r, prefix, s.ta, "state_loss_detected")
@@ -257,7 +258,7 @@ def test_older_snapshot_newer_fence_is_detected(
         ("complete", str(s.lease_a2.fence), "1", "w2", str(s.lease_a2.seq))]
     assert events_of(r, prefix, s.ta, "attempt_succeeded") == []
     with pytest.raises(mc_queue.NamespaceLost):
-        s.w2.renew_lease(s.lease_a2.attempt_id, s.lease_a2.fence, worker_id="w2", lease_ms=LONG)
+        s.w2.leases.renew_lease(s.lease_a2.attempt_id, s.lease_a2.fence, worker_id="w2", lease_ms=LONG)
     r.close()
     _recover_and_check_no_reuse(s)
 
@@ -272,7 +273,7 @@ def test_older_snapshot_fence_from_a_process_without_its_claim_record_is_refused
     assert s.lease_a2 is not None
     restarted_worker = _connect(own_redis, prefix, clients)
     with pytest.raises(mc_queue.StaleFence):
-        restarted_worker.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
+        restarted_worker.leases.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
     r = own_redis.client()
     assert meta(r, prefix)["state"] == "ok"
     refused = events_of(r, prefix, s.ta, "stale_write_refused")
@@ -281,7 +282,7 @@ def test_older_snapshot_fence_from_a_process_without_its_claim_record_is_refused
     assert events_of(r, prefix, s.ta, "attempt_succeeded") == []
     r.close()
     # A sweep and a new claim on the restored data never hand out a fence issued before the restore.
-    expired = s.ops.expire_leases()
+    expired = s.ops.maintenance.expire_leases()
     assert all(e.new_fence > s.max_issued() for e in expired)
 
 
@@ -292,7 +293,7 @@ def test_older_snapshot_claim_sequence_going_back_is_detected(
     s = _older_snapshot(own_redis, prefix, clients, tmp_path)
     assert s.lease_b is not None
     with pytest.raises(mc_queue.NamespaceLost, match="claim sequence went backwards"):
-        s.w2.renew_lease(s.lease_b.attempt_id, s.lease_b.fence, worker_id="w2", lease_ms=LONG)
+        s.w2.leases.renew_lease(s.lease_b.attempt_id, s.lease_b.fence, worker_id="w2", lease_ms=LONG)
     r = own_redis.client()
     assert meta(r, prefix)["state"] == "lost"
     assert attempt_fields(r, prefix, s.tb, 1)["state"] == "pending"  # nothing was written to B
@@ -312,14 +313,14 @@ def test_older_snapshot_sweeper_first_never_reissues_a_fence(
     fresh_worker = _connect(own_redis, prefix, clients)
     issued_again: list[tuple[str, int]] = []
     try:
-        expired = sweeper.expire_leases()
+        expired = sweeper.maintenance.expire_leases()
         assert [(e.attempt_id, e.old_fence) for e in expired] == [(s.lease_a1.attempt_id if s.lease_a1 else "", 1)]
         # The restart raised the floor: the bump lies above every fence issued before the restore.
         assert expired[0].new_fence > s.max_issued()
         assert s.lease_a1 is not None
         reconcile_attempt(sweeper, s.lease_a1.attempt_id)
-        sweeper.retry_task(s.ta, "worker w1 lost its lease; run it again")
-        lease = fresh_worker.claim_attempt(s.ta, "w3", lease_ms=LONG)
+        sweeper.operator.retry_task(s.ta, "worker w1 lost its lease; run it again")
+        lease = fresh_worker.leases.claim_attempt(s.ta, "w3", lease_ms=LONG)
         if lease.fence in s.issued[s.ta]:
             issued_again.append((s.ta, lease.fence))
     except mc_queue.NamespaceLost:
@@ -337,10 +338,10 @@ def test_sigkill_with_aof_always_loses_nothing(
     r = own_redis.client()
     assert r.config_get("appendonly")["appendonly"] == "yes"
     assert r.config_get("appendfsync")["appendfsync"] == "always"
-    tids = [q.enqueue("kill", "noop", {"i": i}).id for i in range(12)]
-    leases = [q.claim_attempt(t, "w1", lease_ms=LONG) for t in tids[:8]]
+    tids = [q.producer.enqueue("kill", "noop", {"i": i}).id for i in range(12)]
+    leases = [q.leases.claim_attempt(t, "w1", lease_ms=LONG) for t in tids[:8]]
     for lease in leases[:3]:
-        q.complete_attempt(lease.attempt_id, lease.fence, {"i": lease.task_id}, worker_id="w1")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"i": lease.task_id}, worker_id="w1")
     before = dump_namespace(r, prefix)
     seq = int(meta(r, prefix)["seq"])
     r.close()
@@ -348,12 +349,12 @@ def test_sigkill_with_aof_always_loses_nothing(
     own_redis.restart(keep_data=True, sig=9)  # SIGKILL: no shutdown, no final fsync
     r = own_redis.client()
     assert dump_namespace(r, prefix) == before
-    assert q.namespace().state == "ok"
+    assert q.reads.namespace().state == "ok"
     # The clients carry on: renew and complete the held leases, claim again; the sequence continues.
     for lease in leases[3:5]:
-        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
-        q.complete_attempt(lease.attempt_id, lease.fence, {"after": "kill"}, worker_id="w1")
-    nxt = q.claim_attempt(tids[8], "w1", lease_ms=LONG)
+        q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"after": "kill"}, worker_id="w1")
+    nxt = q.leases.claim_attempt(tids[8], "w1", lease_ms=LONG)
     # The first fence a restarted redis-server issues lies above the restart time.
     assert nxt.fence > 10**15 and int(meta(r, prefix)["seq"]) == seq + 1
     assert _nslog_types(r, prefix) == ["namespace_created"]
@@ -373,8 +374,8 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_claim(
         i = 0
         try:
             while True:
-                tid = q.enqueue("kill", "noop", {"i": i}).id
-                lease = q.claim_attempt(tid, "w1", lease_ms=LONG)
+                tid = q.producer.enqueue("kill", "noop", {"i": i}).id
+                lease = q.leases.claim_attempt(tid, "w1", lease_ms=LONG)
                 acked.append((tid, lease.fence, lease.expires_at_ms))
                 i += 1
                 if i == 20:
@@ -404,7 +405,7 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_claim(
         assert replies[3 * i: 3 * i + 2] == ["running", str(fence)]
         assert replies[3 * i + 2] == ["running", str(fence), str(exp), "w1"]
     assert int(meta(r, prefix)["seq"]) >= len(acked)
-    assert q.namespace().state == "ok"
+    assert q.reads.namespace().state == "ok"
     r.close()
 
 
@@ -418,16 +419,16 @@ def test_embedded_witness_remembers_the_epoch(tmp_path: Path, prefix: str) -> No
         q = mc_queue.connect(home=str(home), prefix=prefix)
         made.append(q)
         assert q.embedded is not None and q.embedded.started
-        tid = q.enqueue("emb", "noop", {"i": 1}).id
-        lease = q.claim_attempt(tid, "w1", lease_ms=LONG)
-        epoch = q.namespace().epoch
+        tid = q.producer.enqueue("emb", "noop", {"i": 1}).id
+        lease = q.leases.claim_attempt(tid, "w1", lease_ms=LONG)
+        epoch = q.reads.namespace().epoch
         assert q.embedded.witness.exists() and prefix in q.embedded.witness.read_text()
 
         # A clean stop with the data kept is not a loss.
         assert stop_server(home)
         q2 = mc_queue.connect(home=str(home), prefix=prefix)
         made.append(q2)
-        assert q2.namespace().state == "ok" and q2.namespace().epoch == epoch
+        assert q2.reads.namespace().state == "ok" and q2.reads.namespace().epoch == epoch
 
         # Stop, delete the data folder, start again: the witness remembers the epoch.
         assert stop_server(home)
@@ -435,24 +436,24 @@ def test_embedded_witness_remembers_the_epoch(tmp_path: Path, prefix: str) -> No
         q3 = mc_queue.connect(home=str(home), prefix=prefix)
         made.append(q3)
         assert q3.embedded is not None and q3.embedded.started
-        info = q3.namespace()
+        info = q3.reads.namespace()
         assert info.state == "lost"
         with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-            q3.enqueue("emb", "noop", {"i": 2})
+            q3.producer.enqueue("emb", "noop", {"i": 2})
         with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-            q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
+            q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
 
         out = recover(q3, reason="test: embedded data folder deleted")
-        assert q3.namespace().state == "ok"
-        assert q3.namespace().epoch == out["epoch"] != epoch
+        assert q3.reads.namespace().state == "ok"
+        assert q3.reads.namespace().epoch == out["epoch"] != epoch
         assert out["epoch"] in q3.embedded.witness.read_text()
-        t2 = q3.enqueue("emb", "noop", {"i": 2}).id
-        new = q3.claim_attempt(t2, "w2", lease_ms=LONG)
+        t2 = q3.producer.enqueue("emb", "noop", {"i": 2}).id
+        new = q3.leases.claim_attempt(t2, "w2", lease_ms=LONG)
         assert new.fence > lease.fence and new.fence >= out["fence_floor"]
         # The client from before the loss presents the retired epoch: it refreshes and goes on.
-        t3 = q.enqueue("emb", "noop", {"i": 3}).id
-        assert q.claim_attempt(t3, "w1", lease_ms=LONG).fence > out["fence_floor"]
-        assert q3.namespace().state == "ok"
+        t3 = q.producer.enqueue("emb", "noop", {"i": 3}).id
+        assert q.leases.claim_attempt(t3, "w1", lease_ms=LONG).fence > out["fence_floor"]
+        assert q3.reads.namespace().state == "ok"
     finally:
         for c in made:
             c.close()
@@ -471,7 +472,7 @@ def test_a_sweeper_that_only_read_before_a_recovery_presents_no_claim_sequence_o
     try:
         for i in range(3):
             t = worker.enqueue("jobs", "h", {"i": i})
-            worker.claim_attempt(t.id, "w1", 60_000)  # claim sequence 1, 2, 3 under the first epoch
+            worker.leases.claim_attempt(t.id, "w1", 60_000)  # claim sequence 1, 2, 3 under the first epoch
         assert sweeper.ns.epoch is None
         mc_queue.Sweeper(sweeper).run_once()  # judges the lineage with what the worker's watermark says
         assert sweeper.namespace().state == "ok"
@@ -479,7 +480,7 @@ def test_a_sweeper_that_only_read_before_a_recovery_presents_no_claim_sequence_o
         worker.redis.hset(Keys(prefix).meta, "seq", 1)
         t = worker.enqueue("jobs", "h", {"i": 9})
         with pytest.raises(mc_queue.NamespaceLost):
-            worker.claim_attempt(t.id, "w1", 60_000)
+            worker.leases.claim_attempt(t.id, "w1", 60_000)
         recover(worker, reason="the test recovers")
         assert worker.namespace().state == "ok"
         for _ in range(2):

@@ -5,7 +5,7 @@ mc_queue never sets (webhooks, callbacks, dependencies, retries, repeats, anothe
 Attempt on another queue than its task's, or an Attempt of a handler this worker's App does not have.
 Each such job is refused before anything is claimed: the task's records are byte for byte what they
 were, no HTTP request leaves the worker, no callback is imported, and the refusal is recorded in the
-namespace's capped refusals log (``Client.refusals()``) and counted in its stats.
+namespace's capped refusals log (``Client.reads.refusals()``) and counted in its stats.
 
 Every assertion reads Redis (the task's hashes and events, the refusals stream, the stats hash) or
 counts requests at a real local HTTP server; workers are `python -m mc_queue ... worker` processes.
@@ -92,7 +92,7 @@ def snapshot(h: Harness, task_id: str) -> tuple[Any, ...]:
 
 
 def refusals_by_job(h: Harness) -> dict[str, str]:
-    return {e.get("job_id", ""): e["reason"] for e in h.client.refusals(count=10_000)
+    return {e.get("job_id", ""): e["reason"] for e in h.client.reads.refusals(count=10_000)
             if e["type"] == "transport_job_refused"}
 
 
@@ -294,9 +294,9 @@ def test_a_flood_of_forged_jobs_does_not_grow_the_refusals_log_past_its_cap(tmp_
     server = RedisServer(tmp_path / "redis", appendonly=False).start()  # persistence is not what is tested
     h = Harness(server, unique_prefix(), tmp_path / "home")
     try:
-        h.client.open_namespace()
+        h.client.backend.open_namespace()
         for i in range(prefilled):
-            h.client.audit("transport_job_refused", {"job_id": f"earlier-{i}", "reason": "an earlier refusal"})
+            h.client.operator.audit("transport_job_refused", {"job_id": f"earlier-{i}", "reason": "an earlier refusal"})
         oldest = h.client.redis.xrange(h.client.keys.refused, count=1)[0][0]
         nslog_before = h.client.redis.xlen(h.client.keys.nslog)
         q = h.rq_queue()
@@ -325,7 +325,7 @@ def test_a_flood_of_forged_jobs_does_not_grow_the_refusals_log_past_its_cap(tmp_
         assert 10_000 <= length <= 10_100, f"the refusals log holds {length} entries after {prefilled + n} refusals"
         first = h.client.redis.xrange(h.client.keys.refused, count=1)[0][0]
         assert first != oldest, "the oldest refusals were not trimmed"
-        newest = h.client.refusals(count=n)
+        newest = h.client.reads.refusals(count=n)
         assert newest[0]["job_id"] == f"forged-{n - 1}"
         assert {e["job_id"] for e in newest} == {f"forged-{i}" for i in range(n)}, "a forged job was not recorded"
         assert h.client.redis.xlen(h.client.keys.nslog) == nslog_before, "refusals went to the namespace log"

@@ -80,7 +80,7 @@ def test_whiteboard_exercise(h: Harness, forge: ForgeServer, tmp_path: Path) -> 
         gate.touch()
         wait_for(lambda: forge.count_by_key().get(key), 10, "the forge to accept the pull request", interval=0.002)
         h.sigstop(pid)
-        fx = h.client.effects(task.id)
+        fx = h.client.reads.effects(task.id)
         assert fx[key].state == "intent" and fx[key].attempt == 1, fx  # the worker has no receipt
 
         # 3. Past its lease: the sweeper expires it, reconciles with the forge by key, records the
@@ -90,7 +90,7 @@ def test_whiteboard_exercise(h: Harness, forge: ForgeServer, tmp_path: Path) -> 
         assert proc_state(pid) in ("T", "t"), "the winner must still be frozen"
         a1 = after.attempts[0]
         assert a1.state is AttemptState.FAILED and a1.settled_by == "reconcile", explain(after)
-        fx = h.client.effects(task.id)
+        fx = h.client.reads.effects(task.id)
         assert fx[key].state == "done" and fx[key].source == "reconcile", fx
         assert fx[key].receipt == {"number": 1, "url": forge.pulls[0]["url"], "key": key}, fx
 
@@ -129,7 +129,7 @@ def test_whiteboard_exercise(h: Harness, forge: ForgeServer, tmp_path: Path) -> 
         assert [a.state for a in final.attempts] == [AttemptState.FAILED, AttemptState.SUCCEEDED], why
         assert final.attempts[1].worker_id == replacement, why
         assert forge.count_by_key() == {key: 1}, why
-        assert h.client.effects(task.id)[key].receipt_attempt == 1, why
+        assert h.client.reads.effects(task.id)[key].receipt_attempt == 1, why
     except AssertionError:
         print_task(h.task(task.id))
         raise

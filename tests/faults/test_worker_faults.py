@@ -283,14 +283,14 @@ def test_a_worker_outlives_a_redis_outage_and_serves_again(own_redis: RedisServe
                             cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        wait_for(lambda: ac.client.get_task(first.id).state is TaskState.SUCCEEDED, 30, "the first task")
+        wait_for(lambda: ac.client.reads.get_task(first.id).state is TaskState.SUCCEEDED, 30, "the first task")
         own_redis.stop(signal.SIGKILL)
         time.sleep(3)
         assert proc.poll() is None, "the worker exited during the outage"
         own_redis.start()
         q = mc_queue.connect(own_redis.url, prefix=prefix)
         second = app.connect(own_redis.url, prefix=prefix).enqueue("noop", {"n": 2})
-        wait_for(lambda: q.get_task(second.id).state is TaskState.SUCCEEDED, 40, "the task after the outage")
+        wait_for(lambda: q.reads.get_task(second.id).state is TaskState.SUCCEEDED, 40, "the task after the outage")
         assert proc.poll() is None
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -38,7 +38,7 @@ def refused(op, exc):
 
 client = mc_queue.connect(url, prefix=prefix)
 try:
-    lease = client.claim_attempt(task_id, worker, lease_ms=int(lease_ms))
+    lease = client.leases.claim_attempt(task_id, worker, lease_ms=int(lease_ms))
 except mc_queue.McqError as exc:
     refused("claim", exc)
     sys.exit(0)
@@ -48,13 +48,13 @@ for line in sys.stdin:
     cmd = line.strip()
     try:
         if cmd == "renew":
-            exp = client.renew_lease(lease.attempt_id, lease.fence, worker_id=worker)
+            exp = client.leases.renew_lease(lease.attempt_id, lease.fence, worker_id=worker)
             out(op="renew", ok=True, expires_at_ms=exp)
         elif cmd == "complete":
-            att = client.complete_attempt(lease.attempt_id, lease.fence, json.loads(result), worker_id=worker)
+            att = client.leases.complete_attempt(lease.attempt_id, lease.fence, json.loads(result), worker_id=worker)
             out(op="complete", ok=True, state=str(att.state), fence=att.fence, result=att.result)
         elif cmd == "fail":
-            att = client.fail_attempt(lease.attempt_id, lease.fence,
+            att = client.leases.fail_attempt(lease.attempt_id, lease.fence,
                                       mc_queue.make_failure("provider", "Timeout", "upstream timed out"),
                                       worker_id=worker)
             out(op="fail", ok=True, state=str(att.state), fence=att.fence)

@@ -34,9 +34,9 @@ REASON = "retention of the durability test"
 def _finished(q: mc_queue.Client, n: int, *, size: int = 2000) -> list[str]:
     ids = []
     for i in range(n):
-        t = q.enqueue("jobs", "h", {"i": i, "blob": os.urandom(size // 2).hex()})
-        lease = q.claim_attempt(t.id, "w1", 60_000)
-        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": i}, worker_id="w1")
+        t = q.producer.enqueue("jobs", "h", {"i": i, "blob": os.urandom(size // 2).hex()})
+        lease = q.leases.claim_attempt(t.id, "w1", 60_000)
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": i}, worker_id="w1")
         ids.append(t.id)
     return ids
 
@@ -61,7 +61,7 @@ def _every_file_reads_whole(archive: Path) -> int:
 def test_an_archive_under_a_file_size_limit_deletes_nothing_it_did_not_archive(
         q: mc_queue.Client, redis_server: RedisServer, tmp_path: Path) -> None:
     ids = _finished(q, 40)
-    q.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
+    q.operator.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
     time.sleep(0.01)
     archive, home = tmp_path / "archive", tmp_path / "home"
     home.mkdir(mode=0o700)
@@ -70,14 +70,14 @@ def test_an_archive_under_a_file_size_limit_deletes_nothing_it_did_not_archive(
     assert out.returncode == 0, out.stderr[-3000:]  # the sweeper did its pass; retention stopped, loudly
     assert "retention" in out.stderr and "nothing was deleted" in out.stderr, out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert all(q.task_states(ids).values()), "a task was deleted although its record was not written"
+    assert all(q.reads.task_states(ids).values()), "a task was deleted although its record was not written"
     assert _every_file_reads_whole(archive) == 0  # no torn file, and no file of the refused batch
     assert not [p for p in archive.rglob("*") if p.is_file()], list(archive.rglob("*"))  # the temporary file went
     # Without the limit the same pass archives and deletes; every record reads back.
     out = _sweeper(redis_server, q.keys.prefix, home, "--once", "--archive", str(archive), "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     assert sum(json.loads(out.stdout)["retired"].values()) == len(ids)
-    assert not any(q.task_states(ids).values())
+    assert not any(q.reads.task_states(ids).values())
     assert _every_file_reads_whole(archive) == len(ids)
     assert all(FileArchive(archive).find(t) is not None for t in ids)
 
@@ -86,7 +86,7 @@ def test_an_archive_under_a_file_size_limit_deletes_nothing_it_did_not_archive(
 def test_an_archive_that_fails_stops_retention_never_the_sweeper(
         q: mc_queue.Client, redis_server: RedisServer, tmp_path: Path, where: str) -> None:
     ids = _finished(q, 5, size=100)
-    q.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
+    q.operator.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
     if where == "under-a-file":
         (tmp_path / "file").write_text("not a folder")
         archive = tmp_path / "file" / "archive"
@@ -98,8 +98,8 @@ def test_an_archive_that_fails_stops_retention_never_the_sweeper(
             pytest.skip("a read-only bind mount needs mount privileges (root)")
         subprocess.run(["mount", "-o", "remount,bind,ro", str(archive)], check=True)
     # A running Attempt with a short lease: the sweeper must still expire and reconcile it.
-    running = q.enqueue("jobs", "h", {"running": True})
-    lease = q.claim_attempt(running.id, "w-gone", 1000)
+    running = q.producer.enqueue("jobs", "h", {"running": True})
+    lease = q.leases.claim_attempt(running.id, "w-gone", 1000)
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
@@ -110,18 +110,18 @@ def test_an_archive_that_fails_stops_retention_never_the_sweeper(
                          env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while q.get_task(running.id).attempts[0].state.value not in ("succeeded", "failed", "canceled"):
+        while q.reads.get_task(running.id).attempts[0].state.value not in ("succeeded", "failed", "canceled"):
             assert p.poll() is None, (tmp_path / "sweeper.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, q.get_task(running.id).attempts[0].state
+            assert time.monotonic() < deadline, q.reads.get_task(running.id).attempts[0].state
             time.sleep(0.1)
         time.sleep(0.5)
         assert p.poll() is None, (tmp_path / "sweeper.log").read_text()[-3000:]  # still sweeping
-        assert all(q.task_states(ids).values())  # nothing deleted unarchived
+        assert all(q.reads.task_states(ids).values())  # nothing deleted unarchived
         text = (tmp_path / "sweeper.log").read_text()
         assert "retention is stopped" in text and "Traceback" not in text, text[-3000:]
         assert q.redis.hget(q.keys.sweeper, "retention_error")
         with pytest.raises(StaleFence):
-            q.complete_attempt(lease.attempt_id, lease.fence, {"late": True}, worker_id="w-gone")
+            q.leases.complete_attempt(lease.attempt_id, lease.fence, {"late": True}, worker_id="w-gone")
     finally:
         p.terminate()
         p.wait(timeout=30)
@@ -152,10 +152,10 @@ def test_a_damaged_member_of_an_earlier_archive_file_hides_no_later_record(tmp_p
 def test_an_audited_refusal_between_the_archive_and_the_delete_is_not_lost(q: mc_queue.Client, tmp_path: Path) -> None:
     """A stale write refused after the archive read the task and before retire deleted it: the task stays
     (retire sees it changed), and the next pass archives it with the refusal before deleting it."""
-    task = q.enqueue("jobs", "h", {"n": 1})
-    lease = q.claim_attempt(task.id, "w1", 60_000)
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
-    rows = q.ended_tasks("jobs", "done", before_ms=q.redis_time_ms() + 1)
+    task = q.producer.enqueue("jobs", "h", {"n": 1})
+    lease = q.leases.claim_attempt(task.id, "w1", 60_000)
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    rows = q.maintenance.ended_tasks("jobs", "done", before_ms=q.backend.redis_time_ms() + 1)
     archive = FileArchive(tmp_path / "a")
 
     class RefusalDuringWrite:
@@ -164,13 +164,13 @@ def test_an_audited_refusal_between_the_archive_and_the_delete_is_not_lost(q: mc
         def write(self, tasks: list[ArchivedTask]) -> None:
             archive.write(tasks)
             with pytest.raises(mc_queue.WriteRefused):
-                q.complete_attempt(lease.attempt_id, lease.fence + 1, {"zombie": True}, worker_id="zombie")
+                q.leases.complete_attempt(lease.attempt_id, lease.fence + 1, {"zombie": True}, worker_id="zombie")
 
     out = archive_and_retire(q, RefusalDuringWrite(), rows, states=["succeeded"], reason=REASON, tombstone_s=0,
-                             now_ms=q.redis_time_ms())
-    assert out["retired"] == 0 and q.task_states([task.id])[task.id] == "succeeded"
+                             now_ms=q.backend.redis_time_ms())
+    assert out["retired"] == 0 and q.reads.task_states([task.id])[task.id] == "succeeded"
     out = archive_and_retire(q, archive, rows, states=["succeeded"], reason=REASON, tombstone_s=0,
-                             now_ms=q.redis_time_ms())
+                             now_ms=q.backend.redis_time_ms())
     assert out["retired"] == 1
     rec = archive.find(task.id)
     assert rec is not None and any(f.get("type") == "stale_write_refused" for _, f in rec.record.events)
@@ -179,7 +179,7 @@ def test_an_audited_refusal_between_the_archive_and_the_delete_is_not_lost(q: mc
 def test_mcq_archive_show_reads_the_batch_files(q: mc_queue.Client, redis_server: RedisServer,
                                                 tmp_path: Path) -> None:
     ids = _finished(q, 2, size=10)
-    q.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
+    q.operator.set_retention("jobs", Retention(done_s=0.001), reason="the test archives everything")
     Sweeper(q, archive=FileArchive(tmp_path / "a")).run_once()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
     env["MCQ_HOME"] = str(tmp_path / "home")

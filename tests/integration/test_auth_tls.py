@@ -19,16 +19,16 @@ from mc_queue.testing import RedisServer, free_port
 
 def _cycle(q: mc_queue.Client, queue: str = "sec") -> mc_queue.Task:
     """enqueue -> claim -> renew -> complete, and read it back."""
-    t = q.enqueue(queue, "noop", {"secure": True})
-    lease = q.claim_attempt(t.id, "w1", lease_ms=30_000)
+    t = q.producer.enqueue(queue, "noop", {"secure": True})
+    lease = q.leases.claim_attempt(t.id, "w1", lease_ms=30_000)
     assert lease.fence == 1
-    q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
-    done = q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+    done = q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
     assert done.state == mc_queue.AttemptState.SUCCEEDED
-    task = q.get_task(t.id)
+    task = q.reads.get_task(t.id)
     assert task.state == mc_queue.TaskState.SUCCEEDED and task.result == {"ok": True}
     with pytest.raises(mc_queue.StaleFence):
-        q.complete_attempt(lease.attempt_id, lease.fence - 1 if lease.fence > 1 else 0, {"x": 1})
+        q.leases.complete_attempt(lease.attempt_id, lease.fence - 1 if lease.fence > 1 else 0, {"x": 1})
     return task
 
 
@@ -51,7 +51,7 @@ def test_requirepass_url_with_password_works(pw_server: RedisServer, prefix: str
     assert pw_server.url.startswith("redis://:s3cret-pw@")
     with mc_queue.connect(pw_server.url, prefix=prefix) as q:
         _cycle(q)
-        assert q.namespace().state == "ok"
+        assert q.reads.namespace().state == "ok"
 
 
 @pytest.mark.parametrize("auth", [":wrong@", ""], ids=["wrong-password", "no-password"])
@@ -62,7 +62,7 @@ def test_requirepass_bad_or_missing_password_is_an_authentication_error(
     admin = pw_server.client()
     before = _auth_errors(admin)
     with mc_queue.connect(url, prefix=prefix) as q, pytest.raises(redis.AuthenticationError) as exc:
-        q.enqueue("sec", "noop", {"n": 1})
+        q.producer.enqueue("sec", "noop", {"n": 1})
     msg = str(exc.value).lower()
     assert ("invalid username-password pair" in msg) if auth else ("authentication required" in msg), msg
     refused = _auth_errors(admin) - before
@@ -120,7 +120,7 @@ def test_acl_user_limited_to_its_namespace_keys(acl_server: AclServer) -> None:
         _cycle(q)
     with mc_queue.connect(acl_server.url_for("bob", "bobpw"), prefix="otherns") as q, \
             pytest.raises(redis.exceptions.NoPermissionError):
-        q.enqueue("sec", "noop", {"n": 1})
+        q.producer.enqueue("sec", "noop", {"n": 1})
     admin = acl_server.client()
     assert admin.keys("{otherns}:*") == []
     assert admin.keys("{bobns}:*")
@@ -137,7 +137,7 @@ def test_acl_bad_login_is_an_authentication_error(
 ) -> None:
     url = acl_server.url_for(user, password) if user else f"redis://127.0.0.1:{acl_server.port}/0"
     with mc_queue.connect(url, prefix=prefix) as q, pytest.raises(redis.AuthenticationError) as exc:
-        q.claim_attempt("sec:01M8P4Z1V4M4C3EETVHRYEMV6K", "w1")
+        q.leases.claim_attempt("sec:01M8P4Z1V4M4C3EETVHRYEMV6K", "w1")
     assert expect in str(exc.value).lower(), str(exc.value)
 
 
@@ -246,10 +246,10 @@ def test_tls_without_the_ca_or_in_plaintext_fails(tls_server: TlsServer, prefix:
     t0 = time.monotonic()
     with mc_queue.connect(tls_server.tls_url(), prefix=prefix, socket_timeout=3) as q, \
             pytest.raises(redis.ConnectionError, match=r"(?i)certificate verify failed"):
-        q.enqueue("sec", "noop", {"n": 1})
+        q.producer.enqueue("sec", "noop", {"n": 1})
     plain = f"redis://127.0.0.1:{tls_server.tls_port}/0"
     with mc_queue.connect(plain, prefix=prefix, socket_timeout=3) as q, pytest.raises(redis.ConnectionError):
-        q.enqueue("sec", "noop", {"n": 1})
+        q.producer.enqueue("sec", "noop", {"n": 1})
     assert time.monotonic() - t0 < 30
 
 
@@ -260,7 +260,7 @@ def test_mutual_tls_client_certificate(mtls_server: TlsServer, certs: dict[str, 
         _cycle(q)
     no_cert = mtls_server.tls_url(ssl_ca_certs=certs["ca.crt"])
     with mc_queue.connect(no_cert, prefix=prefix, socket_timeout=3) as q, pytest.raises(redis.ConnectionError):
-        q.enqueue("sec", "noop", {"n": 1})
+        q.producer.enqueue("sec", "noop", {"n": 1})
 
 
 # --------------------------------------------------------------------------- issue 15: the password in a file

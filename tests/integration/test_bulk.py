@@ -32,9 +32,9 @@ def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harnes
 
 
 def quarantine(q: mc_queue.Client, queue: str, message: str) -> str:
-    task = q.enqueue(queue, "h", {"m": message})
-    lease = q.claim_attempt(task.id, "w1", 60_000)
-    q.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.INTERNAL, "Bug", message),
+    task = q.producer.enqueue(queue, "h", {"m": message})
+    lease = q.leases.claim_attempt(task.id, "w1", 60_000)
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.INTERNAL, "Bug", message),
                    worker_id="w1", decision=Decision("quarantine", "bulk test quarantines",
                                                      attention={"task_id": task.id}))
     return task.id
@@ -42,14 +42,14 @@ def quarantine(q: mc_queue.Client, queue: str, message: str) -> str:
 
 def test_mcq_tasks_lists_tasks_in_every_state_from_the_indexes(h: Harness) -> None:
     q = h.client
-    pending = [q.enqueue("jobs", "h", {"n": i}).id for i in range(3)]
-    other = q.enqueue("other", "h2", {"n": 9}).id
-    running = q.enqueue("jobs", "h2", {"n": 4}).id
-    q.claim_attempt(running, "w1", 60_000)
+    pending = [q.producer.enqueue("jobs", "h", {"n": i}).id for i in range(3)]
+    other = q.producer.enqueue("other", "h2", {"n": 9}).id
+    running = q.producer.enqueue("jobs", "h2", {"n": 4}).id
+    q.leases.claim_attempt(running, "w1", 60_000)
     dead = quarantine(q, "jobs", "boom")
-    done = q.enqueue("jobs", "h", {"n": 5}).id
-    lease = q.claim_attempt(done, "w1", 60_000)
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    done = q.producer.enqueue("jobs", "h", {"n": 5}).id
+    lease = q.leases.claim_attempt(done, "w1", 60_000)
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
 
     def tasks(*args: str) -> dict[str, object]:
         out = h.mcq("tasks", "--json", *args)
@@ -94,10 +94,10 @@ def test_the_dlq_by_fingerprint_replay_and_purge_in_bulk(h: Harness) -> None:
     assert out.returncode == 0, out.stderr
     assert "replayed 3 of 3" in out.stdout
     for tid in a:
-        t = q.get_task(tid)
+        t = q.reads.get_task(tid)
         assert t.state is TaskState.PENDING and len(t.attempts) == 2
         assert [e.fields.get("reason") for e in t.events if e.type == "dlq_replayed"] == ["the parser bug is fixed now"]
-    assert {t for t, _ in q.dlq()} == set(b)
+    assert {t for t, _ in q.reads.dlq()} == set(b)
     assert h.mcq("dlq", "replay", "--fingerprint", "0" * 16, "--reason", REASON).returncode == 2
     assert h.mcq("dlq", "replay", "--reason", REASON).returncode == 2  # neither a task nor a fingerprint
 
@@ -107,9 +107,9 @@ def test_the_dlq_by_fingerprint_replay_and_purge_in_bulk(h: Harness) -> None:
     out = h.mcq("dlq", "purge", "--older-than", "0s", "--reason", REASON, "--yes")
     assert out.returncode == 0, out.stderr
     assert "purged 2 of 2" in out.stdout
-    assert q.dlq() == []
+    assert q.reads.dlq() == []
     for tid in b:
-        stone = q.tombstone(tid)
+        stone = q.reads.tombstone(tid)
         assert stone is not None and stone.get("reason") == REASON
 
 

@@ -36,8 +36,8 @@ def test_enqueue_show_status_round_trip(redis_server: RedisServer, prefix: str) 
     assert again.stdout.strip() == task_id
 
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    lease = q.claim_attempt(task_id, "w1")
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    lease = q.leases.claim_attempt(task_id, "w1")
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
 
     shown = mcq(redis_server, prefix, "show", task_id, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -122,7 +122,7 @@ def test_namespace_lost_exits_3_until_recover(redis_server: RedisServer, prefix:
     assert rec.returncode == 0, rec.stderr
     assert json.loads(rec.stdout)["fence_floor"] > 0
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    assert q.claim_attempt(task_id, "w").fence > json.loads(rec.stdout)["fence_floor"]
+    assert q.leases.claim_attempt(task_id, "w").fence > json.loads(rec.stdout)["fence_floor"]
 
 
 def test_read_commands_on_a_new_namespace_say_so_and_create_nothing(redis_server: RedisServer, prefix: str) -> None:
@@ -168,7 +168,7 @@ def test_enqueue_goes_through_the_apps_handler_like_app_connect(redis_server: Re
     out = mcq(redis_server, prefix, "enqueue", "slow-and-careful", "--payload", "{}")
     assert out.returncode == 0, out.stderr
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    task = q.get_task(out.stdout.strip())
+    task = q.reads.get_task(out.stdout.strip())
     spec = cli_app.app.spec("slow-and-careful")
     reference = cli_app.app.connect(redis_server.url, prefix=prefix).enqueue("slow-and-careful", {"other": 1})
     assert task.queue == spec.queue == reference.queue == "careful"

@@ -96,15 +96,15 @@ def test_recover_on_an_ok_namespace_needs_yes(redis_server: RedisServer, prefix:
     asks for --yes, and changes nothing; with --yes it runs."""
     task_id = mcq(redis_server, prefix, "enqueue", "h", *APP, "--payload", "{}").stdout.strip()
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    lease = q.claim_attempt(task_id, "w1", 60_000)
-    epoch = q.namespace().epoch
+    lease = q.leases.claim_attempt(task_id, "w1", 60_000)
+    epoch = q.reads.namespace().epoch
     out = mcq(redis_server, prefix, "recover")
     assert out.returncode == 2, out.stderr
     assert "--yes" in one_line(out) and "1 live lease" in out.stderr
-    task = q.get_task(task_id)
+    task = q.reads.get_task(task_id)
     assert task.fence == lease.fence and task.latest is not None and task.latest.state.value == "running"
-    q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease is still the worker's
-    assert q.namespace().epoch == epoch
+    q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease is still the worker's
+    assert q.reads.namespace().epoch == epoch
     done = mcq(redis_server, prefix, "recover", "--yes", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["voided_leases"] == [lease.attempt_id]
@@ -211,9 +211,9 @@ def test_dlq_list_at_80_columns_prints_whole_ids(redis_server: RedisServer, pref
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     ids = []
     for queue in ("agents", "a-queue-with-a-rather-long-name-of-forty-two"):
-        task = q.enqueue(queue, "h", {})
-        lease = q.claim_attempt(task.id, "w1", 60_000)
-        q.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.INTERNAL, "Bug", "boom"),
+        task = q.producer.enqueue(queue, "h", {})
+        lease = q.leases.claim_attempt(task.id, "w1", 60_000)
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, make_failure(FailureClass.INTERNAL, "Bug", "boom"),
                        worker_id="w1", decision=Decision("quarantine", "the test quarantines it", attention={
                            "task_id": task.id, "summary": "internal failure in the handler: KeyError 'x' raised "
                            "while preparing the workspace", "why_unsafe": "the same failure fingerprint came back "

@@ -27,16 +27,16 @@ def test_connect_without_url_starts_then_reuses_a_private_server(tmp_path: Path)
         assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
         cfg = q.redis.config_get("appendonly") | q.redis.config_get("appendfsync") | q.redis.config_get("port")
         assert cfg == {"appendonly": "yes", "appendfsync": "always", "port": "0"}  # no TCP port at all
-        task = q.enqueue("q", "h", {"n": 1})
+        task = q.producer.enqueue("q", "h", {"n": 1})
         q2 = mc_queue.connect(home=str(home))
         assert q2.embedded is not None and not q2.embedded.started  # reused
-        assert q2.get_task(task.id).id == task.id
+        assert q2.reads.get_task(task.id).id == task.id
         assert stop_server(home)
         # Data survives a stop: the next start loads the AOF.
         q3 = mc_queue.connect(home=str(home))
         assert q3.embedded is not None and q3.embedded.started
-        assert q3.get_task(task.id).state.value == "pending"
-        assert q3.namespace().state == "ok"
+        assert q3.reads.get_task(task.id).state.value == "pending"
+        assert q3.reads.namespace().state == "ok"
     finally:
         stop_server(home)
 

@@ -58,15 +58,15 @@ def test_example_app_commits_pushes_and_opens_one_pr_per_task(
         assert out.returncode == 0, out.stderr[-3000:]
         deadline = time.monotonic() + 30
         for t in [*tasks, again]:
-            while ac.client.get_task(t.id).state.value != "succeeded":
-                assert time.monotonic() < deadline, mc_queue.ops.render.task_json(ac.client.get_task(t.id))
+            while ac.client.reads.get_task(t.id).state.value != "succeeded":
+                assert time.monotonic() < deadline, mc_queue.ops.render.task_json(ac.client.reads.get_task(t.id))
                 time.sleep(0.1)
         assert forge.duplicates() == {} and len(forge.pulls) == 4
         for t in tasks:
-            done = ac.client.get_task(t.id)
+            done = ac.client.reads.get_task(t.id)
             branch = done.result["branch"]
             log = git("log", "--format=%B", f"refs/heads/{branch}", cwd=remote)
-            push_key = next(k for k in ac.client.effects(t.id) if k.startswith("push:"))
+            push_key = next(k for k in ac.client.reads.effects(t.id) if k.startswith("push:"))
             assert log.count(f"{TRAILER}: {push_key}") == 1
             assert git("rev-parse", f"refs/heads/{branch}", cwd=remote).strip() == done.result["sha"]
             phases = [e.fields["phase"] for e in done.events if e.type == "checkpoint_recorded"]
@@ -403,7 +403,7 @@ def test_docker_compose_commands_run_against_its_redis_in_the_compose_start_orde
         task_id = out.stdout.strip().split()[-1]
         client = mc_queue.connect(f"redis://mcq:{d.password}@127.0.0.1:{d.port}/0")
         try:
-            _wait("the task succeeds", lambda: client.get_task(task_id).state.value == "succeeded", 90)
+            _wait("the task succeeds", lambda: client.reads.get_task(task_id).state.value == "succeeded", 90)
         finally:
             client.close()
         assert len(d.forge.pulls) == 1
@@ -469,7 +469,7 @@ def test_compose_stop_grace_period_covers_the_grace_of_a_busy_pool(tmp_path: Pat
             d.procs.append(pool)
             tasks = [producer.enqueue("sleeps", {"seconds": 120}) for _ in range(size)]
             _wait("every pool worker busy", lambda: all(
-                producer.client.get_task(t.id).state.value == "running" for t in tasks), 60)  # noqa: B023
+                producer.client.reads.get_task(t.id).state.value == "running" for t in tasks), 60)  # noqa: B023
             started = time.monotonic()
             if how == "pool":
                 pool.send_signal(signal.SIGTERM)

@@ -31,7 +31,7 @@ def test_an_evicting_policy_is_refused_at_connect_and_nothing_is_written(own_red
     q = mc_queue.Client(own_redis.url, prefix=prefix)
     try:
         with pytest.raises(mc_queue.ConfigurationError, match=f"maxmemory-policy is '{policy}'.*noeviction"):
-            q.enqueue("jobs", "h", {"n": 1})
+            q.producer.enqueue("jobs", "h", {"n": 1})
         assert namespace_keys(own_redis, prefix) == {}
     finally:
         q.close()
@@ -46,7 +46,7 @@ def test_an_evicting_policy_is_refused_at_connect_and_nothing_is_written(own_red
     r.config_set("maxmemory-policy", "noeviction")
     ok = mc_queue.Client(own_redis.url, prefix=prefix)
     try:
-        assert ok.check_memory_policy() == "noeviction"
+        assert ok.backend.check_memory_policy() == "noeviction"
     finally:
         ok.close()
         r.close()
@@ -73,28 +73,29 @@ def squeeze(r: Any, share: float) -> None:
 
 def test_enqueue_sheds_load_above_the_high_water_mark_and_admitted_work_goes_on(crowded: Any) -> None:
     server, q, r = crowded
-    admitted = q.enqueue("jobs", "h", {"n": 1}, "key-1")
-    waiting = q.enqueue("jobs", "h", {"n": 2}, "key-2")
-    lease = q.claim_attempt(admitted.id, "w1", 60_000)
+    admitted = q.producer.enqueue("jobs", "h", {"n": 1}, "key-1")
+    waiting = q.producer.enqueue("jobs", "h", {"n": 2}, "key-2")
+    lease = q.leases.claim_attempt(admitted.id, "w1", 60_000)
     squeeze(r, 0.95)
 
     before = namespace_keys(server, q.keys.prefix)
     with pytest.raises(mc_queue.Overloaded, match=r"maxmemory.*new work is refused"):
-        q.enqueue("jobs", "h", {"n": 3}, "key-3")
+        q.producer.enqueue("jobs", "h", {"n": 3}, "key-3")
     with pytest.raises(mc_queue.Overloaded):
-        q.enqueue("jobs", "h", {"n": 4})
+        q.producer.enqueue("jobs", "h", {"n": 4})
     assert namespace_keys(server, q.keys.prefix) == before, "a refused enqueue wrote something"
 
     # A resend of work already admitted still answers with its task; admitted work goes on.
-    assert q.enqueue("jobs", "h", {"n": 2}, "key-2").id == waiting.id
-    done = q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    assert q.producer.enqueue("jobs", "h", {"n": 2}, "key-2").id == waiting.id
+    done = q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
     assert done.state is mc_queue.AttemptState.SUCCEEDED
-    second = q.claim_attempt(waiting.id, "w1", 60_000)
-    assert q.complete_attempt(second.attempt_id, second.fence, {"ok": 2}, worker_id="w1").state.value == "succeeded"
+    second = q.leases.claim_attempt(waiting.id, "w1", 60_000)
+    assert q.leases.complete_attempt(second.attempt_id, second.fence, {"ok": 2},
+                                     worker_id="w1").state.value == "succeeded"
 
     # The CLI says so with an exit code of its own, in one line; `mcq status` shows the headroom gone.
     squeeze(r, 0.95)  # (what Redis uses moves a little with every call)
-    mem = q.memory()
+    mem = q.reads.memory()
     assert mem["memory_max_bytes"] and mem["enqueue_headroom_bytes"] is not None
     assert mem["enqueue_headroom_bytes"] < 0 and mem["memory_used_bytes"] > 0.9 * mem["memory_max_bytes"]
     out = mcq(server, q.keys.prefix, "enqueue", "fix-issue", *APP, "--payload", '{"issue": 1}')
@@ -103,11 +104,11 @@ def test_enqueue_sheds_load_above_the_high_water_mark_and_admitted_work_goes_on(
 
     # Below the mark again (the operator raised maxmemory): new work is admitted.
     squeeze(r, 0.5)
-    assert q.enqueue("jobs", "h", {"n": 3}, "key-3").state is mc_queue.TaskState.PENDING
+    assert q.producer.enqueue("jobs", "h", {"n": 3}, "key-3").state is mc_queue.TaskState.PENDING
 
 
 def test_below_the_mark_and_without_maxmemory_enqueue_is_admitted(crowded: Any) -> None:
     _server, q, r = crowded
-    assert q.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING  # maxmemory 0: no limit
+    assert q.producer.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING  # maxmemory 0: no limit
     squeeze(r, 0.8)
-    assert q.enqueue("jobs", "h", {"n": 2}).state is mc_queue.TaskState.PENDING
+    assert q.producer.enqueue("jobs", "h", {"n": 2}).state is mc_queue.TaskState.PENDING

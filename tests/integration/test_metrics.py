@@ -28,17 +28,17 @@ def scrape(q: mc_queue.Client) -> dict[str, float]:
 
 
 def test_metrics_count_states_refusals_expiries_and_decisions(q: mc_queue.Client) -> None:
-    a = q.enqueue("jobs", "h", {"n": 1})
-    q.enqueue("jobs", "h", {"n": 2})
-    lease = q.claim_attempt(a.id, "w1", lease_ms=100)
+    a = q.producer.enqueue("jobs", "h", {"n": 1})
+    q.producer.enqueue("jobs", "h", {"n": 2})
+    lease = q.leases.claim_attempt(a.id, "w1", lease_ms=100)
     try:
-        q.claim_attempt(a.id, "w2")
+        q.leases.claim_attempt(a.id, "w2")
     except mc_queue.ClaimRejected:
         pass
     time.sleep(0.15)
-    assert len(q.expire_leases()) == 1
+    assert len(q.maintenance.expire_leases()) == 1
     try:
-        q.complete_attempt(lease.attempt_id, lease.fence, {"late": True}, worker_id="w1")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"late": True}, worker_id="w1")
     except mc_queue.StaleFence:
         pass
     reconcile_attempt(q, lease.attempt_id, apply_policy=True)
@@ -56,7 +56,7 @@ def test_metrics_count_states_refusals_expiries_and_decisions(q: mc_queue.Client
 
 def test_mcq_metrics_serves_on_localhost(redis_server: RedisServer, prefix: str) -> None:
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    q.enqueue("jobs", "h", {})
+    q.producer.enqueue("jobs", "h", {})
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
                              "metrics", "--port", str(port)], stderr=subprocess.PIPE, text=True)

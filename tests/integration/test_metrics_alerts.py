@@ -88,7 +88,7 @@ def counter_keys(samples: Samples, types: dict[str, str]) -> set[tuple[str, froz
 
 def test_every_counter_is_exported_at_zero_before_its_first_event_and_empty_states_read_zero(
         q: mc_queue.Client) -> None:
-    a = q.enqueue("jobs", "h", {"n": 1})
+    a = q.producer.enqueue("jobs", "h", {"n": 1})
     collector = NamespaceCollector(q, app=app_with("h"))
     before, types = scrape(collector)
 
@@ -117,11 +117,11 @@ def test_every_counter_is_exported_at_zero_before_its_first_event_and_empty_stat
     assert v(before, "mcq_sweeper_passes_total") == 0 and v(before, "mcq_redis_up") == 1
 
     # the first event of each kind moves its series from 0 to 1: increase() over the two scrapes is 1
-    lease = q.claim_attempt(a.id, "w1", lease_ms=100)
+    lease = q.leases.claim_attempt(a.id, "w1", lease_ms=100)
     with pytest.raises(mc_queue.ClaimRejected):
-        q.claim_attempt(a.id, "w2")
+        q.leases.claim_attempt(a.id, "w2")
     deadline = time.monotonic() + 5
-    while not q.expire_leases():
+    while not q.maintenance.expire_leases():
         assert time.monotonic() < deadline
         time.sleep(0.02)
     reconcile_attempt(q, lease.attempt_id, apply_policy=True)
@@ -153,30 +153,30 @@ def _ms(dt: Any) -> int:
 def test_finished_attempts_and_the_duration_and_wait_histograms_follow_real_transitions(
         q: mc_queue.Client) -> None:
     failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
-    t1 = q.enqueue("jobs", "h", {"n": 1})
+    t1 = q.producer.enqueue("jobs", "h", {"n": 1})
     time.sleep(0.6)  # a wait above the 0.5 s bucket
-    l1 = q.claim_attempt(t1.id, "w")
+    l1 = q.leases.claim_attempt(t1.id, "w")
     time.sleep(0.2)  # a duration above the 0.1 s bucket
-    q.complete_attempt(l1.attempt_id, l1.fence, {"ok": True}, worker_id="w")
-    t2 = q.enqueue("jobs", "h", {"n": 2})
-    l2 = q.claim_attempt(t2.id, "w")
-    q.fail_attempt(l2.attempt_id, l2.fence, failure, worker_id="w")
-    t3 = q.enqueue("jobs", "h", {"n": 3})  # lease runs out: reconciled as failed
-    l3 = q.claim_attempt(t3.id, "w", lease_ms=100)
+    q.leases.complete_attempt(l1.attempt_id, l1.fence, {"ok": True}, worker_id="w")
+    t2 = q.producer.enqueue("jobs", "h", {"n": 2})
+    l2 = q.leases.claim_attempt(t2.id, "w")
+    q.leases.fail_attempt(l2.attempt_id, l2.fence, failure, worker_id="w")
+    t3 = q.producer.enqueue("jobs", "h", {"n": 3})  # lease runs out: reconciled as failed
+    l3 = q.leases.claim_attempt(t3.id, "w", lease_ms=100)
     deadline = time.monotonic() + 5
-    while not q.expire_leases():
+    while not q.maintenance.expire_leases():
         assert time.monotonic() < deadline
         time.sleep(0.02)
     reconcile_attempt(q, l3.attempt_id)
-    t4 = q.enqueue("jobs", "h", {"n": 4})  # canceled while running: acknowledged, then reconciled
-    l4 = q.claim_attempt(t4.id, "w")
-    q.cancel_task(t4.id, "the operator no longer needs this")
-    q.acknowledge_cancel(l4.attempt_id, l4.fence, worker_id="w")
+    t4 = q.producer.enqueue("jobs", "h", {"n": 4})  # canceled while running: acknowledged, then reconciled
+    l4 = q.leases.claim_attempt(t4.id, "w")
+    q.operator.cancel_task(t4.id, "the operator no longer needs this")
+    q.leases.acknowledge_cancel(l4.attempt_id, l4.fence, worker_id="w")
     reconcile_attempt(q, l4.attempt_id)
-    t5 = q.enqueue("jobs", "other", {"n": 5})  # another handler: its own series
-    l5 = q.claim_attempt(t5.id, "w")
-    q.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")
-    q.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")  # a resend (DUP) counts nothing
+    t5 = q.producer.enqueue("jobs", "other", {"n": 5})  # another handler: its own series
+    l5 = q.leases.claim_attempt(t5.id, "w")
+    q.leases.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")
+    q.leases.complete_attempt(l5.attempt_id, l5.fence, {"ok": True}, worker_id="w")  # a resend (DUP) counts nothing
 
     m, types = scrape(NamespaceCollector(q))
     assert types["mcq_attempts_finished"] == "counter" and types["mcq_attempt_duration_seconds"] == "histogram"
@@ -184,7 +184,7 @@ def test_finished_attempts_and_the_duration_and_wait_histograms_follow_real_tran
     assert finished == {"succeeded": 1, "failed": 2, "canceled": 1}
     assert v(m, "mcq_attempts_finished_total", queue="jobs", handler="other", outcome="succeeded") == 1
 
-    attempts = [q.get_task(t.id).attempts[0] for t in (t1, t2, t3, t4)]
+    attempts = [q.reads.get_task(t.id).attempts[0] for t in (t1, t2, t3, t4)]
     assert [a.state.value for a in attempts] == ["succeeded", "failed", "failed", "canceled"]
     durations = [a.elapsed_ms or 0 for a in attempts]
     waits = [_ms(a.started_at) - _ms(a.due_at) for a in attempts]
@@ -209,7 +209,7 @@ def test_redis_down_answers_200_with_mcq_redis_up_0(tmp_path: Path, prefix: str)
     httpd = None
     try:
         q = mc_queue.connect(server.url, prefix=prefix)
-        q.enqueue("jobs", "h", {})
+        q.producer.enqueue("jobs", "h", {})
         port = free_port()
         httpd, _ = serve(q, port=port)
         url = f"http://127.0.0.1:{port}/metrics"
@@ -236,7 +236,7 @@ def test_sweeper_passes_are_recorded_for_liveness(q: mc_queue.Client) -> None:
     collector = NamespaceCollector(q)
     m, _ = scrape(collector)
     assert v(m, "mcq_sweeper_passes_total") == 0 and v(m, "mcq_sweeper_last_pass_timestamp_seconds") == 0
-    q.enqueue("jobs", "h", {})
+    q.producer.enqueue("jobs", "h", {})
     sweeper = Sweeper(q)
     started = time.time()
     sweeper.run_once()
@@ -256,24 +256,24 @@ def test_a_stopped_retention_shows_in_the_metrics_until_the_archive_works(q: mc_
     from mc_queue.contracts.config import Retention
     from mc_queue.ops.archive import FileArchive
 
-    t = q.enqueue("jobs", "h", {})
-    lease = q.claim_attempt(t.id, "w1", 60_000)
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
-    q.set_retention("jobs", Retention(done_s=0.001), reason="the test retires at once")
+    t = q.producer.enqueue("jobs", "h", {})
+    lease = q.leases.claim_attempt(t.id, "w1", 60_000)
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
+    q.operator.set_retention("jobs", Retention(done_s=0.001), reason="the test retires at once")
     (tmp_path / "file").write_text("not a folder")
     collector = NamespaceCollector(q)
     time.sleep(0.01)
     Sweeper(q, archive=FileArchive(tmp_path / "file" / "archive")).run_once()
     m, _ = scrape(collector)
-    assert v(m, "mcq_sweeper_retention_stopped") == 1 and q.task_states([t.id])[t.id] == "succeeded"
+    assert v(m, "mcq_sweeper_retention_stopped") == 1 and q.reads.task_states([t.id])[t.id] == "succeeded"
     Sweeper(q, archive=FileArchive(tmp_path / "archive")).run_once()
     m, _ = scrape(collector)
-    assert v(m, "mcq_sweeper_retention_stopped") == 0 and q.task_states([t.id])[t.id] is None
+    assert v(m, "mcq_sweeper_retention_stopped") == 0 and q.reads.task_states([t.id])[t.id] is None
 
 
 def test_live_workers_are_counted_per_queue(q: mc_queue.Client) -> None:
-    q.enqueue("jobs", "h", {})
-    q.enqueue("other", "h", {})
+    q.producer.enqueue("jobs", "h", {})
+    q.producer.enqueue("other", "h", {})
     collector = NamespaceCollector(q)
     conn = rq_connection(q)
     worker = Worker([rq_queue_name(q.keys.prefix, "jobs")], connection=conn, name=f"metrics-{q.keys.prefix}")
@@ -660,7 +660,7 @@ def test_saturated_workers_show_busy_and_page_while_work_waits(redis_server: Red
         first = producer.enqueue("sleeps", {"seconds": 60})
         producer.enqueue("sleeps", {"seconds": 60})
         producer.close()
-        while q.get_task(first.id).state.value != "running":
+        while q.reads.get_task(first.id).state.value != "running":
             assert time.monotonic() < deadline, "the first task was not claimed"
             time.sleep(0.1)
         time.sleep(1.5)  # the second one has waited a moment

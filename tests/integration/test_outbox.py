@@ -45,7 +45,7 @@ class World:
 
     def due_now(self, task: mc_queue.Task) -> None:
         """Move the outbox's recheck of the task's Attempt to now (as if the 60 s had passed)."""
-        self.client.mark_dispatched(task.attempts[-1].id, recheck_ms=1)
+        self.client.maintenance.mark_dispatched(task.attempts[-1].id, recheck_ms=1)
 
     def sweeper(self, recheck_ms: int = 1) -> Sweeper:
         return Sweeper(self.client, app=basic.app, recheck_ms=recheck_ms, tidy_every_s=0)
@@ -118,7 +118,7 @@ def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
     proc = w.worker("--burst", "--kind", "simple")  # the handler runs in this process: the kill ends it
     try:
         deadline = time.monotonic() + 30
-        while w.client.get_task(task.id).attempts[0].state.value != "running":
+        while w.client.reads.get_task(task.id).attempts[0].state.value != "running":
             assert time.monotonic() < deadline, "the worker never claimed"
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -132,7 +132,7 @@ def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
     while True:
         report = sweeper.run_once()
         assert not report.errors, report.as_dict()
-        current = w.client.get_task(task.id)
+        current = w.client.reads.get_task(task.id)
         if current.state is TaskState.SUCCEEDED:
             break
         assert time.monotonic() < deadline, [e.type for e in current.events]

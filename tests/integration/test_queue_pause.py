@@ -27,32 +27,32 @@ def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harnes
 
 
 def test_a_paused_queue_refuses_claims_and_the_task_stays_pending(q: mc_queue.Client) -> None:
-    task = q.enqueue("jobs", "h", {"n": 1})
-    other = q.enqueue("other", "h", {"n": 2})
-    assert q.pause_queue("jobs", reason=REASON, actor="alice") is True
-    assert q.pause_queue("jobs", reason=REASON) is False  # already paused: nothing changes
+    task = q.producer.enqueue("jobs", "h", {"n": 1})
+    other = q.producer.enqueue("other", "h", {"n": 2})
+    assert q.operator.pause_queue("jobs", reason=REASON, actor="alice") is True
+    assert q.operator.pause_queue("jobs", reason=REASON) is False  # already paused: nothing changes
     with pytest.raises(ClaimRejected, match="queue jobs is paused"):
-        q.claim_attempt(task.id, "w1", 60_000)
-    after = q.get_task(task.id)
+        q.leases.claim_attempt(task.id, "w1", 60_000)
+    after = q.reads.get_task(task.id)
     assert after.state is TaskState.PENDING and after.attempts[0].state.value == "pending"
     assert [e for e in after.events if e.type == "claim_refused"]
-    q.claim_attempt(other.id, "w1", 60_000)  # another queue is not affected
-    assert q.paused_queues()["jobs"]["actor"] == "alice"
-    assert q.paused_queues()["jobs"]["reason"] == REASON
-    assert q.resume_queue("jobs", reason="maintenance is over now", actor="bob") is True
-    assert q.resume_queue("jobs", reason="maintenance is over now") is False
-    assert q.claim_attempt(task.id, "w1", 60_000).fence > 0
-    log = [e for e in q.namespace_events() if e["type"] in ("queue_paused", "queue_resumed")]
+    q.leases.claim_attempt(other.id, "w1", 60_000)  # another queue is not affected
+    assert q.reads.paused_queues()["jobs"]["actor"] == "alice"
+    assert q.reads.paused_queues()["jobs"]["reason"] == REASON
+    assert q.operator.resume_queue("jobs", reason="maintenance is over now", actor="bob") is True
+    assert q.operator.resume_queue("jobs", reason="maintenance is over now") is False
+    assert q.leases.claim_attempt(task.id, "w1", 60_000).fence > 0
+    log = [e for e in q.reads.namespace_events() if e["type"] in ("queue_paused", "queue_resumed")]
     assert [(e["type"], e["queue"], e["actor"], e["reason"]) for e in log] == [
         ("queue_paused", "jobs", "alice", REASON), ("queue_resumed", "jobs", "bob", "maintenance is over now")]
 
 
 def test_pause_arguments_are_checked(q: mc_queue.Client) -> None:
     with pytest.raises(InvalidArgument):
-        q.pause_queue("jobs", reason="short")
+        q.operator.pause_queue("jobs", reason="short")
     with pytest.raises(InvalidArgument):
-        q.pause_queue("bad queue", reason=REASON)
-    assert q.paused_queues() == {}
+        q.operator.pause_queue("bad queue", reason=REASON)
+    assert q.reads.paused_queues() == {}
 
 
 def test_a_burst_worker_takes_nothing_from_a_paused_queue_and_runs_it_after_resume(h: Harness) -> None:
@@ -81,14 +81,14 @@ def test_a_burst_worker_takes_nothing_from_a_paused_queue_and_runs_it_after_resu
     h.run_worker("fork")
     done = h.task(task.id)
     assert done.state is TaskState.SUCCEEDED, [e.type for e in done.events]
-    events = [e for e in h.client.namespace_events() if e["type"] in ("queue_paused", "queue_resumed")]
+    events = [e for e in h.client.reads.namespace_events() if e["type"] in ("queue_paused", "queue_resumed")]
     assert [(e["type"], e["actor"]) for e in events] == [("queue_paused", "operator"), ("queue_resumed", "operator")]
 
 
 def test_the_cli_refuses_a_short_reason(h: Harness) -> None:
     out = h.mcq("queue", "pause", "jobs", "--reason", "short")
     assert out.returncode == 2
-    assert h.client.paused_queues() == {}
+    assert h.client.reads.paused_queues() == {}
 
 
 def test_a_paused_queue_at_the_head_of_the_outbox_does_not_hold_back_other_queues(q: mc_queue.Client) -> None:
@@ -96,9 +96,9 @@ def test_a_paused_queue_at_the_head_of_the_outbox_does_not_hold_back_other_queue
     other queue's Attempt is still dispatched in the same pass; the paused ones stay in the outbox."""
     from mc_queue.ops.sweeper import Sweeper
 
-    held = [q.enqueue("jobs", "h", {"n": i}) for i in range(12)]
-    q.pause_queue("jobs", reason=REASON)
-    other = q.enqueue("other", "h", {"n": 99})
+    held = [q.producer.enqueue("jobs", "h", {"n": i}) for i in range(12)]
+    q.operator.pause_queue("jobs", reason=REASON)
+    other = q.producer.enqueue("other", "h", {"n": 99})
     report = Sweeper(q, batch=5).run_once()
     assert report.dispatched == [f"{other.id}/1"], report
     assert sorted(report.paused) == sorted(f"{t.id}/1" for t in held)

@@ -65,9 +65,9 @@ def run(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Any]
     _install_runtime("in-process")
 
     def go(handler: str, payload: dict[str, Any]) -> mc_queue.Task:
-        task = q.enqueue("default", handler, payload, retry_policy=app.retry, budget=app.budget)
+        task = q.producer.enqueue("default", handler, payload, retry_policy=app.retry, budget=app.budget)
         run_attempt(prefix, f"{task.id}/1", 10_000)
-        return q.get_task(task.id)
+        return q.reads.get_task(task.id)
 
     try:
         yield go
@@ -153,10 +153,10 @@ def test_the_worst_failure_record_fits_the_scripts_bounds(q: mc_queue.Client) ->
     failure = make_failure(FailureClass.PROVIDER, "Timeout", "\U0001F600" * 5000, traceback="\x01" * 50_000)
     assert len((failure.traceback or "").encode()) <= TRACEBACK_MAX_BYTES
     assert len(model_json(failure)) > 65536  # above the old bound
-    task = q.enqueue("default", "h", {})
-    lease = q.claim_attempt(task.id, "w")
-    q.fail_attempt(f"{task.id}/1", lease.fence, failure, worker_id="w")
-    stored = q.get_task(task.id).attempts[0].failure
+    task = q.producer.enqueue("default", "h", {})
+    lease = q.leases.claim_attempt(task.id, "w")
+    q.leases.fail_attempt(f"{task.id}/1", lease.fence, failure, worker_id="w")
+    stored = q.reads.get_task(task.id).attempts[0].failure
     assert stored is not None and stored.traceback == failure.traceback
     old = make_failure(FailureClass.PROVIDER, "Timeout", "old record")
     assert old.traceback is None and "traceback" in model_json(old)

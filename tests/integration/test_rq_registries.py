@@ -82,7 +82,7 @@ def test_rq_info_shows_no_failed_job_for_a_task_that_succeeded(
     qname = queue.name
     job = McqJob.fetch(job_id(prefix, f"{task.id}/1"), connection=rq, serializer=JSONSerializer)
     run_burst(redis_server.url, prefix, tmp_path)
-    assert client.get_task(task.id).state.value == "succeeded"
+    assert client.reads.get_task(task.id).state.value == "succeeded"
     assert rq_info(redis_server.url, qname) == {"queued": 0, "executing": 0, "finished": 0, "failed": 0}
 
     Worker([queue], connection=rq, serializer=JSONSerializer, job_class=McqJob).handle_job_failure(
@@ -93,7 +93,7 @@ def test_rq_info_shows_no_failed_job_for_a_task_that_succeeded(
     assert job.id in report.tidied
     assert rq_info(redis_server.url, qname) == {"queued": 0, "executing": 0, "finished": 0, "failed": 0}
     assert not rq.exists(job.key)  # the job RQ kept 7 days is gone too
-    assert client.get_task(task.id).state.value == "succeeded"
+    assert client.reads.get_task(task.id).state.value == "succeeded"
     rq.close()
     client.close()
 
@@ -130,17 +130,17 @@ def test_rq_shows_no_executing_or_abandoned_job_for_an_attempt_mc_queue_settled(
     gate.touch()  # attempt 2 will not wait
     assert rq_info(redis_server.url, queue.name)["executing"] == 1  # RQ still says so
 
-    wait_for("the lease runs out", lambda: bool(client.expire_leases()), 10)
+    wait_for("the lease runs out", lambda: bool(client.maintenance.expire_leases()), 10)
     reconcile_attempt(client, f"{task.id}/1", apply_policy=True)  # settled: failed, a retry decided
-    assert [a.state.value for a in client.get_task(task.id).attempts] == ["failed", "pending"]
+    assert [a.state.value for a in client.reads.get_task(task.id).attempts] == ["failed", "pending"]
 
     sweeper = Sweeper(client)
     tidied = sweeper.run_once().tidied  # its first pass tidies RQ
     assert first in tidied and not rq.exists(McqJob.key_for(first))
-    wait_for("the retry is sent", lambda: bool(client.get_task(task.id).attempts[1].dispatches)
+    wait_for("the retry is sent", lambda: bool(client.reads.get_task(task.id).attempts[1].dispatches)
              or bool(sweeper.run_once().dispatched), 10)
     run_burst(redis_server.url, prefix, tmp_path)
-    assert client.get_task(task.id).state.value == "succeeded"
+    assert client.reads.get_task(task.id).state.value == "succeeded"
     # RQ's own cleanup of its started registry (what `rq info` and every worker's maintenance run) finds
     # nothing to call abandoned, even long after the execution's heartbeat ran out:
     queue.started_job_registry.cleanup(timestamp=time.time() + 7 * 86400)

@@ -52,17 +52,17 @@ def test_a_sweeper_pass_on_a_namespace_that_never_existed_marks_nothing_lost(red
         assert not report.errors, report.errors
         # Nothing of the namespace but the sweeper's own liveness record (its passes count for metrics).
         assert _namespace_keys(redis_server, prefix) == [Keys(prefix).sweeper]
-        info = client.namespace()
+        info = client.reads.namespace()
         assert info.state == "missing" and info.usable, info
         # The maintenance scripts a sweeper runs, called by a client that never opened the namespace,
         # create nothing either (a script that finds no meta and was given no epoch is no evidence of a loss).
-        assert client.pack_due(limit=10, min_age_ms=0) == 0
-        assert client.trim_idempotency(limit=10) == 0
-        assert client.namespace().state == "missing"
+        assert client.maintenance.pack_due(limit=10, min_age_ms=0) == 0
+        assert client.maintenance.trim_idempotency(limit=10) == 0
+        assert client.reads.namespace().state == "missing"
         # The first writer creates it, ok.
-        task = client.enqueue("jobs", "noop", {"n": 1})
-        assert client.namespace().state == "ok"
-        assert client.get_task(task.id).state.value == "pending"
+        task = client.producer.enqueue("jobs", "noop", {"n": 1})
+        assert client.reads.namespace().state == "ok"
+        assert client.reads.get_task(task.id).state.value == "pending"
     finally:
         client.close()
 
@@ -95,11 +95,11 @@ def test_worker_and_sweeper_started_together_before_any_producer_run_the_first_t
         try:
             task_id = json.loads(out.stdout)["task"]["id"]
             deadline = time.monotonic() + 60
-            while client.get_task(task_id).state.value != "succeeded":
-                assert time.monotonic() < deadline, client.get_task(task_id).state
+            while client.reads.get_task(task_id).state.value != "succeeded":
+                assert time.monotonic() < deadline, client.reads.get_task(task_id).state
                 time.sleep(0.1)
-            assert client.namespace().state == "ok"
-            assert [e for e in client.namespace_events() if e["type"] == "state_loss_detected"] == []
+            assert client.reads.namespace().state == "ok"
+            assert [e for e in client.reads.namespace_events() if e["type"] == "state_loss_detected"] == []
         finally:
             client.close()
         for name in ("sweeper", "worker"):
@@ -136,9 +136,9 @@ def test_any_process_may_start_first(redis_server: RedisServer, first: str) -> N
             reg.register(NamespaceCollector(client))
             generate_latest(reg)
         else:
-            client.status()
-            client.overview()
-        assert client.namespace().state == "missing"
+            client.reads.status()
+            client.reads.overview()
+        assert client.reads.namespace().state == "missing"
         producer = mc_queue.connect(redis_server.url, prefix=prefix)
         try:
             producer.enqueue("jobs", "noop", {"n": 2})

@@ -45,8 +45,8 @@ def test_state_files_a_symlink_planted_where_a_slot_file_goes_is_never_followed(
     (slots.dir / "slot-000").symlink_to(target)
     caplog.set_level(logging.WARNING)
     with mc_queue.Client(_tracking(redis_server), prefix=prefix, state_dir=state) as q:
-        q.enqueue("q", "h", {"n": 1})
-        assert q.slot_error is None, q.slot_error
+        q.producer.enqueue("q", "h", {"n": 1})
+        assert q.backend.slot_error is None, q.backend.slot_error
     assert target.read_text() == "keep me\n", "an enqueue wrote through a symlink planted in the state dir"
     assert (slots.dir / "slot-000").is_symlink()
     assert any("slot-000" in r.getMessage() and "symbolic link" in r.getMessage() for r in caplog.records), \
@@ -90,8 +90,8 @@ def test_state_files_state_folders_mc_queue_creates_are_private_whatever_the_uma
     old = os.umask(0)
     try:
         with mc_queue.Client(_tracking(redis_server), prefix=prefix, state_dir=state) as q:
-            q.enqueue("q", "h", {"n": 1})
-            assert q.slot_error is None, q.slot_error
+            q.producer.enqueue("q", "h", {"n": 1})
+            assert q.backend.slot_error is None, q.backend.slot_error
     finally:
         os.umask(old)
     slots = SlotStore(state, prefix)
@@ -114,10 +114,10 @@ def test_state_files_a_symlink_planted_where_the_witness_or_its_tmp_file_goes_is
     (home / "witness.json.tmp").symlink_to(tmp_target)
     caplog.set_level(logging.WARNING)
     with mc_queue.Client(redis_server.url, prefix=prefix, witness_path=witness) as q:
-        task = q.enqueue("q", "h", {"n": 1})  # a forged witness followed: the new namespace would be "lost"
-        assert q.namespace().state == "ok"
-        epoch = q.namespace().epoch
-        assert q.get_task(task.id).id == task.id
+        task = q.producer.enqueue("q", "h", {"n": 1})  # a forged witness followed: the new namespace would be "lost"
+        assert q.reads.namespace().state == "ok"
+        epoch = q.reads.namespace().epoch
+        assert q.reads.get_task(task.id).id == task.id
     assert tmp_target.read_text() == "keep me\n", "the witness's tmp file was written through a symlink"
     assert json.loads(forged.read_text()) == {prefix: "1700000000000.deadbeef"}
     assert witness.is_file() and not witness.is_symlink() and json.loads(witness.read_text()) == {prefix: epoch}

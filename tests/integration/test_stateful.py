@@ -535,7 +535,7 @@ class QueueMachine(RuleBasedStateMachine):
                 expected = TaskPurged
                 self.nslog["enqueue_refused"] += 1
         policy, budget = CONFIGS[CONFIG_OF[(handler, payload)]]
-        task, exc = self._call(self.q.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
+        task, exc = self._call(self.q.producer.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
                                retry_policy=policy, budget=budget)
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
@@ -573,7 +573,7 @@ class QueueMachine(RuleBasedStateMachine):
                 dup = True
             elif not _claimable(t):
                 expected = ClaimRejected
-        lease, exc = self._call(self.q.claim_attempt, task, worker, lease_ms, request_id=request_id)
+        lease, exc = self._call(self.q.leases.claim_attempt, task, worker, lease_ms, request_id=request_id)
         self._expect(f"claim({task}, {worker}, lease_ms={lease_ms}, request_id={request_id})", expected, exc)
         if t is None:
             return False
@@ -606,7 +606,7 @@ class QueueMachine(RuleBasedStateMachine):
         # renewal: it is how the executor hears of it); without lease_ms the length granted at claim.
         t = self.model.get(task)
         expected = TaskNotFound if t is None else self._refused(t, self._refusal(t, n, fence, False))
-        hb, exc = self._call(self.q.heartbeat, f"{task}/{n}", fence, worker_id=worker, lease_ms=lease_ms)
+        hb, exc = self._call(self.q.leases.heartbeat, f"{task}/{n}", fence, worker_id=worker, lease_ms=lease_ms)
         self._expect(f"renew({task}/{n}, fence={fence}, lease_ms={lease_ms})", expected, exc)
         if t is None or exc is not None:
             return
@@ -631,7 +631,7 @@ class QueueMachine(RuleBasedStateMachine):
                 expected = None if replay else ResultConflict
             else:
                 expected = self._refused(t, self._refusal(t, n, fence, True))
-        att, exc = self._call(self.q.complete_attempt, f"{task}/{n}", fence, _result(variant), worker_id=worker)
+        att, exc = self._call(self.q.leases.complete_attempt, f"{task}/{n}", fence, _result(variant), worker_id=worker)
         self._expect(f"complete({task}/{n}, fence={fence}, result={variant})", expected, exc)
         if t is None:
             return
@@ -664,7 +664,7 @@ class QueueMachine(RuleBasedStateMachine):
                 expected = None if replay else ResultConflict
             else:
                 expected = self._refused(t, self._refusal(t, n, fence, True))
-        att, exc = self._call(self.q.fail_attempt, f"{task}/{n}", fence, FAILURES[variant], worker_id=worker,
+        att, exc = self._call(self.q.leases.fail_attempt, f"{task}/{n}", fence, FAILURES[variant], worker_id=worker,
                               decision=DECISIONS[decision])
         self._expect(f"fail({task}/{n}, fence={fence}, failure={variant}, decision={decision})", expected, exc)
         if t is None or decision in BAD_DECISIONS:
@@ -704,7 +704,7 @@ class QueueMachine(RuleBasedStateMachine):
                 if expected is None and index <= a.phase_index:
                     expected = PhaseOutOfOrder
                     t.events["checkpoint_refused"] += 1
-        got, exc = self._call(self.q.checkpoint, f"{task}/{n}", fence, phase, index, _ckpt(phase, variant),
+        got, exc = self._call(self.q.leases.checkpoint, f"{task}/{n}", fence, phase, index, _ckpt(phase, variant),
                               worker_id=worker)
         self._expect(f"checkpoint({task}/{n}, fence={fence}, {phase}, variant={variant})", expected, exc)
         if t is None or exc is not None:
@@ -722,7 +722,8 @@ class QueueMachine(RuleBasedStateMachine):
         t = self.model.get(task)
         key = _effect_key(task, x)
         expected = TaskNotFound if t is None else self._refused(t, self._refusal(t, n, fence, True))
-        got, exc = self._call(self.q.effect_begin, f"{task}/{n}", fence, key, {"operation": "push", "identity": x},
+        got, exc = self._call(self.q.leases.effect_begin, f"{task}/{n}", fence, key, {"operation": "push",
+                                                                                      "identity": x},
                               worker_id=worker)
         self._expect(f"effect_begin({task}/{n}, fence={fence}, {x})", expected, exc)
         if t is None or exc is not None:
@@ -759,7 +760,8 @@ class QueueMachine(RuleBasedStateMachine):
             elif t.effects[key].state == "done" and t.effects[key].receipt != variant:
                 expected = ResultConflict
                 t.events["effect_conflict"] += 1
-        _, exc = self._call(self.q.effect_done, f"{task}/{n}", fence, key, "done", _receipt(variant), actor=worker)
+        _, exc = self._call(self.q.leases.effect_done, f"{task}/{n}", fence, key, "done", _receipt(variant),
+                            actor=worker)
         self._expect(f"effect_done({task}/{n}, fence={fence}, {x}, receipt={variant})", expected, exc)
         if t is None or exc is not None:
             return
@@ -875,7 +877,7 @@ class QueueMachine(RuleBasedStateMachine):
             expected = TransitionRefused
             t.events["settle_refused"] += 1
         failure = make_failure("executor", "LeaseLost", "settled by hand") if outcome == "failed" else None
-        att, exc = self._call(self.q.settle_attempt, f"{task}/{n}", "operator", outcome, result=_result(1),
+        att, exc = self._call(self.q.operator.settle_attempt, f"{task}/{n}", "operator", outcome, result=_result(1),
                               failure=failure, evidence={"by": "hand"})
         self._expect(f"settle_attempt({task}/{n}, {outcome})", expected, exc)
         if exc is None:
@@ -888,7 +890,8 @@ class QueueMachine(RuleBasedStateMachine):
         if t is not None:
             expected = TransitionRefused
             t.events["effect_refused"] += 1
-        _, exc = self._call(self.q.effect_done, f"{task}/{n}", None, _effect_key(task, x), "absent", "nothing there",
+        _, exc = self._call(self.q.leases.effect_done, f"{task}/{n}", None, _effect_key(task, x), "absent",
+                            "nothing there",
                             source="reconcile", actor="late-reconciler")
         self._expect(f"effect_done({task}/{n}, reconciler, {x})", expected, exc)
 
@@ -912,7 +915,7 @@ class QueueMachine(RuleBasedStateMachine):
             expected = RetryRefused  # never runs again, or an attempt still active or not failed
         elif len(reason.strip(LUA_SPACE)) < 10:
             expected = RetryRefused
-        att, exc = self._call(self.q.retry_task, task, reason, "try again", delay_ms=delay_ms, request_id=req)
+        att, exc = self._call(self.q.operator.retry_task, task, reason, "try again", delay_ms=delay_ms, request_id=req)
         self._expect(f"retry_task({task}, {reason!r}, delay_ms={delay_ms}, request_id={req})", expected, exc)
         if t is None:
             return
@@ -948,7 +951,7 @@ class QueueMachine(RuleBasedStateMachine):
             t.events["cancel_refused"] += 1
         elif t.cancel is not None:
             want = "signaled"
-        got, exc = self._call(self.q.cancel_task, task, reason, ack_timeout_ms=timeout_ms)
+        got, exc = self._call(self.q.operator.cancel_task, task, reason, ack_timeout_ms=timeout_ms)
         self._expect(f"cancel_task({task}, {reason!r}, timeout={timeout_ms})", expected, exc)
         if t is None or exc is not None:
             return
@@ -985,7 +988,7 @@ class QueueMachine(RuleBasedStateMachine):
                 if expected is None and t.cancel is None:
                     expected = TransitionRefused
                     t.events["cancel_ack_refused"] += 1
-        got, exc = self._call(self.q.acknowledge_cancel, f"{task}/{n}", fence, worker_id=worker, request_id=req)
+        got, exc = self._call(self.q.leases.acknowledge_cancel, f"{task}/{n}", fence, worker_id=worker, request_id=req)
         self._expect(f"acknowledge_cancel({task}/{n}, fence={fence}, request_id={req})", expected, exc)
         if t is None or exc is not None:
             return
@@ -1014,7 +1017,7 @@ class QueueMachine(RuleBasedStateMachine):
         elif t.state != "quarantined":
             expected = TransitionRefused
             t.events["replay_refused"] += 1
-        att, exc = self._call(self.q.dlq_replay, task, reason, "a person looked", request_id=req)
+        att, exc = self._call(self.q.operator.dlq_replay, task, reason, "a person looked", request_id=req)
         self._expect(f"dlq_replay({task}, {reason!r}, request_id={req})", expected, exc)
         if t is None or exc is not None:
             return
@@ -1044,7 +1047,7 @@ class QueueMachine(RuleBasedStateMachine):
         elif t.state != "quarantined":
             expected = TransitionRefused
             t.events["purge_refused"] += 1
-        got, exc = self._call(self.q.dlq_purge, task, reason=reason, keep_key_s=keep_s, request_id=req)
+        got, exc = self._call(self.q.operator.dlq_purge, task, reason=reason, keep_key_s=keep_s, request_id=req)
         self._expect(f"dlq_purge({task}, {reason!r}, keep={keep_s}, request_id={req})", expected, exc)
         if exc is not None:
             return
@@ -1068,7 +1071,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _op_recover(self) -> None:
         """recover() on a healthy namespace: a new epoch, the fence floor raised, every live lease
         voided (running attempts turn suspect with a fence above the floor), the namespace ok again."""
-        before = self.q.namespace().epoch
+        before = self.q.reads.namespace().epoch
         expected = sorted(f"{t.id}/{t.latest.n}" for t in self.model.values() if _running(t))
         report, exc = self._call(recover, self.q, reason="stateful test recovers")
         self._expect("recover()", None, exc)
@@ -1083,7 +1086,7 @@ class QueueMachine(RuleBasedStateMachine):
             t.fence = self._next_fence(t)
             t.events["lease_expired"] += 1
         self.nslog.update(["recovery_started", "recovery_finished"])
-        info = self.q.namespace()
+        info = self.q.reads.namespace()
         assert info.state == "ok" and info.epoch != before, f"after recover: {info}"
         assert info.floor == self.floor
 
@@ -1094,29 +1097,29 @@ class QueueMachine(RuleBasedStateMachine):
         claimable = sorted(tid for tid, t in self.model.items() if _claimable(t))
         if claimable and not any(_running(t) for t in self.model.values()):  # a lease to void
             self._op_claim(data.draw(st.sampled_from(claimable), label="a running task"), "w-before", LONG_MS, None)
-        epoch, floor = self.q.begin_recovery(reason="stateful test recovers by hand")
+        epoch, floor = self.q.operator.begin_recovery(reason="stateful test recovers by hand")
         assert floor > self.floor, f"recover_begin lowered the fence floor to {floor}"
         self.floor = floor
         self.nslog["recovery_started"] += 1
-        assert self.q.namespace().state == "recovering"
+        assert self.q.reads.namespace().state == "recovering"
         task = self._pick_task(data, _claimable)
-        _, exc = self._call(self.q.claim_attempt, task, "w-during", LONG_MS)
+        _, exc = self._call(self.q.leases.claim_attempt, task, "w-during", LONG_MS)
         self._expect(f"claim({task}) while recovering", NamespaceLost, exc)
         running = sorted(f"{t.id}/{t.latest.n}" for t in self.model.values() if _running(t))
         if running:
-            _, exc = self._call(self.q.finish_recovery, epoch, voided=0)
+            _, exc = self._call(self.q.operator.finish_recovery, epoch, voided=0)
             self._expect("finish_recovery() with leases left", TransitionRefused, exc)
             self.nslog["recovery_refused"] += 1
-            got, exc = self._call(self.q.void_leases, running, reason="recovery by hand",
+            got, exc = self._call(self.q.operator.void_leases, running, reason="recovery by hand",
                                   recovering_epoch=epoch)
             self._expect(f"void_leases({running}) while recovering", None, exc)
             assert sorted(e.attempt_id for e in got) == running, f"voided {got}, model {running}"
             for e in got:
                 self._voided(self.model[e.attempt_id.rpartition("/")[0]], e.new_fence)
-        _, exc = self._call(self.q.finish_recovery, epoch, voided=len(running))
+        _, exc = self._call(self.q.operator.finish_recovery, epoch, voided=len(running))
         self._expect("finish_recovery()", None, exc)
         self.nslog["recovery_finished"] += 1
-        info = self.q.namespace()
+        info = self.q.reads.namespace()
         assert (info.state, info.epoch, info.floor) == ("ok", epoch, floor), f"after the recovery: {info}"
 
     # ------------------------------------------------------------------ rules
@@ -1323,12 +1326,12 @@ class QueueMachine(RuleBasedStateMachine):
         """Redis loses the namespace meta (a restart without its data would): the next transition
         detects it (state_loss_detected), the namespace is lost and refuses claims until recover()."""
         self.q.redis.delete(self.q.keys.meta)
-        _, exc = self._call(self.q.enqueue, QUEUES[0], HANDLERS[0], _payload(0))
+        _, exc = self._call(self.q.producer.enqueue, QUEUES[0], HANDLERS[0], _payload(0))
         self._expect("enqueue after the namespace meta vanished", NamespaceLost, exc)
         self.nslog["state_loss_detected"] += 1
-        assert self.q.namespace().state == "lost"
+        assert self.q.reads.namespace().state == "lost"
         task = self._pick_task(data, _claimable)
-        _, exc = self._call(self.q.claim_attempt, task, "w-lost", LONG_MS)
+        _, exc = self._call(self.q.leases.claim_attempt, task, "w-lost", LONG_MS)
         self._expect(f"claim({task}) while the namespace is lost", NamespaceLost, exc)
         self._op_recover()
 
@@ -1594,18 +1597,18 @@ class QueueMachine(RuleBasedStateMachine):
         """Bad input is refused before anything is written (no event, no state change)."""
         task = self._pick_task(data, lambda t: True)
         calls: dict[str, Callable[[], Any]] = {
-            "claim_lease": lambda: self.q.claim_attempt(task, "w1", 0),
-            "claim_worker": lambda: self.q.claim_attempt(task, "", LONG_MS),
-            "renew_lease": lambda: self.q.renew_lease(f"{task}/1", 0, lease_ms=0),
-            "retry_delay": lambda: self.q.retry_task(task, VALID_REASONS[0], delay_ms=-1),
-            "enqueue_payload": lambda: self.q.enqueue(QUEUES[0], HANDLERS[0], ["not", "a", "dict"]),
-            "cancel_reason": lambda: self.q.cancel_task(task, "too short"),
-            "cancel_control": lambda: self.q.cancel_task(task, "a reason with a\nnewline in it"),
-            "replay_reason": lambda: self.q.dlq_replay(task, " short   "),
-            "purge_reason": lambda: self.q.dlq_purge(task, reason="short"),
-            "purge_keep": lambda: self.q.dlq_purge(task, reason=VALID_REASONS[0], keep_key_s=-1),
-            "ack_worker": lambda: self.q.acknowledge_cancel(f"{task}/1", 1, worker_id="w\tx"),
-            "checkpoint_phase": lambda: self.q.checkpoint(f"{task}/1", 1, "two words", 1, {}),
+            "claim_lease": lambda: self.q.leases.claim_attempt(task, "w1", 0),
+            "claim_worker": lambda: self.q.leases.claim_attempt(task, "", LONG_MS),
+            "renew_lease": lambda: self.q.leases.renew_lease(f"{task}/1", 0, lease_ms=0),
+            "retry_delay": lambda: self.q.operator.retry_task(task, VALID_REASONS[0], delay_ms=-1),
+            "enqueue_payload": lambda: self.q.producer.enqueue(QUEUES[0], HANDLERS[0], ["not", "a", "dict"]),
+            "cancel_reason": lambda: self.q.operator.cancel_task(task, "too short"),
+            "cancel_control": lambda: self.q.operator.cancel_task(task, "a reason with a\nnewline in it"),
+            "replay_reason": lambda: self.q.operator.dlq_replay(task, " short   "),
+            "purge_reason": lambda: self.q.operator.dlq_purge(task, reason="short"),
+            "purge_keep": lambda: self.q.operator.dlq_purge(task, reason=VALID_REASONS[0], keep_key_s=-1),
+            "ack_worker": lambda: self.q.leases.acknowledge_cancel(f"{task}/1", 1, worker_id="w\tx"),
+            "checkpoint_phase": lambda: self.q.leases.checkpoint(f"{task}/1", 1, "two words", 1, {}),
         }
         _, exc = self._call(calls[kind])
         self._expect(f"invalid_argument({kind})", InvalidArgument, exc)
@@ -1616,26 +1619,26 @@ class QueueMachine(RuleBasedStateMachine):
     def matches_model(self) -> None:
         for r in self.recorders:
             assert not r.violations, f"state changes outside mc_queue.contracts.states.TRANSITIONS: {r.violations}"
-        assert self.q.namespace().state == "ok", "the namespace must never be marked lost"
+        assert self.q.reads.namespace().state == "ok", "the namespace must never be marked lost"
         counts: dict[str, Counter[str]] = {}
         for tid, t in self.model.items():
             counts.setdefault(t.queue, Counter())[t.state] += 1
-            self._check_task(t, self.q.get_task(tid))
-        status = self.q.status()
+            self._check_task(t, self.q.reads.get_task(tid))
+        status = self.q.reads.status()
         for queue in set(status) | set(counts):
             got = status.get(queue, {}).get("counts", {})
             want = dict(+counts.get(queue, Counter()))
             assert got == want, f"status() counts of {queue}: {got}, model {want}"
         for tid in self.purged:
             if tid not in self.model:
-                _, exc = self._call(self.q.get_task, tid)
+                _, exc = self._call(self.q.reads.get_task, tid)
                 self._expect(f"get_task({tid}) after its purge", TaskNotFound, exc)
-                assert self.q.tombstone(tid) is not None, f"{tid}: purged without a tombstone"
+                assert self.q.reads.tombstone(tid) is not None, f"{tid}: purged without a tombstone"
                 k = self.q.keys.task(tid)
                 left = self.q.redis.exists(k.task, k.attempts, k.events, k.effects)
                 assert left == 0, f"{tid}: {left} of its task, attempts, events, effects keys survived the purge"
         self._check_indexes()
-        seen = Counter(e["type"] for e in self.q.namespace_events())
+        seen = Counter(e["type"] for e in self.q.reads.namespace_events())
         assert +seen == +self.nslog, f"namespace log {dict(+seen)}, model {dict(+self.nslog)}"
 
     def _check_indexes(self) -> None:
@@ -1655,12 +1658,12 @@ class QueueMachine(RuleBasedStateMachine):
                 want["outbox"].add(aid)
                 pending[t.queue].add(t.id)
         for index, members in want.items():
-            got = set(self.q.task_ids_of(index, limit=10_000))
+            got = set(self.q.reads.task_ids_of(index, limit=10_000))
             assert got == members, f"{index} index {sorted(got)}, model {sorted(members)}"
         for queue, members in pending.items():
             got = set(cast(list[str], self.q.redis.zrange(self.q.keys.pending(queue), 0, -1)))
             assert got == members, f"pending index of {queue} {sorted(got)}, model {sorted(members)}"
-        dlq = {tid for tid, _ in self.q.dlq()}
+        dlq = {tid for tid, _ in self.q.reads.dlq()}
         assert dlq == {t.id for t in self.model.values() if t.state == "quarantined"}, f"dlq {sorted(dlq)}"
         attention = set(self.q.redis.hkeys(self.q.keys.attention))
         want_attention = {t.id for t in self.model.values() if t.attention}
@@ -1710,7 +1713,7 @@ class QueueMachine(RuleBasedStateMachine):
             if ma.lost:
                 assert ra.failure is not None and (ra.failure.failure_class, ra.failure.type) == (
                     FailureClass.EXECUTOR, "LeaseLost"), f"{ra.id}: failure {ra.failure}"
-        effects = {k: (e.state, e.attempt, e.receipt, e.receipt_attempt) for k, e in self.q.effects(tid).items()}
+        effects = {k: (e.state, e.attempt, e.receipt, e.receipt_attempt) for k, e in self.q.reads.effects(tid).items()}
         want_effects = {k: (e.state, e.attempt, None if e.receipt is None else _receipt(e.receipt), e.receipt_attempt)
                         for k, e in t.effects.items()}
         assert effects == want_effects, f"{tid}: effects {effects}, model {want_effects}"

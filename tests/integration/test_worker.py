@@ -147,7 +147,7 @@ class Harness:
     # -- records
 
     def task(self, task_id: str) -> Task:
-        return self.client.get_task(task_id)
+        return self.client.reads.get_task(task_id)
 
     def raw_attempt(self, task_id: str, n: int) -> dict[str, str]:
         pre = f"{n}."
@@ -160,7 +160,7 @@ class Harness:
     def enqueue_undispatched(self, app_client: AppClient, handler: str, payload: Any) -> Task:
         """A task as AppClient.enqueue makes it, but not yet sent to RQ (its Attempt waits in the outbox)."""
         spec = app_client.app.spec(handler)
-        return self.client.enqueue(spec.queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
+        return self.client.producer.enqueue(spec.queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
                                    lease_ms=spec.lease_ms, timeout_s=spec.timeout_s)
 
     # -- driving
@@ -271,7 +271,7 @@ def test_flaky_capacity_retries_with_jittered_backoff_and_attempts_stay_immutabl
 
 
 def _attention(h: Harness, task_id: str) -> list[dict[str, Any]]:
-    return [i for i in h.client.attention_items() if i["task_id"] == task_id]
+    return [i for i in h.client.reads.attention_items() if i["task_id"] == task_id]
 
 
 def test_authorization_failure_is_never_retried_and_asks_for_attention(h: Harness) -> None:
@@ -408,7 +408,7 @@ def test_foreign_rq_job_is_refused_never_imported(h: Harness, kind: str) -> None
         marker.unlink(missing_ok=True)
     assert list(h.home.glob("pwned-*")) == [], "a callback named by a foreign job ran"
     assert h.task(legit.id).state is TaskState.SUCCEEDED
-    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
+    refused = [e for e in h.client.reads.refusals() if e["type"] == "transport_job_refused"]
     assert [(e["job_id"], e["func_name"]) for e in refused] == [(foreign.id, "os.system")], (
         "the refusal of a foreign job must be recorded in the namespace stream")
 
@@ -432,7 +432,7 @@ def test_transport_messages_a_worker_must_not_act_on_are_refused_and_recorded(h:
     h.run_worker(kind)
     assert h.task(legit.id).state is TaskState.SUCCEEDED
     assert h.task(legit_task.id).state is TaskState.PENDING  # no message ran it
-    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
+    refused = [e for e in h.client.reads.refusals() if e["type"] == "transport_job_refused"]
     by_job = {e["job_id"]: e["reason"] for e in refused}
     assert "cannot be decoded" in by_job.get(pickled.id, ""), [dict(e) for e in refused]
     assert "another-namespace" in by_job[foreign.id], refused
@@ -459,7 +459,7 @@ def test_callbacks_named_by_a_job_are_never_run(h: Harness, kind: str) -> None:
         after = h.task(task.id)
         assert after.state is TaskState.PENDING and events(after, "attempt_claimed") == []
     assert list(h.home.glob("pwned-*")) == [], "a success callback named in Redis ran"
-    refused = [e for e in h.client.refusals() if e["type"] == "transport_job_refused"]
+    refused = [e for e in h.client.reads.refusals() if e["type"] == "transport_job_refused"]
     assert sorted(e["attempt"] for e in refused) == sorted(t.attempts[0].id for t in tasks.values())
     assert all("success_callback_name" in e["reason"] for e in refused), refused
     for task in tasks.values():
@@ -521,13 +521,14 @@ def test_cleanup_stale_removes_stale_refuses_symlinks_keeps_named(tmp_path: Path
 
 def test_worker_cleans_stale_workspaces_before_polling_but_keeps_a_live_leases(h: Harness) -> None:
     root = h.home / "wsroot"
-    ws = WorkspaceRoot(root, namespace=h.prefix, epoch=h.client.open_namespace().epoch)  # as the worker names them
+    ws = WorkspaceRoot(root, namespace=h.prefix,
+                       epoch=h.client.backend.open_namespace().epoch)  # as the worker names them
     stale = root / ws.name_for(f"jobs:{new_ulid()}/1")
     stale.mkdir()
     (stale / "left-by-a-crash.txt").write_text("x")
 
     task = h.enqueue_undispatched(h.basic, "noop", {})
-    lease = h.client.claim_attempt(task.id, "holder-elsewhere", lease_ms=1500, expect_attempt=1)
+    lease = h.client.leases.claim_attempt(task.id, "holder-elsewhere", lease_ms=1500, expect_attempt=1)
     live = root / ws.name_for(lease.attempt_id)
     live.mkdir()
     (live / "work.txt").write_text("in progress")
@@ -629,13 +630,13 @@ def test_a_phase_outside_the_declared_list_stops_the_task_and_says_how_to_declar
 def test_checkpoint_with_a_stale_fence_is_refused_and_audited(h: Harness, tmp_path: Path) -> None:
     spec = basic.app.spec("checkpoints")
     task = h.enqueue_undispatched(h.basic, "checkpoints", {"repo": "example/app", "base": "abc123"})
-    lease = h.client.claim_attempt(task.id, "w-stale", lease_ms=1000, expect_attempt=1)
+    lease = h.client.leases.claim_attempt(task.id, "w-stale", lease_ms=1000, expect_attempt=1)
     task = h.task(task.id)
     ctx = Context(h.client, spec, task, task.attempts[0], lease.fence, "w-stale", tmp_path)
     ctx.checkpoint("workspace_prepared", {"n": 1}, scope=CKPT_SCOPE)  # the live fence: accepted
 
     wait_for(lambda: redis_ms(h.client.redis) > lease.expires_at_ms, 5, "the lease to pass")
-    assert [e.attempt_id for e in h.client.expire_leases()] == [lease.attempt_id]
+    assert [e.attempt_id for e in h.client.maintenance.expire_leases()] == [lease.attempt_id]
     with pytest.raises(LeaseLost):
         ctx.checkpoint("source_capture_done", {"n": 2}, scope=CKPT_SCOPE)
     assert ctx.lease_lost
@@ -700,12 +701,12 @@ def test_a_stopped_task_names_the_effects_left_without_a_receipt(redis_server: R
         ctx.effect("push", "abc123", perform, reconcile=lambda key: None)
 
     q = mc_queue.connect(redis_server.url, prefix=prefix)
-    task = q.enqueue("default", "push-then-401", {}, retry_policy=app.retry, budget=app.budget)
+    task = q.producer.enqueue("default", "push-then-401", {}, retry_policy=app.retry, budget=app.budget)
     configure(app, q, tmp_path / "ws")
     install("in-process")
     outcome = run_attempt(prefix, f"{task.id}/1", 10_000)
     assert outcome["decision"] == "stop", outcome
-    item = next(i for i in q.attention_items() if i["task_id"] == task.id)
+    item = next(i for i in q.reads.attention_items() if i["task_id"] == task.id)
     key = mc_queue.mint_key(task.id, "push", "abc123")
     assert item["pending_effects"] == [key] and key in item["why_unsafe"]
-    assert q.get_task(task.id).state is TaskState.BLOCKED
+    assert q.reads.get_task(task.id).state is TaskState.BLOCKED

@@ -278,20 +278,20 @@ def test_a_job_timeout_with_an_effect_in_flight_is_reconciled_not_failed(redis_s
         assert not events(timed_out, "attempt_failed"), "the timeout went straight to fail.lua"
         voided = events(timed_out, "lease_expired")
         assert len(voided) == 1 and "timeout" in voided[0].fields["reason"], voided
-        assert h.client.effects(task.id)[key].state == "intent"  # in flight when the timeout fired
+        assert h.client.reads.effects(task.id)[key].state == "intent"  # in flight when the timeout fired
 
         sweeper = Sweeper(h.client, app=lifecycle_app.app)
         sweeper.run_once()
         reconciled = h.task(task.id)
         rec = events(reconciled, "attempt_reconciled")
         assert len(rec) == 1 and rec[0].attempt == 1, [e.type for e in reconciled.events]
-        assert h.client.effects(task.id)[key].state == "done"  # found at the provider
+        assert h.client.reads.effects(task.id)[key].state == "done"  # found at the provider
         assert reconciled.attempts[0].state is AttemptState.FAILED
         assert reconciled.attempts[0].settled_by == "reconcile"
 
         final = h.drive(task.id, kind, LIFECYCLE, until=lambda t: t.state is TaskState.SUCCEEDED)
         assert final.result == {"pull_request": 1, "attempt": 2}
         assert forge.count_by_key() == {key: 1}, "the effect was repeated"
-        assert h.client.effects(task.id)[key].source == "reconcile"  # Attempt 2 replayed the receipt found
+        assert h.client.reads.effects(task.id)[key].source == "reconcile"  # Attempt 2 replayed the receipt found
     finally:
         h.close()

@@ -125,13 +125,13 @@ def test_a_workspace_root_shared_by_two_redis_servers_keeps_the_other_server_s_l
     root = tmp_path / "shared-workspaces"
     clients = [mc_queue.Client(s.url, prefix=prefix) for s in (redis_server, own_redis)]
     try:
-        epochs = [c.open_namespace().epoch for c in clients]
+        epochs = [c.backend.open_namespace().epoch for c in clients]
         assert epochs[0] != epochs[1]
         roots = [WorkspaceRoot(root, namespace=prefix, epoch=e) for e in epochs]
         live = []
         for c, r in zip(clients, roots, strict=True):
-            task = c.enqueue("jobs", "h", {"n": 1})
-            lease = c.claim_attempt(task.id, "w1")
+            task = c.producer.enqueue("jobs", "h", {"n": 1})
+            lease = c.leases.claim_attempt(task.id, "w1")
             ws = r.create(lease.attempt_id)
             (ws / "work-in-progress.txt").write_text("mine")
             live.append(ws)

@@ -83,50 +83,50 @@ class World:
 
 def build_world(q: mc_queue.Client) -> World:
     w = World(q)
-    q.open_namespace()
+    q.backend.open_namespace()
 
     def task(name: str, key: str | None = None) -> str:
-        w.ids[name] = q.enqueue("jobs", "h", {"task": name}, key).id
+        w.ids[name] = q.producer.enqueue("jobs", "h", {"task": name}, key).id
         return w.ids[name]
 
     def claim(name: str, lease_ms: int = 600_000) -> int:
-        w.fences[name] = q.claim_attempt(w.ids[name], "w1", lease_ms).fence
+        w.fences[name] = q.leases.claim_attempt(w.ids[name], "w1", lease_ms).fence
         return w.fences[name]
 
     task("pending", "k-pending")
     task("running")
     f = claim("running")
-    q.checkpoint(w.aid("running"), f, "claimed", 0, {"phase": "claimed"}, worker_id="w1")
-    q.effect_begin(w.aid("running"), f, "op:intent", {"operation": "op", "identity": "i1"}, worker_id="w1")
-    q.effect_begin(w.aid("running"), f, "op:done", {"operation": "op", "identity": "i2"}, worker_id="w1")
-    q.effect_done(w.aid("running"), f, "op:done", "done", {"receipt": 1}, actor="w1")
+    q.leases.checkpoint(w.aid("running"), f, "claimed", 0, {"phase": "claimed"}, worker_id="w1")
+    q.leases.effect_begin(w.aid("running"), f, "op:intent", {"operation": "op", "identity": "i1"}, worker_id="w1")
+    q.leases.effect_begin(w.aid("running"), f, "op:done", {"operation": "op", "identity": "i2"}, worker_id="w1")
+    q.leases.effect_done(w.aid("running"), f, "op:done", "done", {"receipt": 1}, actor="w1")
     for name in ("suspect", "reconciling"):
         task(name)
         claim(name)
-        q.effect_begin(w.aid(name), w.fences[name], "op:x", {"operation": "op", "identity": "x"}, worker_id="w1")
-        q.void_leases([w.aid(name)], reason="fuzz world")
-    q.begin_reconcile(w.aid("reconciling"))
+        q.leases.effect_begin(w.aid(name), w.fences[name], "op:x", {"operation": "op", "identity": "x"}, worker_id="w1")
+        q.operator.void_leases([w.aid(name)], reason="fuzz world")
+    q.operator.begin_reconcile(w.aid("reconciling"))
     task("failed")
-    q.fail_attempt(w.aid("failed"), claim("failed"), FAILURE, worker_id="w1")
+    q.leases.fail_attempt(w.aid("failed"), claim("failed"), FAILURE, worker_id="w1")
     task("quarantined", "k-quarantined")
-    q.fail_attempt(w.aid("quarantined"), claim("quarantined"), FAILURE, worker_id="w1",
+    q.leases.fail_attempt(w.aid("quarantined"), claim("quarantined"), FAILURE, worker_id="w1",
                    decision=Decision("quarantine", "fuzz quarantines", attention={"task_id": "x"}))
     task("cancelreq")
     claim("cancelreq")
-    q.cancel_task(w.ids["cancelreq"], REASON, ack_timeout_ms=600_000)
+    q.operator.cancel_task(w.ids["cancelreq"], REASON, ack_timeout_ms=600_000)
     task("succeeded")
-    q.complete_attempt(w.aid("succeeded"), claim("succeeded"), {"ok": True}, worker_id="w1")
+    q.leases.complete_attempt(w.aid("succeeded"), claim("succeeded"), {"ok": True}, worker_id="w1")
     task("packed", "k-packed")  # a finished task whose history is packed: late writes to it are refused
-    q.complete_attempt(w.aid("packed"), claim("packed"), {"ok": True}, worker_id="w1")
-    assert q.pack_tasks([w.ids["packed"]]) == 1
+    q.leases.complete_attempt(w.aid("packed"), claim("packed"), {"ok": True}, worker_id="w1")
+    assert q.maintenance.pack_tasks([w.ids["packed"]]) == 1
     task("retired", "k-retired")  # gone, with a tombstone and its producer key remembered
-    q.complete_attempt(w.aid("retired"), claim("retired"), {"ok": True}, worker_id="w1")
+    q.leases.complete_attempt(w.aid("retired"), claim("retired"), {"ok": True}, worker_id="w1")
     # its tombstone's TTL outlives the test: a key expiring between save()'s SCAN and DUMP breaks the restore
-    q.retire_task(w.ids["retired"], states=["succeeded"], reason=REASON, tombstone_s=3600)
+    q.operator.retire_task(w.ids["retired"], states=["succeeded"], reason=REASON, tombstone_s=3600)
     # A queue left with nothing (its one task canceled and retired): queue_forget's to forget.
-    emptied = q.enqueue("emptied", "h", {"task": "emptied"}).id
-    q.cancel_task(emptied, REASON)
-    q.retire_task(emptied, states=["canceled"], reason=REASON, tombstone_s=3600)
+    emptied = q.producer.enqueue("emptied", "h", {"task": "emptied"}).id
+    q.operator.cancel_task(emptied, REASON)
+    q.operator.retire_task(emptied, states=["canceled"], reason=REASON, tombstone_s=3600)
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
     return w
 
@@ -136,40 +136,40 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
     q = w.q
     retry = Decision("retry", "fuzz retries", 0.0, next_reason="transient failure in fuzz", next_hypothesis="h")
     return {
-        "init": q.open_namespace,
-        "enqueue": lambda: q.enqueue("jobs", "h", {"new": 1}, "k-new"),
-        "claim": lambda: q.claim_attempt(w.ids["pending"], "w2", 60_000),
-        "renew": lambda: q.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
-        "complete": lambda: q.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",
+        "init": q.backend.open_namespace,
+        "enqueue": lambda: q.producer.enqueue("jobs", "h", {"new": 1}, "k-new"),
+        "claim": lambda: q.leases.claim_attempt(w.ids["pending"], "w2", 60_000),
+        "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
+        "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",
                                                cost=0.25, tokens=1),
-        "fail": lambda: q.fail_attempt(w.aid("running"), w.fences["running"], FAILURE, worker_id="w1",
+        "fail": lambda: q.leases.fail_attempt(w.aid("running"), w.fences["running"], FAILURE, worker_id="w1",
                                        decision=retry),
-        "checkpoint": lambda: q.checkpoint(w.aid("running"), w.fences["running"], "workspace_prepared", 1,
+        "checkpoint": lambda: q.leases.checkpoint(w.aid("running"), w.fences["running"], "workspace_prepared", 1,
                                            {"phase": "workspace_prepared"}, worker_id="w1"),
-        "effect_begin": lambda: q.effect_begin(w.aid("running"), w.fences["running"], "op:new",
+        "effect_begin": lambda: q.leases.effect_begin(w.aid("running"), w.fences["running"], "op:new",
                                                {"operation": "op", "identity": "new"}, worker_id="w1"),
-        "effect_done": lambda: q.effect_done(w.aid("running"), w.fences["running"], "op:intent", "done",
+        "effect_done": lambda: q.leases.effect_done(w.aid("running"), w.fences["running"], "op:intent", "done",
                                              {"pr": 7}, actor="w1"),
-        "expire": lambda: q.void_leases([w.aid("running")], reason="fuzz voids"),
-        "due": lambda: q.due_leases(limit=10),
-        "mark_dispatched": lambda: q.mark_dispatched(w.aid("pending"), recheck_ms=1000),
-        "reconcile_begin": lambda: q.begin_reconcile(w.aid("suspect")),
-        "reconcile_settle": lambda: q.settle_attempt(w.aid("reconciling"), "fuzz", "failed", failure=FAILURE,
+        "expire": lambda: q.operator.void_leases([w.aid("running")], reason="fuzz voids"),
+        "due": lambda: q.maintenance.due_leases(limit=10),
+        "mark_dispatched": lambda: q.maintenance.mark_dispatched(w.aid("pending"), recheck_ms=1000),
+        "reconcile_begin": lambda: q.operator.begin_reconcile(w.aid("suspect")),
+        "reconcile_settle": lambda: q.operator.settle_attempt(w.aid("reconciling"), "fuzz", "failed", failure=FAILURE,
                                                      evidence={"e": 1}, decision=retry),
-        "retry": lambda: q.retry_task(w.ids["failed"], REASON, "a new hypothesis", delay_ms=10),
-        "cancel": lambda: q.cancel_task(w.ids["pending"], REASON),
-        "cancel_ack": lambda: q.acknowledge_cancel(w.aid("cancelreq"), w.fences["cancelreq"], worker_id="w1"),
-        "dlq_replay": lambda: q.dlq_replay(w.ids["quarantined"], REASON, "fixed"),
-        "dlq_purge": lambda: q.dlq_purge(w.ids["quarantined"], reason=REASON),
-        "index_drop": lambda: q.drop_index_entry("suspect", "not-an-attempt", reason="fuzz drops"),
-        "queue_pause": lambda: q.pause_queue("jobs", reason=REASON),
-        "recover_begin": lambda: q.begin_recovery(reason="fuzz recovers"),
-        "recover_finish": lambda: q.finish_recovery(str(q.namespace().epoch), voided=0),
-        "lineage": lambda: q.assert_lineage(),
-        "pack": lambda: q.pack_tasks([w.ids["succeeded"]]),
-        "retire": lambda: q.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
-        "idem_trim": lambda: q.trim_idempotency(limit=10),
-        "queue_forget": lambda: q.forget_empty_queues(limit=10),
+        "retry": lambda: q.operator.retry_task(w.ids["failed"], REASON, "a new hypothesis", delay_ms=10),
+        "cancel": lambda: q.operator.cancel_task(w.ids["pending"], REASON),
+        "cancel_ack": lambda: q.leases.acknowledge_cancel(w.aid("cancelreq"), w.fences["cancelreq"], worker_id="w1"),
+        "dlq_replay": lambda: q.operator.dlq_replay(w.ids["quarantined"], REASON, "fixed"),
+        "dlq_purge": lambda: q.operator.dlq_purge(w.ids["quarantined"], reason=REASON),
+        "index_drop": lambda: q.maintenance.drop_index_entry("suspect", "not-an-attempt", reason="fuzz drops"),
+        "queue_pause": lambda: q.operator.pause_queue("jobs", reason=REASON),
+        "recover_begin": lambda: q.operator.begin_recovery(reason="fuzz recovers"),
+        "recover_finish": lambda: q.operator.finish_recovery(str(q.reads.namespace().epoch), voided=0),
+        "lineage": lambda: q.backend.assert_lineage(),
+        "pack": lambda: q.maintenance.pack_tasks([w.ids["succeeded"]]),
+        "retire": lambda: q.operator.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
+        "idem_trim": lambda: q.maintenance.trim_idempotency(limit=10),
+        "queue_forget": lambda: q.maintenance.forget_empty_queues(limit=10),
     }
 
 
@@ -307,7 +307,7 @@ def audit_only(tag: str, before: dict[bytes, tuple[Any, ...]], after: dict[bytes
 def _reads_back(q: mc_queue.Client, w: World) -> None:
     for tid in w.ids.values():
         try:
-            q.get_task(tid)
+            q.reads.get_task(tid)
         except mc_queue.TaskNotFound:
             pass  # purged
 

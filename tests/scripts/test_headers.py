@@ -589,59 +589,59 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str],
 
 def _full_lifecycle(q: mc_queue.Client) -> None:
     failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
-    q.open_namespace()
-    a = q.enqueue("jobs", "h", {"n": 1}, "key-1")
-    q.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
-    q.due_dispatches()
-    la = q.claim_attempt(a.id, "w", 60_000)
-    q.renew_lease(la.attempt_id, la.fence, worker_id="w")
-    q.checkpoint(la.attempt_id, la.fence, "claimed", 0, {"phase": "claimed"}, worker_id="w")
-    q.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="w")
-    b = q.enqueue("jobs", "h", {"n": 2})
-    lb = q.claim_attempt(b.id, "w", 60_000)
-    q.fail_attempt(lb.attempt_id, lb.fence, failure, worker_id="w")
-    q.retry_task(b.id, "the provider limit has reset now")
-    lb2 = q.claim_attempt(b.id, "w", 100)
+    q.backend.open_namespace()
+    a = q.producer.enqueue("jobs", "h", {"n": 1}, "key-1")
+    q.maintenance.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
+    q.maintenance.due_dispatches()
+    la = q.leases.claim_attempt(a.id, "w", 60_000)
+    q.leases.renew_lease(la.attempt_id, la.fence, worker_id="w")
+    q.leases.checkpoint(la.attempt_id, la.fence, "claimed", 0, {"phase": "claimed"}, worker_id="w")
+    q.leases.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="w")
+    b = q.producer.enqueue("jobs", "h", {"n": 2})
+    lb = q.leases.claim_attempt(b.id, "w", 60_000)
+    q.leases.fail_attempt(lb.attempt_id, lb.fence, failure, worker_id="w")
+    q.operator.retry_task(b.id, "the provider limit has reset now")
+    lb2 = q.leases.claim_attempt(b.id, "w", 100)
     deadline = time.monotonic() + 5
-    while not q.expire_leases():
+    while not q.maintenance.expire_leases():
         assert time.monotonic() < deadline
         time.sleep(0.02)
     reconcile_attempt(q, lb2.attempt_id)
-    e = q.enqueue("jobs", "h", {"n": 4})
-    le = q.claim_attempt(e.id, "w", 60_000)
+    e = q.producer.enqueue("jobs", "h", {"n": 4})
+    le = q.leases.claim_attempt(e.id, "w", 60_000)
     key = mc_queue.mint_key(e.id, "open-pr", "sha1")
-    q.effect_begin(le.attempt_id, le.fence, key, {"operation": "open-pr", "identity": "sha1"}, worker_id="w")
-    q.effect_done(le.attempt_id, le.fence, key, "done", {"pr": 1}, actor="w")
-    q.cancel_task(e.id, "the operator no longer needs this")
-    q.acknowledge_cancel(le.attempt_id, le.fence, worker_id="w")
+    q.leases.effect_begin(le.attempt_id, le.fence, key, {"operation": "open-pr", "identity": "sha1"}, worker_id="w")
+    q.leases.effect_done(le.attempt_id, le.fence, key, "done", {"pr": 1}, actor="w")
+    q.operator.cancel_task(e.id, "the operator no longer needs this")
+    q.leases.acknowledge_cancel(le.attempt_id, le.fence, worker_id="w")
     reconcile_attempt(q, le.attempt_id)
-    f = q.enqueue("jobs", "h", {"n": 5})
-    lf = q.claim_attempt(f.id, "w", 60_000)
+    f = q.producer.enqueue("jobs", "h", {"n": 5})
+    lf = q.leases.claim_attempt(f.id, "w", 60_000)
     poison = mc_queue.Decision("quarantine", "header test quarantines", attention={"task_id": f.id})
-    q.fail_attempt(lf.attempt_id, lf.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
+    q.leases.fail_attempt(lf.attempt_id, lf.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
                    decision=poison)
-    q.dlq_replay(f.id, "the bug was fixed in the handler")
-    lf2 = q.claim_attempt(f.id, "w", 60_000)
-    q.fail_attempt(lf2.attempt_id, lf2.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
+    q.operator.dlq_replay(f.id, "the bug was fixed in the handler")
+    lf2 = q.leases.claim_attempt(f.id, "w", 60_000)
+    q.leases.fail_attempt(lf2.attempt_id, lf2.fence, make_failure(FailureClass.INTERNAL, "Bug", "x"), worker_id="w",
                    decision=poison)
-    q.dlq_purge(f.id, reason="header test purges")
-    assert q.pack_tasks([a.id]) == 1  # a succeeded above: its history is packed, then it is retired
-    q.retire_task(a.id, states=["succeeded"], reason="header test retires", tombstone_s=0.001)
-    q.trim_idempotency()
-    e = q.enqueue("emptied", "h", {"n": 4})
-    q.cancel_task(e.id, reason="header test empties a queue")
-    q.retire_task(e.id, states=["canceled"], reason="header test retires", tombstone_s=0)
-    assert q.forget_empty_queues() == ["emptied"]
-    q.pause_queue("jobs", reason="header test pauses")
-    q.resume_queue("jobs", reason="header test resumes")
+    q.operator.dlq_purge(f.id, reason="header test purges")
+    assert q.maintenance.pack_tasks([a.id]) == 1  # a succeeded above: its history is packed, then it is retired
+    q.operator.retire_task(a.id, states=["succeeded"], reason="header test retires", tombstone_s=0.001)
+    q.maintenance.trim_idempotency()
+    e = q.producer.enqueue("emptied", "h", {"n": 4})
+    q.operator.cancel_task(e.id, reason="header test empties a queue")
+    q.operator.retire_task(e.id, states=["canceled"], reason="header test retires", tombstone_s=0)
+    assert q.maintenance.forget_empty_queues() == ["emptied"]
+    q.operator.pause_queue("jobs", reason="header test pauses")
+    q.operator.resume_queue("jobs", reason="header test resumes")
     q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
-    q.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
-    c = q.enqueue("jobs", "h", {"n": 3})
-    q.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
-    q.assert_lineage()  # the claim sequence seen, presented (a lineage check with evidence)
+    q.maintenance.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
+    c = q.producer.enqueue("jobs", "h", {"n": 3})
+    q.leases.claim_attempt(c.id, "w", 60_000)  # a live lease for recover to void
+    q.backend.assert_lineage()  # the claim sequence seen, presented (a lineage check with evidence)
     recover(q, reason="header test")
-    q.get_task(b.id)
-    q.status()
+    q.reads.get_task(b.id)
+    q.reads.status()
 
 
 def test_the_client_passes_exactly_the_header_names_to_every_script(

@@ -36,14 +36,14 @@ def every_key(q: mc_queue.Client) -> dict[str, Any]:
 
 
 def running(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
-    task = q.enqueue("jobs", "h", {"n": new_ulid()})
-    return task, q.claim_attempt(task.id, "w1", LONG)
+    task = q.producer.enqueue("jobs", "h", {"n": new_ulid()})
+    return task, q.leases.claim_attempt(task.id, "w1", LONG)
 
 
 def quarantined(q: mc_queue.Client, key: str | None = None) -> mc_queue.Task:
-    task = q.enqueue("jobs", "h", {"n": new_ulid()}, key)
-    lease = q.claim_attempt(task.id, "w1", LONG)
-    q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1",
+    task = q.producer.enqueue("jobs", "h", {"n": new_ulid()}, key)
+    lease = q.leases.claim_attempt(task.id, "w1", LONG)
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1",
                    decision=Decision("quarantine", "poison", attention={"task_id": task.id}))
     return task
 
@@ -58,29 +58,31 @@ def test_1_a_bad_cost_is_refused_before_anything_is_written(q: mc_queue.Client, 
     before = every_key(q)
     with pytest.raises(mc_queue.InvalidArgument, match="cost"):
         if op == "complete":
-            q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", cost=cost)
+            q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", cost=cost)
         elif op == "fail":
-            q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1", cost=cost)
+            q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w1", cost=cost)
         else:
-            q.heartbeat(lease.attempt_id, lease.fence, worker_id="w1", cost=cost)
+            q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1", cost=cost)
     assert every_key(q) == before
     # the same call as the script receives it, bypassing the Client's check: refused the same way
     tk = q.keys.task(task.id)
-    raw = q.runner.call("renew", {**q._ns_keys(), "leases": q.keys.leases, "task": tk.task, "attempts": tk.attempts,
+    raw = q.runner.call("renew", {**q.backend.ns_keys(), "leases": q.keys.leases, "task": tk.task,
+                                  "attempts": tk.attempts,
                                   "events": tk.events, "stats": q.keys.stats, "fence": tk.fence, "lease": tk.lease},
                         {"n": 1, "fence": lease.fence, "worker": "w1", "lease_ms": "", "cost": repr(cost),
-                         "tokens": 0, "request_id": "", "epoch": q.ns.epoch, "min_seq": 0, "proof": ""})
+                         "tokens": 0, "request_id": "", "epoch": q.backend.ns.epoch, "min_seq": 0, "proof": ""})
     assert raw[0] == "E_BADARG" and every_key(q) == before
     # the Attempt is untouched: it completes normally afterwards
-    assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
-    assert q.get_task(task.id).state.value == "succeeded"
+    assert q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1},
+                                     worker_id="w1").state.value == "succeeded"
+    assert q.reads.get_task(task.id).state.value == "succeeded"
 
 
 @pytest.mark.parametrize("tokens", [-1, 2**63, 1.5])
 def test_1_bad_tokens_are_refused(q: mc_queue.Client, tokens: Any) -> None:
     _, lease = running(q)
     with pytest.raises(mc_queue.InvalidArgument, match="tokens"):
-        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", tokens=tokens)
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1", tokens=tokens)
 
 
 # --------------------------------------------------------------------------- 2. a lease that never expires
@@ -88,18 +90,18 @@ def test_1_bad_tokens_are_refused(q: mc_queue.Client, tokens: Any) -> None:
 
 @pytest.mark.parametrize("lease_ms", [math.inf, 1e30, 2**63, 3_600_001, 0, -5, 1.5])
 def test_2_a_lease_outside_the_namespace_ceiling_is_refused(q: mc_queue.Client, lease_ms: Any) -> None:
-    task = q.enqueue("jobs", "h", {"n": 1})
+    task = q.producer.enqueue("jobs", "h", {"n": 1})
     before = every_key(q)
     with pytest.raises(mc_queue.InvalidArgument, match="lease_ms"):
-        q.claim_attempt(task.id, "w1", lease_ms)
+        q.leases.claim_attempt(task.id, "w1", lease_ms)
     assert every_key(q) == before
 
 
 def test_2_a_claim_takes_the_lease_frozen_in_the_task_and_the_key_expires_with_it(q: mc_queue.Client) -> None:
-    task = q.enqueue("jobs", "h", {"n": 1}, lease_ms=5_000)
-    lease = q.claim_attempt(task.id, "w1", None)
-    assert lease.lease_ms == 5_000 and lease.expires_at_ms - q.get_task(task.id).attempts[0].started_at.timestamp() \
-        * 1000 == pytest.approx(5_000, abs=2)
+    task = q.producer.enqueue("jobs", "h", {"n": 1}, lease_ms=5_000)
+    lease = q.leases.claim_attempt(task.id, "w1", None)
+    started_ms = q.reads.get_task(task.id).attempts[0].started_at.timestamp() * 1000
+    assert lease.lease_ms == 5_000 and lease.expires_at_ms - started_ms == pytest.approx(5_000, abs=2)
     pttl = q.redis.pttl(q.keys.task(task.id).lease)
     assert 4_000 < pttl <= 5_000, "the lease is a key with a PX TTL"
     assert q.redis.get(q.keys.task(task.id).fence) == str(lease.fence), "the fence is an INCR counter key"
@@ -108,13 +110,13 @@ def test_2_a_claim_takes_the_lease_frozen_in_the_task_and_the_key_expires_with_i
 def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.Client,
                                                                     redis_server: Any) -> None:
     """MONITOR shows the commands the claim and the renewal run inside Redis."""
-    task = q.enqueue("jobs", "h", {"n": 1})
+    task = q.producer.enqueue("jobs", "h", {"n": 1})
     tk = q.keys.task(task.id)
     seen: list[str] = []
     mon_conn = redis.Redis.from_url(q.url, decode_responses=True)
     with mon_conn.monitor() as m:
-        lease = q.claim_attempt(task.id, "w1", 30_000)
-        renewed = q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=20_000)
+        lease = q.leases.claim_attempt(task.id, "w1", 30_000)
+        renewed = q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=20_000)
         q.redis.ping()
         for cmd in m.listen():
             seen.append(cmd["command"])
@@ -133,11 +135,11 @@ def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.C
 @pytest.mark.parametrize("bad", ["\n", "\r\n", " ", "\t"])
 def test_3_an_id_with_a_trailing_character_is_refused(q: mc_queue.Client, bad: str) -> None:
     with pytest.raises(mc_queue.InvalidArgument):
-        q.enqueue("jobs", "h", {"n": 1}, task_id=f"jobs:{new_ulid()}{bad}")
+        q.producer.enqueue("jobs", "h", {"n": 1}, task_id=f"jobs:{new_ulid()}{bad}")
     with pytest.raises(mc_queue.InvalidArgument):
-        q.claim_attempt(f"jobs:{new_ulid()}{bad}", "w1")
+        q.leases.claim_attempt(f"jobs:{new_ulid()}{bad}", "w1")
     with pytest.raises(mc_queue.InvalidArgument):
-        q.enqueue(f"jobs{bad}", "h", {"n": 1})
+        q.producer.enqueue(f"jobs{bad}", "h", {"n": 1})
     with pytest.raises(mc_queue.InvalidArgument):
         mc_queue.Client(q.url, prefix=f"p{bad}")
 
@@ -146,7 +148,7 @@ def test_3_a_sweeper_pass_never_stops_on_a_bad_index_entry(q: mc_queue.Client) -
     """Unreadable members and members whose task is gone, planted in every index: the pass goes on,
     drops them, logs each, and still does its real work."""
     _, dead = running(q)
-    q.void_leases([dead.attempt_id], reason="the worker vanished")  # real work: a suspect to reconcile
+    q.operator.void_leases([dead.attempt_id], reason="the worker vanished")  # real work: a suspect to reconcile
     ghost = f"jobs:{new_ulid()}/1"
     for index in ("leases", "suspect", "outbox", "cancels"):
         q.redis.zadd(getattr(q.keys, index), {f"jobs:{new_ulid()}/1\n": 0, "garbage": 0, ghost: 0})
@@ -157,7 +159,7 @@ def test_3_a_sweeper_pass_never_stops_on_a_bad_index_entry(q: mc_queue.Client) -
     for index in ("leases", "suspect", "outbox", "cancels"):
         left = q.redis.zrange(getattr(q.keys, index), 0, -1)
         assert left == ([f"{dead.task_id}/2"] if index == "outbox" else []), (index, left)  # only real work
-    orphans = [e for e in q.namespace_events() if e["type"] == "orphan_index_entry"]
+    orphans = [e for e in q.reads.namespace_events() if e["type"] == "orphan_index_entry"]
     assert len(orphans) == 16 and {e["member"] for e in orphans} >= {"garbage", ghost}
 
 
@@ -170,10 +172,10 @@ def test_4_recovery_ends_when_a_task_hash_is_gone_while_its_lease_is_indexed(q: 
     q.redis.delete(q.keys.task(task.id).task)  # the hash is gone, its lease index entry stays
     out = recover(q, reason="test: a task hash vanished")
     assert out["voided_leases"] == [live.attempt_id] and out["dropped_entries"] == 1
-    assert q.namespace().state == "ok" and q.redis.zcard(q.keys.leases) == 0
-    orphans = [e for e in q.namespace_events() if e["type"] == "orphan_index_entry"]
+    assert q.reads.namespace().state == "ok" and q.redis.zcard(q.keys.leases) == 0
+    orphans = [e for e in q.reads.namespace_events() if e["type"] == "orphan_index_entry"]
     assert [e["member"] for e in orphans] == [lease.attempt_id]
-    assert q.get_task(other.id).attempts[0].state.value == "suspect"
+    assert q.reads.get_task(other.id).attempts[0].state.value == "suspect"
 
 
 def test_4_recovery_that_can_make_no_progress_ends_and_says_what_it_could_not_void(q: mc_queue.Client) -> None:
@@ -183,17 +185,17 @@ def test_4_recovery_that_can_make_no_progress_ends_and_says_what_it_could_not_vo
     with pytest.raises(mc_queue.RecoveryIncomplete, match=lease.attempt_id) as info:
         recover(q, reason="test: a corrupt task")
     assert info.value.left == [lease.attempt_id]
-    assert q.namespace().state == "recovering", "a lease from before the loss may still be honoured: not ok yet"
+    assert q.reads.namespace().state == "recovering", "a lease from before the loss may still be honoured: not ok yet"
     with pytest.raises(mc_queue.NamespaceLost):
-        q.enqueue("jobs", "h", {"n": 1})
+        q.producer.enqueue("jobs", "h", {"n": 1})
     q.redis.delete(q.keys.task(task.id).task)  # the operator looked and removed the corrupt key
     out = recover(q, reason="test: after the corrupt key was removed")
-    assert out["dropped_entries"] == 1 and q.namespace().state == "ok"
+    assert out["dropped_entries"] == 1 and q.reads.namespace().state == "ok"
 
 
 def test_4_a_suspect_entry_whose_task_is_gone_is_dropped_by_the_sweeper(q: mc_queue.Client) -> None:
     task, lease = running(q)
-    q.void_leases([lease.attempt_id], reason="gone")
+    q.operator.void_leases([lease.attempt_id], reason="gone")
     q.redis.delete(q.keys.task(task.id).task)
     report = Sweeper(q).run_once()
     assert report.dropped == [lease.attempt_id] and report.errors == []
@@ -207,32 +209,32 @@ def _lose(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
     task, lease = running(q)
     q.redis.set(q.keys.task(task.id).fence, 0)  # Redis went back to before the claim this client saw
     with pytest.raises(mc_queue.NamespaceLost):
-        q.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
-    assert q.namespace().state == "lost"
+        q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+    assert q.reads.namespace().state == "lost"
     return task, lease
 
 
 def test_5_every_state_changing_script_refuses_on_a_lost_namespace(q: mc_queue.Client) -> None:
     q_task = quarantined(q)
-    pending = q.enqueue("jobs", "h", {"n": "pending"})
+    pending = q.producer.enqueue("jobs", "h", {"n": "pending"})
     _, suspect = running(q)
-    q.void_leases([suspect.attempt_id], reason="t")
+    q.operator.void_leases([suspect.attempt_id], reason="t")
     task, lease = _lose(q)
     before = every_key(q)
     calls = [
-        lambda: q.expire([lease.attempt_id], actor="t", force=False, reason="x"),
-        lambda: q.void_leases([lease.attempt_id], reason="x"),
-        lambda: q.begin_reconcile(suspect.attempt_id),
-        lambda: q.settle_attempt(suspect.attempt_id, "t", "failed", failure=FAILURE, evidence={}),
-        lambda: q.mark_dispatched(f"{pending.id}/1", recheck_ms=1000),
-        lambda: q.dlq_purge(q_task.id, reason=REASON),
-        lambda: q.dlq_replay(q_task.id, REASON),
-        lambda: q.drop_index_entry("suspect", suspect.attempt_id, reason="x"),
-        lambda: q.enqueue("jobs", "h", {"n": 2}),
-        lambda: q.claim_attempt(pending.id, "w2"),
-        lambda: q.retry_task(task.id, REASON),
-        lambda: q.cancel_task(pending.id, REASON),
-        lambda: q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1"),
+        lambda: q.maintenance.expire([lease.attempt_id], actor="t", force=False, reason="x"),
+        lambda: q.operator.void_leases([lease.attempt_id], reason="x"),
+        lambda: q.operator.begin_reconcile(suspect.attempt_id),
+        lambda: q.operator.settle_attempt(suspect.attempt_id, "t", "failed", failure=FAILURE, evidence={}),
+        lambda: q.maintenance.mark_dispatched(f"{pending.id}/1", recheck_ms=1000),
+        lambda: q.operator.dlq_purge(q_task.id, reason=REASON),
+        lambda: q.operator.dlq_replay(q_task.id, REASON),
+        lambda: q.maintenance.drop_index_entry("suspect", suspect.attempt_id, reason="x"),
+        lambda: q.producer.enqueue("jobs", "h", {"n": 2}),
+        lambda: q.leases.claim_attempt(pending.id, "w2"),
+        lambda: q.operator.retry_task(task.id, REASON),
+        lambda: q.operator.cancel_task(pending.id, REASON),
+        lambda: q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1"),
     ]
     for i, call in enumerate(calls):
         with pytest.raises(mc_queue.NamespaceLost):
@@ -244,13 +246,13 @@ def test_5_every_state_changing_script_refuses_on_a_lost_namespace(q: mc_queue.C
 
 
 def test_5_a_read_never_creates_a_namespace(q: mc_queue.Client) -> None:
-    assert q.namespace().state == "missing"
-    q.status()
-    q.overview()
+    assert q.reads.namespace().state == "missing"
+    q.reads.status()
+    q.reads.overview()
     assert q.redis.exists(q.keys.meta) == 0
-    q.enqueue("jobs", "h", {"n": 1})
+    q.producer.enqueue("jobs", "h", {"n": 1})
     q.redis.delete(q.keys.meta)  # wiped, but the namespace left traces
-    info = q.namespace()
+    info = q.reads.namespace()
     assert info.state == "lost" and "still holds tasks" in info.reason
     assert q.redis.exists(q.keys.meta) == 0, "reading must not re-create the namespace as ok"
 
@@ -261,25 +263,26 @@ def test_5_a_read_never_creates_a_namespace(q: mc_queue.Client) -> None:
 def test_6_effect_done_with_a_stale_fence_is_refused_even_for_a_receipt_already_on_file(q: mc_queue.Client) -> None:
     task, lease = running(q)
     key = mc_queue.mint_key(task.id, "open-pr", "sha1")
-    q.effect_begin(lease.attempt_id, lease.fence, key, {"operation": "open-pr", "identity": "sha1"}, worker_id="w1")
-    q.effect_done(lease.attempt_id, lease.fence, key, "done", {"pr": 1}, actor="w1")
-    q.void_leases([lease.attempt_id], reason="the worker froze")  # the fence moves on
+    q.leases.effect_begin(lease.attempt_id, lease.fence, key, {"operation": "open-pr", "identity": "sha1"},
+                          worker_id="w1")
+    q.leases.effect_done(lease.attempt_id, lease.fence, key, "done", {"pr": 1}, actor="w1")
+    q.operator.void_leases([lease.attempt_id], reason="the worker froze")  # the fence moves on
     stale = int(q.redis.hget(q.keys.stats, "stale_write_refused") or 0)
     for receipt in ({"pr": 1}, {"pr": 2}):  # the identical receipt, and another one
         with pytest.raises(mc_queue.StaleFence):
-            q.effect_done(lease.attempt_id, lease.fence, key, "done", receipt, actor="w1")
+            q.leases.effect_done(lease.attempt_id, lease.fence, key, "done", receipt, actor="w1")
     assert int(q.redis.hget(q.keys.stats, "stale_write_refused")) == stale + 2
-    types = [e.type for e in q.get_task(task.id).events]
+    types = [e.type for e in q.reads.get_task(task.id).events]
     assert types.count("stale_write_refused") == 2 and types.count("late_receipt") == 2
-    assert q.effects(task.id)[key].receipt == {"pr": 1}
+    assert q.reads.effects(task.id)[key].receipt == {"pr": 1}
 
 
 @pytest.mark.parametrize("op", ["replay", "purge"])
 def test_6_dlq_refusals_are_audited(q: mc_queue.Client, op: str) -> None:
-    task = q.enqueue("jobs", "h", {"n": 1})
+    task = q.producer.enqueue("jobs", "h", {"n": 1})
     with pytest.raises(mc_queue.TransitionRefused, match="not quarantined"):
-        q.dlq_replay(task.id, REASON) if op == "replay" else q.dlq_purge(task.id, reason=REASON)
-    assert [e.type for e in q.get_task(task.id).events][-1] == f"{op}_refused"
+        q.operator.dlq_replay(task.id, REASON) if op == "replay" else q.operator.dlq_purge(task.id, reason=REASON)
+    assert [e.type for e in q.reads.get_task(task.id).events][-1] == f"{op}_refused"
 
 
 # --------------------------------------------------------------------------- 7. resends of scripts
@@ -287,25 +290,25 @@ def test_6_dlq_refusals_are_audited(q: mc_queue.Client, op: str) -> None:
 
 def test_7_a_resent_dlq_replay_returns_the_attempt_it_created(q: mc_queue.Client) -> None:
     task = quarantined(q)
-    first = q.dlq_replay(task.id, REASON, request_id="req-1")
-    again = q.dlq_replay(task.id, REASON, request_id="req-1")
+    first = q.operator.dlq_replay(task.id, REASON, request_id="req-1")
+    again = q.operator.dlq_replay(task.id, REASON, request_id="req-1")
     assert first.number == again.number == 2
-    assert [e.type for e in q.get_task(task.id).events].count("dlq_replayed") == 1
+    assert [e.type for e in q.reads.get_task(task.id).events].count("dlq_replayed") == 1
     with pytest.raises(mc_queue.TransitionRefused):  # another request is a second replay: refused
-        q.dlq_replay(task.id, REASON, request_id="req-2")
+        q.operator.dlq_replay(task.id, REASON, request_id="req-2")
 
 
 def test_7_a_resent_purge_and_cancel_ack_report_what_they_did(q: mc_queue.Client) -> None:
     task = quarantined(q)
-    assert q.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
-    assert q.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
+    assert q.operator.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
+    assert q.operator.dlq_purge(task.id, reason=REASON, request_id="p-1") == 1
     with pytest.raises(mc_queue.TaskNotFound):
-        q.dlq_purge(task.id, reason=REASON, request_id="p-2")
+        q.operator.dlq_purge(task.id, reason=REASON, request_id="p-2")
     t2, lease = running(q)
-    q.cancel_task(t2.id, REASON)
-    fence = q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1")
-    assert q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1") == fence
-    assert [e.type for e in q.get_task(t2.id).events].count("cancel_acknowledged") == 1
+    q.operator.cancel_task(t2.id, REASON)
+    fence = q.leases.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1")
+    assert q.leases.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w1", request_id="a-1") == fence
+    assert [e.type for e in q.reads.get_task(t2.id).events].count("cancel_acknowledged") == 1
 
 
 def test_7_the_runner_resends_only_what_the_header_declares_idempotent(q: mc_queue.Client,
@@ -335,18 +338,18 @@ def test_7_the_runner_resends_only_what_the_header_declares_idempotent(q: mc_que
 
 def test_8_a_purged_task_s_key_and_id_are_refused_until_the_tombstone_expires(q: mc_queue.Client) -> None:
     task = quarantined(q, key="issue-42")
-    q.dlq_purge(task.id, reason=REASON)
+    q.operator.dlq_purge(task.id, reason=REASON)
     with pytest.raises(mc_queue.TaskPurged, match=task.id):
-        q.enqueue("jobs", "h", {"n": task.payload["n"]}, "issue-42")
+        q.producer.enqueue("jobs", "h", {"n": task.payload["n"]}, "issue-42")
     with pytest.raises(mc_queue.TaskPurged):
-        q.enqueue("jobs", "h", {"n": 1}, task_id=task.id)
-    tomb = q.tombstone(task.id)
+        q.producer.enqueue("jobs", "h", {"n": 1}, task_id=task.id)
+    tomb = q.reads.tombstone(task.id)
     assert tomb is not None and tomb["reason"] == REASON and tomb["idem_key"] == "issue-42"
-    assert any(e["type"] == "enqueue_refused" for e in q.namespace_events())
+    assert any(e["type"] == "enqueue_refused" for e in q.reads.namespace_events())
     # an operator who frees the key at once gets a new task for it
     freed = quarantined(q, key="issue-43")
-    q.dlq_purge(freed.id, reason=REASON, keep_key_s=0)
-    again = q.enqueue("jobs", "h", {"n": freed.payload["n"]}, "issue-43")
+    q.operator.dlq_purge(freed.id, reason=REASON, keep_key_s=0)
+    again = q.producer.enqueue("jobs", "h", {"n": freed.payload["n"]}, "issue-43")
     assert again.id != freed.id
 
 
@@ -356,11 +359,12 @@ def test_8_a_purged_task_s_key_and_id_are_refused_until_the_tombstone_expires(q:
 def test_9_a_caller_s_wrong_fence_does_not_stop_the_namespace(q: mc_queue.Client) -> None:
     task, lease = running(q)
     with pytest.raises(mc_queue.StaleFence):
-        q.complete_attempt(lease.attempt_id, lease.fence + 1000, {"ok": 1}, worker_id="w1")
-    assert q.namespace().state == "ok"
-    q.enqueue("jobs", "h", {"n": "still open"})  # producers go on
-    assert q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1").state.value == "succeeded"
-    refusal = next(e for e in q.get_task(task.id).events if e.type == "stale_write_refused")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence + 1000, {"ok": 1}, worker_id="w1")
+    assert q.reads.namespace().state == "ok"
+    q.producer.enqueue("jobs", "h", {"n": "still open"})  # producers go on
+    assert q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1},
+                                     worker_id="w1").state.value == "succeeded"
+    refusal = next(e for e in q.reads.get_task(task.id).events if e.type == "stale_write_refused")
     assert refusal.fields["refusal"] == "fence_ahead"
 
 
@@ -370,7 +374,7 @@ def test_9_a_caller_s_wrong_fence_does_not_stop_the_namespace(q: mc_queue.Client
 def test_the_namespace_log_is_capped_and_keeps_its_newest_entries(q: mc_queue.Client) -> None:
     """A long-lived namespace's log (refusals without a task, orphans, losses) never grows without
     bound: every script appends to it with XADD MAXLEN ~ 100,000."""
-    q.enqueue("jobs", "h", {"n": 1}, "the-key")
+    q.producer.enqueue("jobs", "h", {"n": 1}, "the-key")
     pipe = q.redis.pipeline(transaction=False)
     for i in range(100_500):
         pipe.xadd(q.keys.nslog, {"type": "filler", "i": str(i)})
@@ -379,8 +383,8 @@ def test_the_namespace_log_is_capped_and_keeps_its_newest_entries(q: mc_queue.Cl
     pipe.execute()
     assert q.redis.xlen(q.keys.nslog) > 100_500
     with pytest.raises(mc_queue.IdempotencyConflict):
-        q.enqueue("jobs", "h", {"n": 2}, "the-key")  # refused: enqueue_refused goes to the namespace log
+        q.producer.enqueue("jobs", "h", {"n": 2}, "the-key")  # refused: enqueue_refused goes to the namespace log
     length = q.redis.xlen(q.keys.nslog)
     assert 100_000 <= length <= 100_200, length  # trimmed to the cap (whole stream nodes of 100 entries)
-    newest = q.namespace_events(count=None)[-1]
+    newest = q.reads.namespace_events(count=None)[-1]
     assert newest["type"] == "enqueue_refused" and newest["idem_key"] == "the-key"

@@ -29,80 +29,80 @@ QUARANTINE = Decision("quarantine", "quarantine", attention={"task_id": "x", "wh
 
 def _tour(q: mc_queue.Client) -> None:
     def new() -> str:
-        return q.enqueue("tour", "h", {"n": time.monotonic_ns()}).id
+        return q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}).id
 
     def running(tid: str | None = None) -> tuple[str, mc_queue.Lease]:
         tid = tid or new()
-        return tid, q.claim_attempt(tid, "w", LONG)
+        return tid, q.leases.claim_attempt(tid, "w", LONG)
 
     def reconciling(tid: str | None = None, *, cancel: bool = False) -> tuple[str, str]:
         tid, lease = running(tid)
         if cancel:
-            q.cancel_task(tid, REASON)
-        q.void_leases([lease.attempt_id], reason="tour voids")
-        q.begin_reconcile(lease.attempt_id)
+            q.operator.cancel_task(tid, REASON)
+        q.operator.void_leases([lease.attempt_id], reason="tour voids")
+        q.operator.begin_reconcile(lease.attempt_id)
         return tid, lease.attempt_id
 
     def failed() -> str:
         tid, lease = running()
-        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w")
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w")
         return tid
 
     def blocked() -> str:
         tid, lease = running()
-        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=STOP)
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=STOP)
         return tid
 
     def quarantined() -> str:
         tid, lease = running()
-        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=QUARANTINE)
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=QUARANTINE)
         return tid
 
     def backoff() -> str:
         tid = failed()
-        q.retry_task(tid, REASON, delay_ms=40)
+        q.operator.retry_task(tid, REASON, delay_ms=40)
         return tid
 
     # claim from pending and from backoff; complete
     tid, lease = running()
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w")
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w")
     tid = backoff()
     time.sleep(0.06)
-    q.claim_attempt(tid, "w", LONG)
+    q.leases.claim_attempt(tid, "w", LONG)
     # fail and each decision
     for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
         tid, lease = running()
-        q.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=decision)
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=decision)
     # expire, cancel_ack, reconcile_begin, and every settlement
     tid, aid = reconciling()
-    q.settle_attempt(aid, "tour", "succeeded", result={"proven": True}, evidence={"tour": 1})
+    q.operator.settle_attempt(aid, "tour", "succeeded", result={"proven": True}, evidence={"tour": 1})
     tid, aid = reconciling(cancel=True)
-    q.settle_attempt(aid, "tour", "canceled", evidence={"tour": 1})
+    q.operator.settle_attempt(aid, "tour", "canceled", evidence={"tour": 1})
     for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
         tid, aid = reconciling()
-        q.settle_attempt(aid, "tour", "failed", failure=FAILURE, evidence={"tour": 1}, decision=decision)
+        q.operator.settle_attempt(aid, "tour", "failed", failure=FAILURE, evidence={"tour": 1}, decision=decision)
     tid, lease = running()
-    q.cancel_task(tid, REASON)
-    q.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w")
+    q.operator.cancel_task(tid, REASON)
+    q.leases.acknowledge_cancel(lease.attempt_id, lease.fence, worker_id="w")
     # retry from failed and blocked, now or after a backoff
     for make in (failed, blocked):
         for delay in (0, 30_000):
-            q.retry_task(make(), REASON, delay_ms=delay)
+            q.operator.retry_task(make(), REASON, delay_ms=delay)
     # cancel whatever is not running
     for make in (new, backoff, failed, blocked):
-        q.cancel_task(make(), REASON)
+        q.operator.cancel_task(make(), REASON)
     # the DLQ
-    q.dlq_replay(quarantined(), REASON, "fixed")
-    q.dlq_purge(quarantined(), reason=REASON)
+    q.operator.dlq_replay(quarantined(), REASON, "fixed")
+    q.operator.dlq_purge(quarantined(), reason=REASON)
     # retention and `mcq tasks purge`: every ended state, packed or not
     done = running()
-    q.complete_attempt(done[1].attempt_id, done[1].fence, {"ok": 1}, worker_id="w")
-    q.pack_tasks([done[0]])
+    q.leases.complete_attempt(done[1].attempt_id, done[1].fence, {"ok": 1}, worker_id="w")
+    q.maintenance.pack_tasks([done[0]])
     canceled = new()
-    q.cancel_task(canceled, REASON)
+    q.operator.cancel_task(canceled, REASON)
     for tid, state in ((done[0], "succeeded"), (canceled, "canceled"), (failed(), "failed"), (blocked(), "blocked"),
                        (quarantined(), "quarantined")):
-        assert q.retire_task(tid, states=[state], reason=REASON) == state
+        assert q.operator.retire_task(tid, states=[state], reason=REASON) == state
 
 
 def test_every_listed_edge_happens_and_nothing_else(q: mc_queue.Client) -> None:

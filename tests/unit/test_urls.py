@@ -101,10 +101,12 @@ def test_the_factory_builds_a_client_that_asks_the_sentinels_for_the_primary() -
 
 def test_a_client_takes_min_replicas_from_the_url_and_refuses_a_wait_longer_than_its_socket_timeout() -> None:
     q = mc_queue.Client("redis://127.0.0.1:1/0?min_replicas=2&replica_timeout_ms=300", prefix="u")
-    assert (q.min_replicas, q.replica_timeout_ms, q.runner.min_replicas, q.tracking) == (2, 300, 2, True)
-    assert mc_queue.Client("redis://127.0.0.1:1/0?min_replicas=2", prefix="u", min_replicas=0).min_replicas == 0
-    assert not mc_queue.Client("redis://127.0.0.1:1/0", prefix="u").tracking  # auto: decided on connect
-    assert mc_queue.Client("redis+sentinel://127.0.0.1:1/m", prefix="u").tracking
+    b = q.backend
+    assert (b.min_replicas, b.replica_timeout_ms, q.runner.min_replicas, b.tracking) == (2, 300, 2, True)
+    overridden = mc_queue.Client("redis://127.0.0.1:1/0?min_replicas=2", prefix="u", min_replicas=0)
+    assert overridden.backend.min_replicas == 0
+    assert not mc_queue.Client("redis://127.0.0.1:1/0", prefix="u").backend.tracking  # auto: decided on connect
+    assert mc_queue.Client("redis+sentinel://127.0.0.1:1/m", prefix="u").backend.tracking
     with pytest.raises(ConfigurationError, match="below the socket timeout"):
         mc_queue.Client("redis://127.0.0.1:1/0?min_replicas=1&replica_timeout_ms=5000", prefix="u", socket_timeout=2)
     with pytest.raises(ConfigurationError, match="bad Redis URL"):

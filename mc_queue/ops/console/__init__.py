@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ...client.core import Client
+from ...client import Client
 from ...contracts.errors import ConfigurationError
 from .app import create_app
 from .security import MIN_TOKEN_CHARS, is_loopback_address

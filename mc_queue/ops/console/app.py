@@ -44,7 +44,8 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ...client.core import LISTABLE_STATES, Client
+from ...client import Client
+from ...client.reads import LISTABLE_STATES
 from ...contracts.errors import InvalidArgument, McqError, NamespaceLost, TaskNotFound
 from ...contracts.keys import parse_task_id
 from ...contracts.models import TaskState
@@ -269,31 +270,33 @@ class Console:
         hypothesis = form.get("hypothesis", "").strip() or None
         fingerprint = form.get("fingerprint", "").strip()
         if name == "retry":
-            a = c.retry_task(_need(task_id, "task id"), reason, hypothesis, actor=actor)
+            a = c.operator.retry_task(_need(task_id, "task id"), reason, hypothesis, actor=actor)
             return f"{a.id} created ({a.state.value}): the sweeper dispatches it", f"/tasks/{task_id}"
         if name == "cancel":
-            outcome = c.cancel_task(_need(task_id, "task id"), reason, actor=actor)
+            outcome = c.operator.cancel_task(_need(task_id, "task id"), reason, actor=actor)
             note = " (the executor is told at its next heartbeat; the sweeper finishes the protocol)" \
                 if outcome == "signaled" else ""
             return f"{task_id}: {outcome}{note}", f"/tasks/{task_id}"
         if name == "replay":
             if fingerprint and not task_id:
-                return self.bulk(form, lambda t: c.dlq_replay(t, reason, hypothesis, actor=actor), "replayed"), "/dlq"
-            a = c.dlq_replay(_need(task_id, "task id"), reason, hypothesis, actor=actor)
+                return self.bulk(form, lambda t: c.operator.dlq_replay(t, reason, hypothesis, actor=actor),
+                                 "replayed"), "/dlq"
+            a = c.operator.dlq_replay(_need(task_id, "task id"), reason, hypothesis, actor=actor)
             return f"{a.id} created ({a.state.value}): replayed from the dead-letter queue", f"/tasks/{task_id}"
         # purge
         if form.get("confirm") != "yes":
             raise InvalidArgument("purging deletes the task and its whole history for good: tick the confirmation")
         keep_days = _keep_days(form.get("keep_days", "30"))
         if fingerprint and not task_id:
-            return self.bulk(form, lambda t: c.dlq_purge(t, reason=reason, actor=actor, keep_key_s=keep_days * 86_400),
+            return self.bulk(form, lambda t: c.operator.dlq_purge(t, reason=reason, actor=actor,
+                                                                  keep_key_s=keep_days * 86_400),
                              "purged"), "/dlq"
-        n = c.dlq_purge(_need(task_id, "task id"), reason=reason, actor=actor, keep_key_s=keep_days * 86_400)
+        n = c.operator.dlq_purge(_need(task_id, "task id"), reason=reason, actor=actor, keep_key_s=keep_days * 86_400)
         return (f"{task_id} purged ({n} attempt(s)); its id and producer key are refused for {keep_days:g} day(s)",
                 "/dlq")
 
     def group(self, fingerprint: str) -> list[str]:
-        ids = self.client.dlq_fingerprints().get("" if fingerprint == "(none)" else fingerprint, [])
+        ids = self.client.reads.dlq_fingerprints().get("" if fingerprint == "(none)" else fingerprint, [])
         if not ids:
             raise InvalidArgument(f"no quarantined task's last failure has fingerprint {fingerprint[:40]!r}")
         return ids

@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 from urllib.parse import urlencode
 
-from ...client.core import LISTABLE_STATES, Client
+from ...client import Client
+from ...client.reads import LISTABLE_STATES
 from ...contracts.errors import InvalidArgument
 from ...contracts.models import Attempt, Event, Task, TaskState
 from ...worker.runner import live_workers
@@ -134,10 +135,10 @@ def overview(client: Client, params: dict[str, Any] | None = None) -> dict[str, 
     """``params``: page (of the queue cards). Every queue's counts and age are read (one pipeline);
     the samples only of the page's queues."""
     page = page_number((params or {}).get("page"))
-    ns = client.namespace()
-    status = client.status()
-    ov = client.overview()
-    paused = client.paused_queues()
+    ns = client.reads.namespace()
+    status = client.reads.status()
+    ov = client.reads.overview()
+    paused = client.reads.paused_queues()
     pipe = client.redis.pipeline(transaction=False)
     pipe.hgetall(client.keys.stats)
     pipe.hgetall(client.keys.sweeper)
@@ -192,7 +193,7 @@ def task_list(client: Client, params: dict[str, Any]) -> dict[str, Any]:
     older = parse_duration(str(params.get("older_than") or ""), "older than")
     newer = parse_duration(str(params.get("since") or ""), "since")
     now = redis_now_ms(client)
-    rows, truncated = client.list_tasks(
+    rows, truncated = client.reads.list_tasks(
         queue=queue, states=states or None, handler=handler, limit=page * PAGE_SIZE + 1,
         created_before_ms=None if older is None else now - older,
         created_after_ms=None if newer is None else now - newer)
@@ -203,7 +204,7 @@ def task_list(client: Client, params: dict[str, Any]) -> dict[str, Any]:
     filters = {"queue": queue or "", "states": states, "handler": handler or "",
                "older_than": str(params.get("older_than") or ""), "since": str(params.get("since") or "")}
     return {"rows": shown, "page": page, "has_next": len(rows) > page * PAGE_SIZE, "truncated": truncated,
-            "queues": client.queues(), "listable": list(LISTABLE_STATES), "filters": filters,
+            "queues": client.reads.queues(), "listable": list(LISTABLE_STATES), "filters": filters,
             "query_without_page": _query(filters)}
 
 
@@ -218,7 +219,7 @@ def empty_task_list(client: Client, params: dict[str, Any]) -> dict[str, Any]:
     """The list page with no rows (its filters as given): after a filter was refused."""
     filters: dict[str, Any] = {k: str(params.get(k) or "") for k in ("queue", "handler", "older_than", "since")}
     filters["states"] = [s for s in params.get("states", []) if s]
-    return {"rows": [], "page": 1, "has_next": False, "truncated": False, "queues": client.queues(),
+    return {"rows": [], "page": 1, "has_next": False, "truncated": False, "queues": client.reads.queues(),
             "listable": list(LISTABLE_STATES), "filters": filters, "query_without_page": _query(filters)}
 
 
@@ -295,8 +296,8 @@ def _attempt_row(a: Attempt, now_ms: int) -> dict[str, Any]:
 
 
 def task_page(client: Client, task_id: str) -> dict[str, Any]:
-    task: Task = client.get_task(task_id)
-    effects = client.effects(task_id)
+    task: Task = client.reads.get_task(task_id)
+    effects = client.reads.effects(task_id)
     now = redis_now_ms(client)
     raw_item = client.redis.hget(client.keys.attention, task_id)
     item = cast(dict[str, Any], json.loads(cast(str, raw_item))) if raw_item else None
@@ -380,7 +381,7 @@ def dlq(client: Client, params: dict[str, Any] | None = None) -> dict[str, Any]:
     DLQ_TASKS_SHOWN tasks (their quarantine time and attention summary read in one pipeline); its
     bulk forms name its oldest BULK_MAX tasks, the ones a bulk action acts on."""
     page = page_number((params or {}).get("page"))
-    everything = sorted(client.dlq_fingerprints().items(), key=lambda g: (-len(g[1]), g[0]))
+    everything = sorted(client.reads.dlq_fingerprints().items(), key=lambda g: (-len(g[1]), g[0]))
     pager = paging(len(everything), page, DLQ_GROUPS_PAGE)
     shown = everything[pager["start"]:pager["stop"]]
     listed = [t for _, ids in shown for t in ids[:DLQ_TASKS_SHOWN]]

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ...client.core import Client
+from ...client import Client
 from ...contracts.keys import check_queue
 
 INTERVAL_S = 10.0
@@ -59,8 +59,8 @@ def finished_totals(stats: Mapping[str, str]) -> dict[str, dict[str, int]]:
 def sample(client: Client, *, interval_s: float = INTERVAL_S) -> int:
     """Append one sample per listed queue that holds a task (skipping queues another console sampled
     less than ~an interval ago); returns how many were written."""
-    status = client.status()
-    listed = set(client.queues())
+    status = client.reads.status()
+    listed = set(client.reads.queues())
     stats = cast(dict[str, str], client.redis.hgetall(client.keys.stats))
     totals = finished_totals(stats)
     queues = [q for q in sorted(status) if q in listed and any(status[q]["counts"].values()) and _valid_queue(q)]

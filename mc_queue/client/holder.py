@@ -1,0 +1,204 @@
+"""The lease holder's calls: claim an Attempt, renew its lease, record its phases, effects and
+outcome, acknowledge a cancel. Every write but the claim is fenced: a stale holder's is refused."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ..contracts.codec import MAX_TOKENS, canonical_json, check_int, check_text, decimal_text, digest, model_json
+from ..contracts.config import Decision
+from ..contracts.errors import Code, InvalidArgument, raise_for_reply
+from ..contracts.keys import attempt_id
+from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease
+from ..store.backend import DEFAULT_LEASE_MS
+from .base import Role, as_failure, attempt_from_snapshot, decision_args, printable
+
+# The fields of an effect record mc_queue writes itself (lua/includes/common.lua EFFECT_OWN_FIELDS).
+EFFECT_OWN_FIELDS = frozenset({"state", "attempt", "fence", "worker", "intent_at", "key", "record_json",
+                               "receipt_json", "receipt", "receipt_at", "receipt_attempt", "settled_by", "source",
+                               "note"})
+
+
+def check_effect_record(record: Any) -> None:
+    """An intent record every reader can read: a JSON object with a non-empty ``operation`` and an
+    ``identity`` (strings), and none of the fields mc_queue writes itself."""
+    if not isinstance(record, Mapping):
+        raise InvalidArgument(f"effect record must be a mapping, got {type(record).__name__}")
+    op, ident = record.get("operation"), record.get("identity")
+    if not isinstance(op, str) or not op:
+        raise InvalidArgument(f"effect record needs an operation (a non-empty string), got {op!r}")
+    check_text(op, what="effect operation", max_bytes=200)
+    if not isinstance(ident, str):
+        raise InvalidArgument(f"effect record needs an identity (a string), got {ident!r}")
+    check_text(ident, what="effect identity", max_bytes=4096)
+    own = sorted(EFFECT_OWN_FIELDS & set(record))
+    if own:
+        raise InvalidArgument(f"effect record fields {', '.join(own)} are written by mc_queue, not by the caller")
+
+
+
+class LeaseHolder(Role):
+    """What a worker running an Attempt calls, under the lease it claimed."""
+
+    def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int | None = DEFAULT_LEASE_MS, *,
+                      request_id: str | None = None, expect_attempt: int | None = None) -> Lease:
+        """Atomically take the task's pending Attempt and a lease with a new fence.
+
+        ``lease_ms=None``: the lease length frozen in the task at enqueue. ``expect_attempt``: refuse
+        unless the pending Attempt is this one (a transport message for Attempt N must not run N+1).
+        """
+        tk = self._task_keys(task_id)
+        check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
+        lease = None if lease_ms is None else self._lease_ms(lease_ms)
+        if expect_attempt is not None:
+            check_int(expect_attempt, what="expect_attempt", low=1, high=1_000_000)
+        req = request_id or uuid.uuid4().hex
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("claim", {
+                **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
+                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
+            }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
+                "request_id": req, "expect_n": expect_attempt})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="claim", task_id=task_id)
+        n, fence, seq = int(reply[1]), int(reply[2]), int(reply[4])
+        aid = attempt_id(task_id, n)
+        self.ns.note_claim(aid, fence, seq)
+        return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,
+                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0))
+
+    def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
+                    lease_ms: int | None = None) -> int:
+        """Extend the lease; returns the new expiry (ms, Redis clock). Raises StaleFence/LeaseExpired."""
+        return self.heartbeat(attempt_id, fence, worker_id=worker_id, lease_ms=lease_ms).expires_at_ms
+
+    def heartbeat(self, attempt_id: str, fence: int, *, worker_id: str = "", lease_ms: int | None = None,
+                  cost: float = 0.0, tokens: int = 0, request_id: str | None = None) -> Heartbeat:
+        """Renew the lease and charge cost/tokens to the Attempt (once per request id)."""
+        task_id, n, tk = self._attempt(attempt_id)
+        charge = decimal_text(cost, what="cost")
+        check_int(tokens, what="tokens", high=MAX_TOKENS)
+        lease = None if lease_ms is None else self._lease_ms(lease_ms)
+        charging = cost > 0 or tokens > 0
+        reply = self._run("renew", {
+            **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts,
+            "stats": self.keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease,
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "lease_ms": lease, "cost": charge,
+            "tokens": tokens, "request_id": (request_id or uuid.uuid4().hex) if charging else ""})
+        raise_for_reply(reply, script="renew", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return Heartbeat(int(reply[1]), reply[2] == "1", float(reply[3]), int(reply[4]))
+
+    def complete_attempt(self, attempt_id: str, fence: int, result: Any = None, *, worker_id: str = "",
+                         cost: float = 0.0, tokens: int = 0) -> Attempt:
+        """Record success. Same fence + same result again is a no-op; a different result a conflict."""
+        task_id, n, reply = self.complete_quietly(attempt_id, fence, result, worker_id=worker_id, cost=cost,
+                                                  tokens=tokens)
+        return attempt_from_snapshot(task_id, n, reply[2])
+
+    def complete_quietly(self, attempt_id: str, fence: int, result: Any, *, worker_id: str, cost: float = 0.0,
+                         tokens: int = 0) -> tuple[str, int, list[Any]]:
+        """complete_attempt without building the Attempt record (the worker's hot path)."""
+        task_id, n, tk = self._attempt(attempt_id)
+        text = canonical_json(result, what="result")
+        reply = self._run("complete", {
+            **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "fence": tk.fence,
+            "lease": tk.lease, **self._end_keys(tk),
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "result": text, "result_digest": digest(text),
+            "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS)})
+        raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return task_id, n, reply
+
+    def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | Mapping[str, Any], *,
+                     worker_id: str = "", cost: float = 0.0, tokens: int = 0,
+                     decision: Decision | None = None) -> Attempt:
+        """Record a classified failure, and apply the policy's decision in the same step.
+
+        Without a decision the task waits in ``failed`` for a person (``retry_task``). Classify an
+        exception first with :func:`mc_queue.policy.classify.classify` (``classify(exc).failure``).
+        """
+        task_id, n, tk = self._attempt(attempt_id)
+        f = as_failure(failure)
+        text = model_json(f)
+        reply = self._run("fail", {
+            **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+            "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+            "attention": self.keys.attention, "dlq": self.keys.dlq, "outbox": self.keys.outbox, "fence": tk.fence,
+            "lease": tk.lease, **self._end_keys(tk),
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "failure": text,
+            "failure_digest": digest(text), "fclass": f.failure_class.value, "fingerprint": f.fingerprint,
+            "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
+            **decision_args(decision, default="")})
+        raise_for_reply(reply, script="fail", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return attempt_from_snapshot(task_id, n, reply[2])
+
+    def checkpoint(self, attempt_id: str, fence: int, phase: str, phase_index: int, record: Mapping[str, Any], *,
+                   worker_id: str = "") -> bool:
+        """Record a phase reached by a running Attempt (fenced, monotonic). False when already recorded."""
+        task_id, n, tk = self._attempt(attempt_id)
+        check_text(phase, what="phase", max_bytes=128, spaces=False)
+        check_int(phase_index, what="phase_index", high=1000)
+        text = canonical_json(dict(record), what="checkpoint")
+        reply = self._run("checkpoint", {
+            **self._ns_keys(), "stats": self.keys.stats, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            "fence": tk.fence, "lease": tk.lease,
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "phase": phase, "phase_index": phase_index,
+            "record": text, "digest": digest(text)})
+        raise_for_reply(reply, script="checkpoint", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return bool(reply[0] == Code.OK)
+
+    def effect_begin(self, attempt_id: str, fence: int, key: str, record: Mapping[str, Any], *,
+                     worker_id: str = "") -> tuple[str, EffectRecord | None]:
+        """Persist an effect's intent (fenced). Returns ("OK", None) to go ahead, ("DONE", record) to
+        replay its receipt, or ("PENDING", record) when an earlier intent must be reconciled first."""
+        task_id, n, tk = self._attempt(attempt_id)
+        check_text(key, what="effect key", max_bytes=512, spaces=False)
+        check_effect_record(record)
+        reply = self._run("effect_begin", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease,
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key,
+            "record": canonical_json(dict(record), what="effect record")})
+        raise_for_reply(reply, script="effect_begin", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        status = str(reply[0])
+        return status, (EffectRecord.from_json(reply[1]) if len(reply) > 1 else None)
+
+    def effect_done(self, attempt_id: str, fence: int | None, key: str, outcome: str, receipt: Any = None, *,
+                    source: str = "perform", actor: str = "") -> EffectRecord:
+        """Record a receipt ('done'), or as reconciler (fence None) 'absent' / 'unknown' with a note."""
+        task_id, n, tk = self._attempt(attempt_id)
+        who = actor or self.actor
+        check_text(key, what="effect key", max_bytes=512, spaces=False)
+        if outcome == "done":
+            text = canonical_json(receipt, what="receipt")
+        else:
+            text = printable(str(receipt or ""), 65_536)  # a provider's words: recorded, made one line
+        if fence is None:
+            fenced: dict[str, Any] = {"fence": "", "worker": check_text(who, what="actor", max_bytes=200),
+                                      "epoch": self._epoch(), "min_seq": self.ns.seq_seen, "proof": ""}
+        else:
+            fenced = self._fenced_args(attempt_id, fence, who)
+        fenced["actor"] = fenced.pop("worker")
+        reply = self._run("effect_done", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease,
+        }, {"n": n, **fenced, "key": key, "outcome": outcome, "receipt": text, "source": source})
+        raise_for_reply(reply, script="effect_done", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return EffectRecord.from_json(reply[1])
+
+    def acknowledge_cancel(self, attempt_id: str, fence: int, *, worker_id: str = "",
+                           request_id: str | None = None) -> int:
+        """The executor stops: it gives up its lease (the fence moves on) and waits for reconciliation."""
+        task_id, n, tk = self._attempt(attempt_id)
+        reply = self._run("cancel_ack", {
+            **self._ns_keys(), "stats": self.keys.stats, "leases": self.keys.leases, "suspect": self.keys.suspect,
+            "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            "fence": tk.fence, "lease": tk.lease,
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "request_id": request_id or uuid.uuid4().hex})
+        raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return int(reply[1])

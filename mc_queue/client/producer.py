@@ -1,0 +1,88 @@
+"""The producer's calls: create a Task and its first Attempt (enqueue)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..contracts.codec import check_text, encode_payload, model_json
+from ..contracts.config import Budget, RetryPolicy
+from ..contracts.errors import InvalidArgument, raise_for_reply
+from ..contracts.keys import check_queue, new_task_id
+from ..contracts.models import Manifest, Task
+from ..store.backend import DEFAULT_LEASE_MS, Backend
+from .base import Role
+from .reads import Reads
+
+_HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
+
+
+class Producer(Role):
+    """Creates tasks. The same producer idempotency key returns the same task."""
+
+    def __init__(self, backend: Backend, reads: Reads) -> None:
+        super().__init__(backend)
+        self.reads = reads
+
+    def enqueue(
+        self,
+        queue: str,
+        handler: str,
+        payload: Any,
+        idempotency_key: str | None = None,
+        *,
+        executor: str | None = None,
+        model: str | None = None,
+        context: Mapping[str, Any] | None = None,
+        base_sha: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        budget: Budget | None = None,
+        policy_version: str | None = None,
+        lease_ms: int | None = None,
+        timeout_s: float | None = None,
+        task_id: str | None = None,
+    ) -> Task:
+        """Create a Task and its first Attempt. The same idempotency key returns the same task."""
+        try:
+            check_queue(queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not isinstance(handler, str) or not 0 < len(handler) <= 128 or set(handler) - _HANDLER_CHARS \
+                or not handler[0].isalnum():
+            raise InvalidArgument(
+                f"invalid handler name {handler!r}: use 1-128 letters, digits, '_', '.', ':', '-'"
+            )
+        if idempotency_key is not None:
+            check_text(idempotency_key, what="idempotency key", max_bytes=512, spaces=False)
+        lease = self._lease_ms(DEFAULT_LEASE_MS if lease_ms is None else lease_ms)
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not 0 < timeout_s <= 30 * 86_400):
+            raise InvalidArgument(f"timeout_s must be a number of seconds in (0, 30 days], got {timeout_s!r}")
+        text, payload_digest = encode_payload(payload)
+        policy = retry_policy or RetryPolicy()
+        try:
+            manifest = Manifest(handler=handler, payload_digest=payload_digest,
+                                policy_version=policy_version or policy.version,
+                                executor=executor, model=model, context=dict(context or {}), base_sha=base_sha,
+                                lease_ms=lease, timeout_s=timeout_s)
+        except ValueError as exc:
+            raise InvalidArgument(f"invalid manifest: {exc}") from None
+        tid = task_id or new_task_id(queue)
+        tk = self._task_keys(tid)
+        if tk.pending != self.keys.pending(queue):
+            raise InvalidArgument(f"task id {tid!r} does not belong to queue {queue!r}")
+        argv = {"task_id": tid, "queue": queue, "handler": handler, "payload": text,
+                "payload_digest": payload_digest, "idem_key": idempotency_key or "",
+                "manifest": model_json(manifest), "retry_policy": model_json(policy),
+                "budget": model_json(budget or Budget()), "lease_ms": lease, "actor": self.actor}
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("enqueue", {
+                **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
+                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "outbox": self.keys.outbox, "tomb": tk.tomb,
+            }, {**argv, "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="enqueue", task_id=tid)
+        return self.reads.get_task(str(reply[1]))
