@@ -48,7 +48,10 @@ import redis
 import mc_queue
 url, prefix, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 q = mc_queue.Client(url, prefix=prefix, actor="bench")
-ids = [q.enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
+# The Client's calls before issue 16 (one class) and after (its roles): the baseline may be either.
+enqueue = q.producer.enqueue if hasattr(q, "producer") else q.enqueue
+holder = q.leases if hasattr(q, "leases") else q
+ids = [enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
 admin = redis.Redis.from_url(url)
 def evalsha():
     s = admin.info("commandstats").get("cmdstat_evalsha", {})
@@ -60,8 +63,8 @@ c0, u0 = evalsha()
 s0 = server_cpu()
 t0, p0 = time.perf_counter(), time.process_time()
 for tid in ids:
-    lease = q.claim_attempt(tid, "bench-worker", 60_000)
-    q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
+    lease = holder.claim_attempt(tid, "bench-worker", 60_000)
+    holder.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
 dt, dp = time.perf_counter() - t0, time.process_time() - p0
 c1, u1 = evalsha()
 s1 = server_cpu()
@@ -72,11 +75,12 @@ print(json.dumps({"cycles_per_s": n / dt, "lua_us_per_cycle": (u1 - u0) / n, "ev
 """
 
 
-def export(ref: str, into: Path) -> Path:
-    """The tree of ``ref`` (mc_queue/ and lua/) in a folder of its own under ``into``, via git archive."""
+def export(ref: str, into: Path, parts: tuple[str, ...] = ("mc_queue", "lua")) -> Path:
+    """The tree of ``ref`` (``parts`` of it: mc_queue/ and lua/) in a folder of its own under ``into``, via git
+    archive."""
     into = into / ref.replace("/", "_")
     into.mkdir()
-    data = subprocess.run(["git", "archive", "--format=tar", ref, "mc_queue", "lua"], cwd=ROOT, check=True,
+    data = subprocess.run(["git", "archive", "--format=tar", ref, *parts], cwd=ROOT, check=True,
                           capture_output=True).stdout
     tar_path = into / "tree.tar"
     tar_path.write_bytes(data)
@@ -102,11 +106,13 @@ CALLGRIND_DRIVER = r"""
 import sys, mc_queue
 url, prefix, n, cycles = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 q = mc_queue.Client(url, prefix=prefix, actor="bench", socket_timeout=120)
-ids = [q.enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
+enqueue = q.producer.enqueue if hasattr(q, "producer") else q.enqueue  # after issue 16 / before
+holder = q.leases if hasattr(q, "leases") else q
+ids = [enqueue("bench", "bench.noop", {"i": i}).id for i in range(n)]
 if cycles:
     for tid in ids:
-        lease = q.claim_attempt(tid, "bench-worker", 60_000)
-        q.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
+        lease = holder.claim_attempt(tid, "bench-worker", 60_000)
+        holder.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="bench-worker")
 """
 
 
