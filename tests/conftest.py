@@ -37,3 +37,12 @@ def q(redis_server: RedisServer, prefix: str) -> Iterator[mc_queue.Client]:
     client = mc_queue.connect(redis_server.url, prefix=prefix)
     yield client
     client.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The house's sizes, so the figure stays visible (tests/unit/test_sizes.py holds the limits)."""
+    from tests.unit.test_sizes import summary
+
+    terminalreporter.section("sizes")
+    for line in summary():
+        terminalreporter.write_line(line)
