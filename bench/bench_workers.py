@@ -62,7 +62,7 @@ APP_SPEC = "bench.noop_app:app"
 RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker"}
 SYSTEMS = ("rq", "mcq")
 LABEL = {"rq": "RQ", "mcq": "mc_queue"}
-# What mc_queue.worker.runner.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).
+# What mc_queue.producer.dispatch.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).
 MCQ_RQ_JOB_OPTIONS: dict[str, Any] = {"result_ttl": 0, "failure_ttl": 7 * 86400, "timeout": 3600}
 # /work/shared/NOTES.md, "Baseline throughput measured here".
 NOTES_RQ = {("fork", 1): 100, ("fork", 2): 153, ("simple", 1): 322, ("simple", 2): 588}
@@ -414,7 +414,7 @@ class Bench:
     # -- run_attempt's steps one by one, in this process, without a profiler
 
     def steps(self, n: int) -> dict[str, float]:
-        """Time the steps mc_queue.worker.runner.run_attempt takes for a no-op Attempt, each on its own (us/Attempt).
+        """Time the steps mc_queue.worker.attempt.run_attempt takes for a no-op Attempt, each on its own (us/Attempt).
 
         Same calls as run_attempt (claim with expect_attempt, get_task, Context with a lazy workspace that a
         no-op never creates, heartbeat registration, handler, unregistration, complete without parsing).

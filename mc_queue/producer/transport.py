@@ -1,7 +1,7 @@
 """How mc_queue names things in RQ, its execution transport (the producer and the worker both use it).
 
-An RQ job carries only ids, serialized as JSON: ``mc_queue.worker.runner.run_attempt(prefix, attempt_id,
-lease_ms)`` (the worker takes the lease length from the task, not from the message). Its job id is
+An RQ job carries only ids, serialized as JSON: ``mc_queue.worker.run_attempt(prefix, attempt_id, lease_ms)``
+(the worker takes the lease length from the task, not from the message). Its job id is
 derived from the attempt id, so dispatching an Attempt twice makes one RQ job; a job RQ still holds
 queued is never pushed again (:func:`waiting`), and one sent again is first cleared from RQ's
 registries (:func:`clear_job`), so RQ's own counts (``rq info``) show one entry per waiting Attempt.
@@ -67,7 +67,7 @@ def attempt_of(queue: Queue, jid: str) -> str | None:
 
 def job_description(handler: str, attempt_id: str) -> str:
     """The RQ job's ``description``: what rq-dashboard and other listings of RQ's jobs show for it instead
-    of RQ's default, the entry call (``mc_queue.worker.runner.run_attempt('ops', 'mail:01.../1', 3000)``): the
+    of RQ's default, the entry call (``mc_queue.worker.run_attempt('ops', 'mail:01.../1', 3000)``): the
     handler, the task and the Attempt. Shown only; a worker neither reads nor trusts it (it acts on the
     ids in the job's arguments, after its claim)."""
     task_id, n = parse_attempt_id(attempt_id)

@@ -6,6 +6,6 @@ it by that path, so it stays importable here whatever module holds it."""
 
 from __future__ import annotations
 
-from .runner import run_attempt
+from .attempt import run_attempt
 
 __all__ = ["run_attempt"]

@@ -1,38 +1,9 @@
 """The consumer side's bridge to RQ: RQ carries Attempts to worker processes; mc_queue stays the authority.
 
-An RQ job carries only ids, serialized as JSON: ``run_attempt(prefix, attempt_id, lease_ms)``
-(:mod:`mc_queue.producer.transport`). A message delivered twice is refused by the claim (the second claim
-finds the Attempt taken) and ends quietly; a message lost is sent again from the outbox by the
-sweeper. The lease length comes from the task (frozen at enqueue), never from the message.
-
-**Nothing in a job is trusted.** Anyone able to write ``rq:*`` keys can write a job, so before a
-job runs, the worker process that took it (not a forked child) screens it, and refuses it, recorded
-through :meth:`Client.audit` (``transport_job_refused`` in the capped refusals log) and removed from
-RQ, when:
-
-- its payload is not JSON, it names another function than mc_queue's entry (nothing is imported or
-  unpickled), an instance, or other arguments than ``(prefix, attempt id, lease ms)``;
-- it carries an RQ option mc_queue never sets (webhooks, success/failure/stopped callbacks, their
-  timeouts, dependencies, retries, repeats, meta, a job TTL, a group, a rate limit, or any field
-  RQ may add later): the job hash may hold only the fields mc_queue's producer and RQ's own
-  bookkeeping write;
-- its recorded origin is not the queue it was taken from, or that queue is not its task's;
-- its namespace is not this worker's, its attempt id is malformed, its task or Attempt does not
-  exist, or its handler is not in this worker's App.
-
-A refused job touches nothing of its task: no claim, no failure, no event; the task waits for a
-proper message to a worker that has its handler. The options mc_queue does set take mc_queue's
-values, never the job's: the RQ timeout is the task's (frozen at enqueue), results are not kept
-(``result_ttl`` 0) and a failed RQ job is kept 7 days. :class:`McqJob` also answers every option
-above as unset (no webhooks, no callbacks, no dependencies, no retries), so no code path of RQ can
-act on one.
-
-**Outcomes.** ``run_attempt`` returns the Attempt's outcome and logs it: a failure at WARNING (ERROR
-when the task stops or is quarantined) with its class, type, fingerprint, the decision and the
-traceback; RQ's "Job OK" lines, which say nothing about the Attempt, are not logged. RQ's job
-timeout does not fail the Attempt: the worker gives up its lease (:meth:`Client.void_leases`), the
-Attempt turns suspect and the sweeper reconciles its effects with their providers before anything
-is retried.
+Here are RQ's worker classes as mc_queue runs them (every job screened before it runs, a liveness key,
+the stop rules below), how a worker process is configured, and which workers are live. Running an
+Attempt and writing its outcome is :mod:`mc_queue.worker.attempt`'s; what a job must be before it runs,
+:mod:`mc_queue.worker.jobs`'s.
 
 **Stopping.** SIGTERM or SIGINT stops an idle worker at once; a busy one finishes its Attempt
 (warm shutdown) for up to ``grace_s`` seconds. A second signal, or the end of the grace period,
@@ -43,8 +14,6 @@ failed, its lease runs out and the sweeper reconciles it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
 import os
 import re
@@ -52,433 +21,34 @@ import signal
 import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
 import redis
 from rq import Queue, SimpleWorker, Worker
-from rq.defaults import CALLBACK_TIMEOUT
-from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
-from rq.timeouts import JobTimeoutException
 from rq.worker import BaseWorker
 
 from ..client import Client
-from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
-from ..contracts.failures import make_failure
+from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
-from ..contracts.models import Attempt, FailureClass, Manifest, Task
-from ..policy.classify import Classified, classify, decision_for
 from ..producer.app import App
-from ..producer.transport import ENTRY, rq_connection, rq_queue_name
-from .context import Context, LeaseLost
-from .workspace import CleanupReport, WorkspaceRoot, default_root
+from ..producer.transport import rq_connection, rq_queue_name
+from .attempt import DEFAULT_GRACE_S, Admission, Refusal, Runtime, record_refusal, runtime, set_runtime
+from .jobs import McqJob as McqJob  # mc_queue.cli's worker pool names it from here
+from .jobs import screen_job
+from .workspace import WorkspaceRoot, default_root
 
 log = logging.getLogger("mc_queue.worker")
 
-DEFAULT_GRACE_S = 30.0
 EXIT_STOPPED_MIDWAY = 5  # `mcq worker`'s exit code when it stopped before its Attempt finished
-RESULT_TTL = 0  # what mc_queue.producer.dispatch.dispatch sets: no RQ result is kept (mc_queue records it)
-FAILURE_TTL_S = 7 * 86_400  # what mc_queue.producer.dispatch.dispatch sets for a failed RQ job
-RQ_DEFAULT_TIMEOUT_S = int(Queue.DEFAULT_TIMEOUT)  # RQ's timeout for a job sent without one
 # RQ's worker_ttl: an idle worker's blocking dequeue lasts worker_ttl - 15 s and its socket times out
 # 10 s later. RQ's default (420: a 405 s BLMOVE) left workers blocked for minutes on a connection to a
 # primary that had failed over (bench/failover.py); with 35 an idle worker re-asks where the primary
 # is within ~30 s, at the cost of one BLMOVE every 20 s.
 WORKER_TTL_S = 35
-
-# The fields of an RQ job hash mc_queue's producer writes, and those RQ's bookkeeping adds while it
-# runs or fails one. Anything else is an option mc_queue never sets.
-JOB_FIELDS = frozenset({
-    "data", "origin", "description", "created_at", "enqueued_at", "started_at", "ended_at", "last_heartbeat",
-    "worker_name", "status", "timeout", "result_ttl", "failure_ttl", "success_callback_name",
-    "failure_callback_name", "stopped_callback_name", "group_id", "exc_info", "result",
-})
-_MUST_BE_EMPTY = ("success_callback_name", "failure_callback_name", "stopped_callback_name", "group_id")
-
-
-# --------------------------------------------------------------------------- worker side
-
-
-@dataclass
-class Runtime:
-    """What a worker process runs with; set before RQ's work loop starts (forked horses inherit it)."""
-
-    app: App
-    client: Client
-    worker_id: str
-    workspaces: WorkspaceRoot
-    cleanup: CleanupReport | None = None
-    keep_failed_workspaces: bool = False
-    grace_s: float = DEFAULT_GRACE_S
-
-
-_RUNTIME: Runtime | None = None
-
-
-def set_runtime(rt: Runtime | None) -> None:
-    global _RUNTIME
-    _RUNTIME = rt
-
-
-def runtime() -> Runtime:
-    if _RUNTIME is None:
-        raise McqError("this process is not an mc_queue worker (start it with `mcq worker --app M:app`)")
-    return _RUNTIME
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A message this worker may act on: its Attempt, and what the task says about it."""
-
-    prefix: str
-    attempt_id: str
-    task_id: str
-    number: int
-    queue: str  # the task's mc_queue queue
-    handler: str
-    timeout_s: int  # the RQ job timeout, from the task's manifest (what the producer sets)
-
-
-class Refusal(Exception):
-    """A message this worker must not act on, and why (recorded, never run)."""
-
-    def __init__(self, why: str, *, attempt: Any = None, func_name: Any = None) -> None:
-        super().__init__(why)
-        self.why = why
-        self.attempt = attempt
-        self.func_name = func_name
-
-
-def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
-    """Read the task before anything is claimed: the message must be for this namespace, an
-    existing task and Attempt, and a handler this worker's App has. Raises :class:`Refusal`."""
-    ns = rt.client.keys.prefix
-    if prefix != ns:
-        raise Refusal(f"job for namespace {str(prefix)[:200]!r}, this worker serves {ns!r}", attempt=attempt_id)
-    try:
-        task_id, n = parse_attempt_id(attempt_id)
-    except ValueError as exc:
-        raise Refusal(str(exc), attempt=attempt_id) from None
-    tk = rt.client.keys.task(task_id)
-    pipe = rt.client.redis.pipeline(transaction=False)
-    pipe.hmget(tk.task, ["queue", "handler", "manifest"])
-    pipe.hmget(tk.attempts, [f"{n}.state", f"{n}.manifest"])
-    (queue, handler, manifest), (state, attempt_manifest) = pipe.execute()
-    if not queue or not handler:
-        raise Refusal(f"no task {task_id} in namespace {ns!r}", attempt=attempt_id)
-    if handler not in rt.app.handlers:
-        known = ", ".join(sorted(rt.app.handlers)) or "none"
-        raise Refusal(f"handler {handler!r} of task {task_id} is not registered in app {rt.app.name!r} of this "
-                      f"worker (it registers {known}): the task waits, untouched, for a worker whose app has it",
-                      attempt=attempt_id)
-    if not state:
-        raise Refusal(f"task {task_id} has no Attempt {n}", attempt=attempt_id)
-    timeout_s: float | None = None
-    raw = attempt_manifest or manifest
-    if raw:
-        with contextlib.suppress(ValueError):
-            timeout_s = Manifest.model_validate_json(raw).timeout_s
-    return Admission(prefix=ns, attempt_id=str(attempt_id), task_id=task_id, number=n, queue=str(queue),
-                     handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S)
-
-
-def run_attempt(prefix: str, attempt_id: str, lease_ms: int | None = None) -> dict[str, Any]:
-    """Run one Attempt in this process (the RQ entry's name; a worker runs the job it admitted with
-    :func:`run_admitted`). The task is read first: a message for another namespace, a missing task
-    or Attempt, or a handler the App does not have is refused without touching the task.
-    ``lease_ms`` from the message is ignored: the claim takes the task's own lease length."""
-    rt = runtime()
-    try:
-        adm = admit(rt, prefix, attempt_id)
-    except Refusal as refusal:
-        return _record_refusal(rt, refusal, attempt=attempt_id)
-    return run_admitted(adm)
-
-
-def run_admitted(adm: Admission) -> dict[str, Any]:
-    """Claim the Attempt, run its handler, record the outcome. Never raises for an outcome mc_queue
-    recorded; a rejected claim (a duplicate or late message) ends quietly."""
-    rt = runtime()
-    client = rt.client
-    attempt_id, task_id, n = adm.attempt_id, adm.task_id, adm.number
-    try:
-        lease = client.leases.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
-                                     request_id=uuid.uuid4().hex)
-    except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
-        log.info("attempt %s: not claimed: %s", attempt_id, exc.message)
-        return {"skipped": exc.message}
-    except ReplicationUnconfirmed as exc:
-        # The claim is on the primary only: a failover could forget it while the handler acts. The
-        # Attempt does not run; its lease is given up (or runs out) and the sweeper reconciles it.
-        with contextlib.suppress(McqError, redis.RedisError):
-            client.operator.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
-        log.warning("attempt %s: not run: %s", attempt_id, exc.message)
-        return {"unconfirmed": exc.message}
-    task = client.reads.get_task(task_id)
-    attempt = task.attempts[n - 1]
-    spec = rt.app.handlers.get(task.handler)
-    if spec is None:  # admitted a moment ago: only a task rewritten in between gets here
-        failure = make_failure(FailureClass.CONFIGURATION, "UnknownHandler",
-                               f"handler {task.handler!r} is not registered in app {rt.app.name!r} of worker "
-                               f"{rt.worker_id}")
-        return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
-    ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
-                  functools.partial(rt.workspaces.create, attempt_id), rt.app.operations,
-                  recovered_at_ms=lease.recovered_at_ms)
-    ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
-    outcome: dict[str, Any]
-    try:
-        try:
-            result = spec.fn(ctx, task.payload)
-        finally:
-            ctx.stop_heartbeats()
-        ctx.check()
-        if ctx.effects_used and (spec.phases is None or "result_pending" in spec.phases):
-            # Seed 003: the result is on file before the completion, so a worker dying in between
-            # leaves a result the reconciler can prove, not a rerun of every effect.
-            ctx.checkpoint("result_pending", {"result": result})
-        try:
-            client.leases.complete_quietly(attempt_id, lease.fence, result, worker_id=rt.worker_id)
-            outcome = {"succeeded": attempt_id}
-            log.info("attempt %s (%s) succeeded", attempt_id, task.handler)
-        except CancelRequested:
-            outcome = _acknowledge(client, rt, attempt_id, lease.fence)
-        except WriteRefused as exc:
-            outcome = {"refused": exc.message}
-            log.warning("attempt %s: its completion was refused: %s", attempt_id, exc.message)
-    except LeaseLost as exc:
-        outcome = {"lease_lost": exc.message}
-        log.warning("attempt %s: lease lost, nothing more recorded by this worker: %s", attempt_id, exc.message)
-    except CancelRequested:
-        outcome = _acknowledge(client, rt, attempt_id, lease.fence)
-    except JobTimeoutException as exc:
-        outcome = _timed_out(client, rt, attempt_id, ctx, exc)
-    except Exception as exc:
-        outcome = _fail(client, rt, task, attempt, lease.fence, classify(exc), exc)
-    except BaseException:
-        # SystemExit (the worker is stopping now), KeyboardInterrupt: the Attempt is not failed here.
-        # Its heartbeats have stopped; its lease runs out and the sweeper reconciles what it did.
-        log.warning("attempt %s: the worker stopped before its handler finished; its lease runs out and the "
-                    "sweeper reconciles it", attempt_id)
-        raise
-    keep = rt.keep_failed_workspaces and "succeeded" not in outcome
-    if ctx.workspace_created and not keep:
-        with contextlib.suppress(OSError):
-            rt.workspaces.remove(ctx.workspace)
-    return outcome
-
-
-def _record_refusal(rt: Runtime, refusal: Refusal, **fields: Any) -> dict[str, Any]:
-    """A message this worker must not act on: recorded in the capped refusals log, not run."""
-    record = {**{k: v for k, v in fields.items() if v is not None}, "worker": rt.worker_id, "reason": refusal.why}
-    if refusal.attempt is not None:
-        record["attempt"] = str(refusal.attempt)[:300]
-    if refusal.func_name is not None:
-        record["func_name"] = str(refusal.func_name)[:300]
-    try:
-        rt.client.operator.audit("transport_job_refused", record)
-    except (McqError, redis.RedisError) as exc:
-        log.error("could not record a refused transport message (%s): %s", exc, record)
-    log.warning("refused transport message %s: %s", record.get("job_id") or record.get("attempt"), refusal.why)
-    return {"refused": refusal.why}
-
-
-def _acknowledge(client: Client, rt: Runtime, attempt_id: str, fence: int) -> dict[str, Any]:
-    """Cancellation step three: the executor stopped; it gives up its lease for reconciliation."""
-    try:
-        client.leases.acknowledge_cancel(attempt_id, fence, worker_id=rt.worker_id)
-        log.info("attempt %s: cancel acknowledged", attempt_id)
-        return {"cancel_acknowledged": attempt_id}
-    except (WriteRefused, TransitionRefused) as exc:
-        return {"refused": exc.message}
-
-
-def _timed_out(client: Client, rt: Runtime, attempt_id: str, ctx: Context, exc: BaseException) -> dict[str, Any]:
-    """RQ's job timeout ended the handler, maybe in the middle of a side effect: the Attempt is not
-    failed here. The worker gives up its lease (the fence moves, the Attempt turns suspect) and the
-    sweeper reconciles its effects with their providers, then the retry policy decides."""
-    ctx.stop_heartbeats()
-    why = (f"RQ's job timeout ended the handler ({str(exc)[:200]}); its effects are reconciled with their "
-           "providers before anything is retried")
-    try:
-        voided = client.operator.void_leases([attempt_id], actor=rt.worker_id, reason=why)
-    except McqError as err:  # the lease runs out by itself and the sweeper takes it from there
-        log.error("attempt %s: timed out; giving up its lease failed (%s): it expires by itself", attempt_id, err)
-        voided = []
-    log.warning("attempt %s: the job timeout ended its handler; its lease was %s, the sweeper reconciles it",
-                attempt_id, "given up" if voided else "already gone")
-    return {"timed_out": attempt_id, "lease_voided": bool(voided)}
-
-
-def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
-          classified: Classified, exc: BaseException | None = None) -> dict[str, Any]:
-    f = classified.failure
-    try:
-        fresh = client.reads.get_task(task.id)
-        current = fresh.attempts[attempt.number - 1]
-        decision = decision_for(fresh, current, classified, cost=current.cost, tokens=current.tokens)
-        if decision.action != "retry":
-            # No next Attempt will reconcile effects this one started without a receipt: say so.
-            pending = [k for k, r in client.reads.effects(task.id).items() if r.state == "intent"]
-            if pending:
-                why = (f"{decision.attention.get('why_unsafe', '')}; effects started but not confirmed by their "
-                       f"provider: {', '.join(pending)} (a retry reconciles them before anything is redone)")
-                decision = dataclasses.replace(
-                    decision, attention={**decision.attention, "pending_effects": pending, "why_unsafe": why})
-        client.leases.fail_attempt(attempt.id, fence, f, worker_id=rt.worker_id, decision=decision)
-    except CancelRequested:
-        return _acknowledge(client, rt, attempt.id, fence)
-    except WriteRefused as err:
-        log.warning("attempt %s failed (%s %s, fingerprint %s) but the failure was refused: %s", attempt.id,
-                    f.failure_class.value, f.type, f.fingerprint, err.message, exc_info=exc)
-        return {"refused": err.message}
-    level = logging.WARNING if decision.action == "retry" else logging.ERROR
-    log.log(level, "attempt %s (%s) failed: %s %s: %s (fingerprint %s); decision: %s: %s", attempt.id, task.handler,
-            f.failure_class.value, f.type, f.message[:500], f.fingerprint, decision.action, decision.why,
-            exc_info=exc)
-    return {"failed": attempt.id, "decision": decision.action, "why": decision.why}
-
-
-# --------------------------------------------------------------------------- RQ integration
-
-
-class ForeignJobRefused(McqError):
-    """An RQ job reached execution without an mc_queue worker's admission (never expected)."""
-
-
-_UNDECODABLE = "<a payload that cannot be decoded as JSON>"
-
-
-def _func_name(job: Job) -> Any:
-    """RQ's func_name, except that a payload it cannot decode is named, not raised (RQ reads the name
-    for its process title before the job runs)."""
-    try:
-        return Job.func_name.fget(job)  # type: ignore[attr-defined]
-    except Exception:
-        return _UNDECODABLE
-
-
-def _unset(make: Callable[[], Any]) -> Any:
-    """A job option that always reads as unset, whatever RQ restored from Redis (writes are dropped)."""
-    return property(lambda self: make(), lambda self, value: None)
-
-
-class McqJob(Job):
-    """An RQ Job that never imports a name found in Redis and answers every RQ option mc_queue does not
-    set as unset: no callbacks, no webhooks, no dependencies, no retries, no repeats, no job TTL, no
-    group, no rate limit. It runs only once a worker admitted it (:func:`screen_job`), with the
-    admission's Attempt and the task's timeout."""
-
-    func_name = property(_func_name, Job.func_name.fset)  # type: ignore[attr-defined]
-    webhooks = _unset(list)
-    _dependency_ids = _unset(list)
-    allow_dependency_failures = _unset(lambda: None)
-    retries_left = _unset(lambda: None)
-    retry_intervals = _unset(lambda: None)
-    enqueue_at_front_on_retry = _unset(lambda: False)
-    repeats_left = _unset(lambda: None)
-    repeat_intervals = _unset(lambda: None)
-    rate_limit_key = _unset(lambda: None)
-    rate_limit_concurrency = _unset(lambda: None)
-    ttl = _unset(lambda: None)
-    group_id = _unset(lambda: None)
-    success_callback_timeout = _unset(lambda: CALLBACK_TIMEOUT)
-    failure_callback_timeout = _unset(lambda: CALLBACK_TIMEOUT)
-    stopped_callback_timeout = _unset(lambda: CALLBACK_TIMEOUT)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.admission: Admission | None = None
-        self.raw_fields: dict[str, bytes] = {}
-        self.unreadable: str | None = None
-
-    def restore(self, raw_data: Any) -> Any:
-        """RQ's restore, keeping the raw hash for screening; a field RQ cannot parse makes the job
-        refused instead of raising out of RQ's dequeue (which would end the worker's loop)."""
-        self.raw_fields = {(k.decode(errors="replace") if isinstance(k, bytes) else str(k)): v
-                           for k, v in dict(raw_data).items()}
-        self.unreadable = None
-        try:
-            return super().restore(raw_data)
-        except NoSuchJobError:
-            raise
-        except Exception as exc:
-            self.unreadable = f"its RQ fields cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
-            return None
-
-    def admit(self, admission: Admission) -> None:
-        """Bind the job to the Attempt it was admitted for; the options mc_queue sets take mc_queue's
-        values: the task's timeout, no result kept, a failed job kept 7 days."""
-        self.admission = admission
-        self.timeout = admission.timeout_s
-        self.result_ttl = RESULT_TTL
-        self.failure_ttl = FAILURE_TTL_S
-
-    @property
-    def func(self) -> Callable[..., Any]:
-        if self.admission is None:
-            return functools.partial(_not_admitted, str(self.id))
-        return functools.partial(run_admitted, self.admission)
-
-    def _execute(self) -> Any:
-        """Run the admitted Attempt; never the function or arguments the job names."""
-        return self.func()
-
-    @property
-    def success_callback(self) -> None:
-        return None
-
-    @property
-    def failure_callback(self) -> None:
-        return None
-
-    @property
-    def stopped_callback(self) -> None:
-        return None
-
-
-def _not_admitted(job_id: str) -> None:
-    raise ForeignJobRefused(f"RQ job {job_id} was not admitted by an mc_queue worker: nothing is run")
-
-
-def screen_job(rt: Runtime, job: McqJob, queue_name: str) -> Admission:
-    """Everything a job must be before it runs (see the module's docstring). Raises :class:`Refusal`."""
-    if job.unreadable:
-        raise Refusal(job.unreadable)
-    name = job.func_name
-    if name == _UNDECODABLE:  # a pickle or garbage: never unpickled
-        raise Refusal("its payload cannot be decoded as JSON", func_name="?")
-    if name != ENTRY:
-        raise Refusal(f"it names {str(name)[:200]!r}; mc_queue workers run only {ENTRY}, nothing is imported",
-                      func_name=name)
-    args, kwargs, instance = job.args, job.kwargs, job.instance
-    if instance is not None:
-        raise Refusal("it names an instance to call the entry function on; mc_queue's entry is a plain function",
-                      func_name=name)
-    if (kwargs or not isinstance(args, (list, tuple)) or len(args) not in (2, 3)
-            or not all(isinstance(a, str) for a in args[:2])
-            or (len(args) == 3 and (isinstance(args[2], bool) or not isinstance(args[2], int)))):
-        raise Refusal("its arguments are not (prefix, attempt id, lease ms)", func_name=name)
-    options = sorted(set(job.raw_fields) - JOB_FIELDS) + [f for f in _MUST_BE_EMPTY if job.raw_fields.get(f)]
-    if options:
-        raise Refusal(f"it carries RQ option(s) mc_queue never sets: {', '.join(options)[:500]}; a worker acts on "
-                      "no option it did not set", attempt=args[1], func_name=name)
-    origin = job.raw_fields.get("origin", b"").decode(errors="replace")
-    if origin != queue_name:
-        raise Refusal(f"it was taken from RQ queue {queue_name!r} but its origin says {origin[:200]!r}",
-                      attempt=args[1], func_name=name)
-    adm = admit(rt, args[0], args[1])
-    expected = rq_queue_name(adm.prefix, adm.queue)
-    if queue_name != expected:
-        raise Refusal(f"it came on RQ queue {queue_name!r}, but task {adm.task_id} is on queue {adm.queue!r} "
-                      f"(RQ queue {expected!r})", attempt=args[1], func_name=name)
-    return adm
 
 
 def _dispose(connection: redis.Redis, job: Job, queue: Queue) -> None:
@@ -639,7 +209,7 @@ class McqBaseWorker(BaseWorker):
         try:
             adm = screen_job(rt, mjob, queue.name)
         except Refusal as refusal:
-            _record_refusal(rt, refusal, job_id=str(job.id)[:300], queue=queue.name)
+            record_refusal(rt, refusal, job_id=str(job.id)[:300], queue=queue.name)
             _dispose(self.connection, job, queue)
             return
         mjob.admit(adm)

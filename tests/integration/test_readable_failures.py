@@ -58,7 +58,8 @@ def ok(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def run(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Any]:
     """Run a task's first Attempt in this process, as a worker would."""
-    from mc_queue.worker.runner import _install_runtime, configure, run_attempt, set_runtime
+    from mc_queue.worker.attempt import run_attempt, set_runtime
+    from mc_queue.worker.runner import _install_runtime, configure
 
     q = mc_queue.connect(redis_server.url, prefix=prefix)
     configure(app, q, tmp_path / "ws")

@@ -24,7 +24,7 @@ from mc_queue import reconcile_attempt
 from mc_queue.ops.sweeper import Sweeper
 from mc_queue.producer.transport import forget_orphans, job_id, rq_connection, rq_queue
 from mc_queue.testing import RedisServer, unique_prefix
-from mc_queue.worker.runner import McqJob
+from mc_queue.worker.jobs import McqJob
 from tests.apps import lifecycle_app
 
 ROOT = Path(__file__).resolve().parents[2]
