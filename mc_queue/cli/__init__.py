@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .main import main
+from .tasks import main
 
 __all__ = ["main"]
