@@ -1,205 +1,25 @@
-"""``mcq``: the operator's command line. Every read has ``--json``.
-
-Exit codes: 0 done; 1 refused by a contract (the refusal is recorded); 2 bad input, nothing
-written (one line, no traceback); 3 the namespace lost state and needs ``mcq recover``; 4 Redis
-cannot be reached, or (a read on the embedded default) no embedded server is running: reads never
-start one.
-"""
+"""``mcq``'s commands, until each group moves to a module of its own."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import math
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-import redis
 
-from ..client.connect import NoEmbeddedServer, connect, embedded_client
+from ..client.connect import embedded_client
 from ..client.core import Client
-from ..contracts.errors import (
-    ConfigurationError,
-    InvalidArgument,
-    McqError,
-    NamespaceLost,
-    Overloaded,
-    ReplicationUnconfirmed,
-    TaskNotFound,
-)
-from ..contracts.keys import parse_attempt_id, parse_task_id
-from ..contracts.models import NamespaceInfo
-from ..ops.render import mcq_invocation, print_status, print_task, task_json
-from ..store.urls import redacted
+from ..contracts.errors import McqError, ReplicationUnconfirmed
+from ..ops.render import print_status, print_task, task_json
+from .errors import EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_UNREACHABLE, fail, handle_errors
+from .options import ATTEMPT_ID, TASK_ID, Ctx, Finite, check_reason, duration_ms, load_app, redis_now_ms
+from .output import emit_json, exit_if_lost
+from .root import main
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Ctx:
-    def __init__(self, redis_url: str | None, prefix: str | None, home: str | None, again: str = "mcq") -> None:
-        self.redis_url, self.prefix, self.home = redis_url, prefix, home
-        self.again = again  # how to run mcq again as this one was run (its path, the global options typed)
-        self._client: Client | None = None
-
-    @property
-    def client(self) -> Client:
-        """For commands that write: the embedded default is started when it does not run."""
-        return self._connect(start_embedded=True)
-
-    @property
-    def reader(self) -> Client:
-        """For commands that only read: never starts the embedded server (NoEmbeddedServer, exit 4)."""
-        return self._connect(start_embedded=False)
-
-    def _connect(self, *, start_embedded: bool) -> Client:
-        if self._client is None:
-            try:
-                self._client = connect(self.redis_url, prefix=self.prefix, home=self.home,
-                                       start_embedded=start_embedded)
-            except McqError:
-                raise
-            except ValueError as exc:  # what redis-py's URL parser raises (a port out of range, a bad parameter)
-                raise ConfigurationError(f"bad Redis URL {redacted(self.redis_url or '')!r}: {exc}") from None
-        return self._client
-
-
-class OneLineUsageError(click.UsageError):
-    """A usage error as one line (``mcq cancel: Invalid value for '--ack-timeout': ...``), exit 2."""
-
-    def show(self, file: Any = None) -> None:
-        path = self.ctx.command_path if self.ctx is not None else "mcq"
-        click.echo(f"{path}: {self.format_message()} (see `{path} --help`)", err=True)
-
-
-def _one_line(exc: click.UsageError) -> click.UsageError:
-    if isinstance(exc, (OneLineUsageError, click.exceptions.NoArgsIsHelpError)):
-        return exc
-    return OneLineUsageError(exc.format_message(), exc.ctx)
-
-
-class McqGroup(click.Group):
-    """mcq's root: every usage error of every command, however deep, is shown as one line."""
-
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
-                     **extra: Any) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.UsageError as exc:
-            raise _one_line(exc) from None
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            raise _one_line(exc) from None
-
-
-class Finite(click.FloatRange):
-    """A number within the option's range, and finite: click's FloatRange lets ``nan`` through (every
-    comparison with it is false) and ``1e400`` is ``inf``."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = click.FLOAT.convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return super().convert(number, param, ctx)
-
-
-class TaskIdType(click.ParamType[str]):
-    """A task id, checked before anything connects: a malformed one says what an id looks like and
-    where ids are found."""
-
-    name = "task id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        try:
-            parse_task_id(value)
-        except ValueError:
-            self.fail(f"invalid task id {value!r}: a task id is <queue>:<26-character ULID>, e.g. "
-                      "agents:01M8SE9342NZ6XKW84V2J6Q1TB, as `mcq enqueue` prints it; `mcq tasks` lists them "
-                      "(`mcq tasks --state failed`, `mcq dlq list`)", param, ctx)
-        return value
-
-
-class AttemptIdType(click.ParamType[str]):
-    name = "attempt id"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        try:
-            parse_attempt_id(value)
-        except ValueError:
-            self.fail(f"invalid attempt id {value!r}: an attempt id is <task id>/<attempt number>, e.g. "
-                      "agents:01M8SE9342NZ6XKW84V2J6Q1TB/2; `mcq show TASK` lists a task's Attempts", param, ctx)
-        return value
-
-
-TASK_ID = TaskIdType()
-ATTEMPT_ID = AttemptIdType()
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"mcq: {message}", err=True)
-    sys.exit(code)
-
-
-EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_LOST, EXIT_UNREACHABLE = 1, 2, 3, 4
-EXIT_OVERLOADED = 6  # Redis memory above the enqueue high-water mark: retry later (5 is `mcq worker`'s)
 MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less busy-looped)
-
-
-def handle_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (InvalidArgument, TaskNotFound, ConfigurationError) as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
-        except NoEmbeddedServer as exc:
-            _fail(str(exc), EXIT_UNREACHABLE)
-        except NamespaceLost as exc:
-            _fail(str(exc), EXIT_LOST)
-        except Overloaded as exc:
-            _fail(str(exc), EXIT_OVERLOADED)
-        except McqError as exc:  # a contract refused (IdempotencyConflict, TaskPurged, a stale fence ...)
-            _fail(str(exc), EXIT_REFUSED)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            _fail(f"cannot reach Redis: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE)
-        except redis.ResponseError as exc:
-            if "DB index is out of range" not in str(exc):
-                raise
-            _fail("bad Redis URL: the server has no database of the number its path names (redis://host:port/N; "
-                  "a server has 16 unless configured otherwise, 0-15)", EXIT_BAD_INPUT)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def _exit_if_lost(info: NamespaceInfo) -> None:
-    """Exit 3 when the namespace lost state (or is recovering): what was printed is not the truth."""
-    if not info.usable:
-        _fail(f"namespace {info.prefix!r} is {info.state}: {info.reason}. Run `mcq recover`.", 3)
-
-
-@click.group(cls=McqGroup)
-@click.option("--redis-url", envvar="MCQ_REDIS_URL", default=None,
-              help="redis://, rediss:// or unix:// URL (user:password@ for AUTH/ACL). Default: the embedded server.")
-@click.option("--prefix", envvar="MCQ_PREFIX", default="mcq", show_default=True, help="Namespace (key prefix).")
-@click.option("--home", envvar="MCQ_HOME", default=None, help="Data folder of the embedded server (default ./.mcq).")
-@click.version_option(package_name="mc_queue")
-@click.pass_context
-def main(ctx: click.Context, redis_url: str | None, prefix: str, home: str | None) -> None:
-    """mc_queue: tasks with append-only attempts, fenced leases and an audit trail."""
-    typed = {name for name in ("redis_url", "prefix", "home")
-             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE}
-    again = mcq_invocation(redis_url=redis_url if "redis_url" in typed else None,
-                           prefix=prefix if "prefix" in typed else None, home=home if "home" in typed else None)
-    ctx.obj = Ctx(redis_url, prefix, home, again)
 
 
 @main.command()
@@ -232,7 +52,7 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
     finally:
         producer.close()
     if as_json:
-        _emit_json(task_json(task))
+        emit_json(task_json(task))
     else:
         click.echo(task.id)  # stdout: the id alone, for scripts (TASK=$(mcq enqueue ...))
         click.echo(f"follow it: {obj.again} show {task.id}  (all tasks: {obj.again} tasks)", err=True)
@@ -248,7 +68,7 @@ def show(obj: Ctx, task_id: str, as_json: bool) -> None:
     task = obj.reader.get_task(task_id)
     effects = obj.reader.effects(task_id)
     if as_json:
-        _emit_json(task_json(task, effects))
+        emit_json(task_json(task, effects))
     else:
         print_task(task, effects=effects)
 
@@ -279,11 +99,11 @@ def status(obj: Ctx, as_json: bool, watch: float | None) -> None:
     overview = client.overview()
     paused = client.paused_queues()
     if as_json:
-        _emit_json({"namespace": client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
+        emit_json({"namespace": client.keys.prefix, "queues": data, "overview": overview, "paused": paused})
     else:
         print_status(data, overview)
         _echo_paused(paused)
-    _exit_if_lost(client.namespace())
+    exit_if_lost(client.namespace())
 
 
 @main.command()
@@ -299,7 +119,7 @@ def retry(obj: Ctx, task_id: str, reason: str, hypothesis: str | None, as_json: 
         raise click.BadParameter("a retry needs a reason of at least ten characters", param_hint="--reason")
     attempt = obj.client.retry_task(task_id, reason, hypothesis, actor="operator")
     if as_json:
-        _emit_json(attempt.model_dump(mode="json"))
+        emit_json(attempt.model_dump(mode="json"))
     else:
         click.echo(attempt.id)
 
@@ -312,7 +132,7 @@ def expire(obj: Ctx, as_json: bool) -> None:
     """Turn every lease past its expiry into a suspect Attempt (once)."""
     expired = obj.client.expire_leases()
     if as_json:
-        _emit_json([dataclasses.asdict(e) for e in expired])
+        emit_json([dataclasses.asdict(e) for e in expired])
     else:
         for e in expired:
             click.echo(f"{e.attempt_id} suspect (fence {e.old_fence} -> {e.new_fence})")
@@ -330,7 +150,7 @@ def reconcile(obj: Ctx, attempt_id: str, as_json: bool) -> None:
 
     attempt = reconcile_attempt(obj.client, attempt_id, actor="operator")
     if as_json:
-        _emit_json(attempt.model_dump(mode="json"))
+        emit_json(attempt.model_dump(mode="json"))
     else:
         click.echo(f"{attempt.id} {attempt.state.value}")
 
@@ -353,13 +173,13 @@ def recover(obj: Ctx, reason: str, yes: bool, as_json: bool) -> None:
     info = client.namespace()
     if info.state == "ok" and not yes:
         live = client.overview()["leases_live"]
-        _fail(f"namespace {info.prefix!r} is ok: `mcq recover` would retire its epoch {info.epoch}, raise the "
-              f"fence floor and void its {live} live lease(s) (their workers' next writes refused, their "
-              "Attempts turned suspect and reconciled). Nothing was done; add --yes to recover it anyway",
-              EXIT_BAD_INPUT)
+        fail(f"namespace {info.prefix!r} is ok: `mcq recover` would retire its epoch {info.epoch}, raise the "
+             f"fence floor and void its {live} live lease(s) (their workers' next writes refused, their "
+             "Attempts turned suspect and reconciled). Nothing was done; add --yes to recover it anyway",
+             EXIT_BAD_INPUT)
     report = run_recovery(client, reason=reason, actor="operator")
     if as_json:
-        _emit_json(report)
+        emit_json(report)
     else:
         click.echo(f"recovered: epoch {report['epoch']}, fence floor {report['fence_floor']}, "
                    f"{len(report['voided_leases'])} lease(s) voided (now suspect)")
@@ -377,7 +197,7 @@ def namespace(obj: Ctx, as_json: bool) -> None:
     refused = client.refusals(count=100)
     data = {**dataclasses.asdict(info), "events": client.namespace_events(count=1000), "refused": refused}
     if as_json:
-        _emit_json(data)
+        emit_json(data)
     else:
         from ..ops.render import text_console, wrap
 
@@ -388,32 +208,7 @@ def namespace(obj: Ctx, as_json: bool) -> None:
             lines += wrap(f"{len(refused)}{'+' if len(refused) == 100 else ''} transport messages refused by "
                           f"workers, newest: {refused[0].get('reason', refused[0]['type'])}", width)
         click.echo("\n".join(lines))
-    _exit_if_lost(info)
-
-
-def load_app(spec: str) -> Any:
-    """Import ``package.module:attr`` (an operator's argument, never a name found in Redis)."""
-    import importlib
-    import os
-
-    from ..producer.app import App
-
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise click.BadParameter("expected 'package.module:app'", param_hint="--app")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="--app") from None
-    except Exception as exc:  # the app's own module failed while it was imported
-        raise click.BadParameter(f"importing {module_name!r} raised {type(exc).__name__}: {exc}",
-                                 param_hint="--app") from None
-    app = getattr(module, attr, None)
-    if not isinstance(app, App):
-        raise click.BadParameter(f"{spec!r} is not an mc_queue.App", param_hint="--app")
-    return app
+    exit_if_lost(info)
 
 
 EXIT_STOPPED_MIDWAY = 5  # `mcq worker` only: stopped before its Attempt finished (see its help)
@@ -523,8 +318,8 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
             return
         except SystemExit:
             if w is not None and w.forced:
-                _fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                      EXIT_STOPPED_MIDWAY)
+                fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                     EXIT_STOPPED_MIDWAY)
             raise
         except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
             if burst:
@@ -538,14 +333,14 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
             wlog.warning("waiting for replicas: %s", exc.message)
         if w is not None:
             if w.forced:
-                _fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                      EXIT_STOPPED_MIDWAY)
+                fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                     EXIT_STOPPED_MIDWAY)
             if w.stop_signal is not None:
                 return
             if burst and w.drained:
                 return
             if burst and (w.redis_error or not reachable()):
-                _fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
+                fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
         # RQ's loop also returns after a Redis error or an unexpected one: the worker comes back once
         # Redis answers (its leases are safe meanwhile: an Attempt it held expires and is reconciled).
         wlog.warning("worker loop ended without a stop request; reconnecting in %.1fs", delay)
@@ -597,7 +392,7 @@ def cancel(obj: Ctx, task_id: str, reason: str, ack_timeout: float, as_json: boo
         raise click.BadParameter("a cancellation needs a reason of at least ten characters", param_hint="--reason")
     outcome = obj.client.cancel_task(task_id, reason, actor="operator", ack_timeout_ms=int(ack_timeout * 1000))
     if as_json:
-        _emit_json({"task_id": task_id, "outcome": outcome})
+        emit_json({"task_id": task_id, "outcome": outcome})
     else:
         click.echo(f"{task_id}: {outcome}" + (" (the executor is told at its next heartbeat; the sweeper "
                                              "finishes the protocol)" if outcome == "signaled" else ""))
@@ -623,7 +418,7 @@ def dlq_list(obj: Ctx, by: str | None, as_json: bool) -> None:
     rows = [{"task_id": t, "quarantined_at_ms": at, "why": items.get(t, {}).get("why_unsafe"),
              "summary": items.get(t, {}).get("summary")} for t, at in client.dlq()]
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     from ..ops.render import print_dlq
 
@@ -639,7 +434,7 @@ def dlq_show(obj: Ctx, task_id: str, as_json: bool) -> None:
     task = obj.reader.get_task(task_id)
     item = next((i for i in obj.reader.attention_items() if i.get("task_id") == task_id), None)
     if as_json:
-        _emit_json({**task_json(task), "attention": item})
+        emit_json({**task_json(task), "attention": item})
         return
     print_task(task)
     if item:
@@ -719,7 +514,7 @@ def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive
     if once:
         report = sw.run_once().as_dict()
         if as_json:
-            _emit_json(report)
+            emit_json(report)
         else:
             click.echo(f"expired {len(report['expired'])}, reconciled {len(report['reconciled'])}, "
                        f"dispatched {len(report['dispatched'])}, packed {report['packed']}, "
@@ -737,7 +532,7 @@ def attention(obj: Ctx, as_json: bool) -> None:
     """Tasks stopped for a person: what was tried, what changed, why another Attempt is unsafe."""
     items = obj.reader.attention_items()
     if as_json:
-        _emit_json(items)
+        emit_json(items)
         return
     from ..ops.render import print_attention
 
@@ -754,7 +549,7 @@ def workers(obj: Ctx, as_json: bool) -> None:
 
     rows = live_workers(obj.reader)
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     from ..ops.render import print_workers
 
@@ -953,7 +748,7 @@ def providers_start(obj: Ctx, folder: str | None) -> None:
         deadline = time.monotonic() + 30
         while not env_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                _fail(f"the providers did not start: see {root / 'serve.log'}", EXIT_REFUSED)
+                fail(f"the providers did not start: see {root / 'serve.log'}", EXIT_REFUSED)
             time.sleep(0.05)
     click.echo(env_file.read_text(), nl=False)
     click.echo(f"providers in {root}, served by pid {_providers_serving(root)} (`mcq providers stop` stops them)",
@@ -978,7 +773,7 @@ def providers_serve(obj: Ctx, folder: str | None) -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        _fail(f"providers already served in {root}", EXIT_REFUSED)
+        fail(f"providers already served in {root}", EXIT_REFUSED)
     run = root / "run"
     shutil.rmtree(run, ignore_errors=True)  # fresh ones: the pull-request API keeps its pulls in memory
     run.mkdir(mode=0o700)
@@ -1077,34 +872,12 @@ def health_worker(obj: Ctx, hostname: str | None) -> None:
     client = obj.reader
     rows = [r for r in live_workers(client) if r["hostname"] == host]
     healthy = [r for r in rows if r["healthy"] and alive(r["pid"])]
-    _exit_if_lost(client.namespace())
+    exit_if_lost(client.namespace())
     if not healthy:
-        _fail(f"no live worker of namespace {client.keys.prefix!r} on host {host!r} "
-              f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
+        fail(f"no live worker of namespace {client.keys.prefix!r} on host {host!r} "
+             f"({len(rows)} registered, none with a recent heartbeat and a running process)", 1)
     click.echo(f"{len(healthy)} healthy worker(s) of namespace {client.keys.prefix!r} on {host}: "
                + ", ".join(str(r["worker"]) for r in healthy))
-
-
-# --------------------------------------------------------------------------- find and act in bulk (issue 10)
-
-_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_MAX_DURATION_MS = 36_500 * 86_400_000
-
-
-def _duration_ms(text: str | None, param: str) -> int | None:
-    """'90s', '15m', '2h', '7d', '500ms' (or bare seconds) -> milliseconds."""
-    if text is None:
-        return None
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*", text)
-    if not m:
-        raise click.BadParameter(f"{text!r} is not a duration: use e.g. 90s, 15m, 2h, 7d", param_hint=param)
-    ms = float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]
-    if not ms <= _MAX_DURATION_MS:  # (also inf: 400 nines are a float's infinity)
-        raise click.BadParameter(f"{text[:40]!r}{'...' if len(text) > 40 else ''} is longer than 100 years",
-                                 param_hint=param)
-    return int(ms)
 
 
 def _echo_paused(paused: dict[str, dict[str, Any]]) -> None:
@@ -1112,11 +885,6 @@ def _echo_paused(paused: dict[str, dict[str, Any]]) -> None:
     for q, info in paused.items():
         click.echo(f"queue {q} PAUSED by {info.get('actor', '?')}: {info.get('reason', '')} "
                    f"(claims refused, nothing dispatched; `mcq queue resume {q} --reason ..`)")
-
-
-def _check_reason(reason: str) -> None:
-    if len(reason.strip()) < 10:
-        raise click.BadParameter("a reason of at least ten characters is needed", param_hint="--reason")
 
 
 @main.group()
@@ -1132,7 +900,7 @@ def queue() -> None:
 def queue_pause(obj: Ctx, queue_name: str, reason: str) -> None:
     """Claims of QUEUE's Attempts are refused (workers skip them, tasks stay pending) and the sweeper
     does not dispatch them, until `mcq queue resume`."""
-    _check_reason(reason)
+    check_reason(reason)
     if obj.client.pause_queue(queue_name, reason=reason, actor="operator"):
         click.echo(f"queue {queue_name} paused")
     else:
@@ -1146,7 +914,7 @@ def queue_pause(obj: Ctx, queue_name: str, reason: str) -> None:
 @handle_errors
 def queue_resume(obj: Ctx, queue_name: str, reason: str) -> None:
     """Undo `mcq queue pause`: the sweeper dispatches QUEUE's pending Attempts again."""
-    _check_reason(reason)
+    check_reason(reason)
     if obj.client.resume_queue(queue_name, reason=reason, actor="operator"):
         click.echo(f"queue {queue_name} resumed (the sweeper dispatches its pending Attempts)")
     else:
@@ -1175,16 +943,16 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
     if ctx.invoked_subcommand is not None:
         return
     obj: Ctx = ctx.obj
-    client = obj.reader  # (before _redis_now_ms: a read never starts the embedded server)
-    now = _redis_now_ms(obj)
-    older = _duration_ms(older_than, "--older-than")
-    newer = _duration_ms(since, "--since")
+    client = obj.reader  # (before redis_now_ms: a read never starts the embedded server)
+    now = redis_now_ms(obj)
+    older = duration_ms(older_than, "--older-than")
+    newer = duration_ms(since, "--since")
     rows, truncated = client.list_tasks(
         queue=queue_name, states=list(states) or None, handler=handler, limit=limit,
         created_before_ms=None if older is None else now - older,
         created_after_ms=None if newer is None else now - newer)
     if as_json:
-        _emit_json({"tasks": rows, "truncated": truncated})
+        emit_json({"tasks": rows, "truncated": truncated})
         return
     for r in rows:
         age_s = max(0, now - r["created_at_ms"]) / 1000
@@ -1215,15 +983,15 @@ def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: 
     """Delete a queue's ended tasks older than DUR, each with every key and index entry (a tombstone stays)."""
     from ..ops.archive import FileArchive, archive_and_retire
 
-    _check_reason(reason)
+    check_reason(reason)
     if not yes:
         raise click.BadParameter("purging deletes the tasks and their history for good: add --yes",
                                  param_hint="--yes")
-    age = _duration_ms(older_than, "--older-than")
+    age = duration_ms(older_than, "--older-than")
     assert age is not None
     c = obj.client
     archive = FileArchive(archive_dir) if archive_dir else None
-    cutoff = _redis_now_ms(obj) - age
+    cutoff = redis_now_ms(obj) - age
     done = 0
     kinds = [k for k, members in (("done", {"succeeded", "canceled"}), ("held", {"failed", "blocked", "quarantined"}))
              if members & set(states)]
@@ -1243,7 +1011,7 @@ def tasks_purge(obj: Ctx, queue_name: str, states: tuple[str, ...], older_than: 
                 continue
             # Archived first (when asked), and deleted only as archived: an archive that fails deletes nothing.
             out = archive_and_retire(c, archive, wanted, states=states, reason=reason, tombstone_s=keep_days * 86_400,
-                                     now_ms=_redis_now_ms(obj), actor="operator", log_each=True)
+                                     now_ms=redis_now_ms(obj), actor="operator", log_each=True)
             done += out["retired"]
     click.echo(f"{done} task(s) of queue {queue_name} purged ({', '.join(states)}, ended more than {older_than} "
                f"ago){'; archived in ' + archive_dir if archive_dir else ''}")
@@ -1267,14 +1035,14 @@ def archive_show(task_id: str, archive_dir: str, as_json: bool) -> None:
     try:
         rec = FileArchive(archive_dir).find(task_id)
     except ValueError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail(str(exc), EXIT_BAD_INPUT)
         return
     if rec is None:
-        _fail(f"task {task_id} is not in the archive under {archive_dir}", EXIT_REFUSED)
+        fail(f"task {task_id} is not in the archive under {archive_dir}", EXIT_REFUSED)
         return
     task, effects = rec.task(), rec.effects()
     if as_json:
-        _emit_json({**task_json(task, effects), "archived_at_ms": rec.archived_at_ms, "archive_reason": rec.reason})
+        emit_json({**task_json(task, effects), "archived_at_ms": rec.archived_at_ms, "archive_reason": rec.reason})
         return
     click.echo(f"archived {rec.archived_at_ms} ms since the epoch: {rec.reason}")
     print_task(task, effects=effects)
@@ -1296,7 +1064,7 @@ def retention_show(obj: Ctx, as_json: bool) -> None:
         policy, source = client.retention(q)
         rows.append({"queue": q, "source": source, **policy.model_dump()})
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     def fmt(v: Any, unit: str = "") -> str:
         return "forever" if v is None else f"{v:g}{unit}"
@@ -1325,7 +1093,7 @@ def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: in
     """The operator's retention policy of a queue (it wins over the App's); fields not given keep their value."""
     from ..contracts.config import Retention
 
-    _check_reason(reason)
+    check_reason(reason)
     c = obj.client
     if clear:
         c.set_retention(queue_name, None, actor="operator", reason=reason)
@@ -1337,7 +1105,7 @@ def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: in
     def secs(text: str, param: str) -> float | None:
         if text == "forever":
             return None
-        ms = _duration_ms(text, param)
+        ms = duration_ms(text, param)
         return None if ms is None else ms / 1000
 
     if done_for is not None:
@@ -1353,7 +1121,7 @@ def retention_set(obj: Ctx, queue_name: str, done_for: str | None, done_keep: in
     try:
         policy = Retention.model_validate({**current.model_dump(), **update})
     except ValueError as exc:
-        _fail(f"invalid retention policy: {exc}", EXIT_BAD_INPUT)
+        fail(f"invalid retention policy: {exc}", EXIT_BAD_INPUT)
         return
     c.set_retention(queue_name, policy, actor="operator", reason=reason)
     click.echo(f"queue {queue_name}: retention set ({policy.model_dump()})")
@@ -1364,7 +1132,7 @@ def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:
     rows: list[dict[str, Any]] = [{"fingerprint": fp, "count": len(ids), "task_ids": ids}
                                   for fp, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]
     if as_json:
-        _emit_json(rows)
+        emit_json(rows)
         return
     for r in rows:
         click.echo(f"{r['fingerprint'] or '(none)':<16}  {r['count']:>5}  e.g. {r['task_ids'][0]}")
@@ -1373,8 +1141,8 @@ def _dlq_by_fingerprint(obj: Ctx, as_json: bool) -> None:
 def _dlq_replay_fingerprint(obj: Ctx, fingerprint: str, reason: str, hypothesis: str | None) -> None:
     ids = obj.client.dlq_fingerprints().get(fingerprint, [])
     if not ids:
-        _fail(f"no quarantined task's last failure has fingerprint {fingerprint!r} (see `mcq dlq list --by "
-              "fingerprint`)", EXIT_BAD_INPUT)
+        fail(f"no quarantined task's last failure has fingerprint {fingerprint!r} (see `mcq dlq list --by "
+             "fingerprint`)", EXIT_BAD_INPUT)
     # each replay recorded on its task, as a single replay is
     done = _each(ids, lambda tid: f"{obj.client.dlq_replay(tid, reason, hypothesis, actor='operator').id} pending",
                  "not replayed")
@@ -1395,15 +1163,10 @@ def _each(ids: list[str], act: Callable[[str], str], refused: str) -> int:
     return done
 
 
-def _redis_now_ms(obj: Ctx) -> int:
-    """Redis's clock (one clock: ages are measured against the times Redis recorded)."""
-    return obj.client.redis_time_ms()
-
-
 def _dlq_purge_older(obj: Ctx, older_than: str, reason: str, keep_days: float) -> None:
-    age = _duration_ms(older_than, "--older-than")
+    age = duration_ms(older_than, "--older-than")
     assert age is not None
-    cutoff = _redis_now_ms(obj) - age
+    cutoff = redis_now_ms(obj) - age
     ids = [tid for tid, at in obj.client.dlq() if at <= cutoff]
 
     def purge(tid: str) -> str:  # recorded (tombstone, namespace log) as a single purge is
