@@ -5,7 +5,22 @@ One module per command group; importing it adds its commands to the root group `
 
 from __future__ import annotations
 
-from . import tasks  # noqa: F401  (adds its commands to main)
+from . import (  # noqa: F401  (each adds its commands to main)
+    archive,
+    dashboard,
+    demo,
+    dlq,
+    health,
+    metrics,
+    providers,
+    queue,
+    recovery,
+    retention,
+    server,
+    sweeper,
+    tasks,
+    worker,
+)
 from .root import main
 
 __all__ = ["main"]
