@@ -1,7 +1,26 @@
-"""Layer 11, the command line: ``mcq``."""
+"""Layer 11, the command line: ``mcq``. Every read has ``--json``.
+
+One module per command group; importing it adds its commands to the root group ``main``.
+"""
 
 from __future__ import annotations
 
-from .main import main
+from . import (  # noqa: F401  (each adds its commands to main)
+    archive,
+    dashboard,
+    demo,
+    dlq,
+    health,
+    metrics,
+    providers,
+    queue,
+    recovery,
+    retention,
+    server,
+    sweeper,
+    tasks,
+    worker,
+)
+from .root import main
 
 __all__ = ["main"]

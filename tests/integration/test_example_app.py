@@ -161,7 +161,8 @@ def test_docker_compose_pins_what_it_runs_and_has_no_default_password() -> None:
 
     from click.testing import CliRunner
 
-    from mc_queue.cli.main import load_app, main
+    from mc_queue.cli import main
+    from mc_queue.cli.options import load_app
 
     for name in ("worker", "sweeper", "metrics"):
         cmd = services[name]["command"]

@@ -1,0 +1,48 @@
+"""``mcq sweeper``: the loop that expires, reconciles, dispatches and retires."""
+
+from __future__ import annotations
+
+import click
+
+from .errors import handle_errors
+from .options import Ctx, Finite, load_app
+from .output import emit_json
+from .root import main
+
+MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less busy-looped)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One pass, then print what it did.")
+@click.option("--interval", type=Finite(MIN_INTERVAL_S, 3600), default=1.0, show_default=True,
+              help=f"Seconds between passes ({MIN_INTERVAL_S:g} to 3600).")
+@click.option("--app", "app_spec", default=None,
+              help="package.module:app whose registered operations reconcile effects with their providers.")
+@click.option("--archive", "archive_dir", default=None, metavar="DIR",
+              help="Write each task retention deletes to this folder first (gzip JSON lines per queue and day).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@handle_errors
+def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive_dir: str | None,
+            as_json: bool) -> None:
+    """Expire leases, reconcile suspects, send due dispatches; pack, retire and archive ended tasks."""
+    import logging
+
+    from ..ops.archive import FileArchive
+    from ..ops.sweeper import Sweeper
+
+    app = load_app(app_spec) if app_spec else None
+    if app is not None:
+        app.publish_retention(obj.client)
+    sw = Sweeper(obj.client, app=app, archive=FileArchive(archive_dir) if archive_dir else None)
+    if once:
+        report = sw.run_once().as_dict()
+        if as_json:
+            emit_json(report)
+        else:
+            click.echo(f"expired {len(report['expired'])}, reconciled {len(report['reconciled'])}, "
+                       f"dispatched {len(report['dispatched'])}, packed {report['packed']}, "
+                       f"retired {sum(report['retired'].values())}, errors {len(report['errors'])}")
+        return
+    logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sw.run(interval_s=interval)
