@@ -37,8 +37,7 @@ from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
 from ..producer.transport import rq_connection, rq_queue_name
 from .attempt import DEFAULT_GRACE_S, Admission, Refusal, Runtime, record_refusal, runtime, set_runtime
-from .jobs import McqJob
-from .jobs import screen_job
+from .jobs import McqJob, screen_job
 from .workspace import WorkspaceRoot, default_root
 
 log = logging.getLogger("mc_queue.worker")
