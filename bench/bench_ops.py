@@ -230,7 +230,7 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
 
 def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> list[tuple[str, int, int]]:
     """n tasks enqueued and claimed with pipelined EVALSHA through the client's Scripts."""
-    epoch = q._epoch()
+    epoch = q.backend.epoch()
     scripts, keys = q.runner, q.keys
     policy, budget = RetryPolicy().model_dump_json(), Budget().model_dump_json()
     leases: list[tuple[str, int, int]] = []
@@ -293,7 +293,7 @@ class Renewer(threading.Thread):
                 # The keys and arguments Client.heartbeat sends (no charge), pipelined.
                 rows.append(({**q.backend.ns_keys(), "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                               "stats": keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease},
-                             {"n": n, **q._fenced_args(f"{tid}/{n}", fence, WORKER), "lease_ms": "", "cost": "0",
+                             {"n": n, **q.leases._fenced_args(f"{tid}/{n}", fence, WORKER), "lease_ms": "", "cost": "0",
                               "tokens": 0, "request_id": ""}))
             prepared.append(rows)
         end = self.start_at + self.seconds

@@ -259,7 +259,7 @@ def scenario(mode: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
         result["providers"] = {"commits": commits, "push_keys": push_keys, "duplicate_pushes": git_dups,
                                "pull_requests": pulls, "duplicate_pull_requests": forge_dups}
         result["producer_errors"] = dict(producer.errors)
-        result["namespace_final"] = ops.namespace().state
+        result["namespace_final"] = ops.reads.namespace().state
         result["namespace_log_final"] = [
             {k: str(e.get(k, ""))[:300] for k in ("type", "actor", "reason")}
             for e in ops.reads.namespace_events() if e.get("type") in ("state_loss_detected", "recovery_started",

@@ -8,7 +8,7 @@ after each pass. Served by ``mcq metrics`` on 127.0.0.1 unless told otherwise.
 
 Every counter is exported from the first scrape on, at 0 for each label set known in advance (every
 refusal kind, reconciliation outcome, decision and failure class, budget; every queue of
-``Client.queues()`` for the queue gauges, every task state for ``mcq_tasks``), so ``rate()`` and
+``Reads.queues()`` for the queue gauges, every task state for ``mcq_tasks``), so ``rate()`` and
 ``increase()`` see the first event of each kind. Series labelled by handler exist for every
 (queue, handler) pair the stats hash has seen (from the first claim of that pair on), and for every
 handler of the ``app`` given to the collector from the start.

@@ -1,6 +1,6 @@
 """What one page costs, whatever the namespace holds (issue 15): every list is paged, a live refresh
 asks for the page shown and no more, per-queue reads go in one pipeline, and the queue-age sampler
-samples the queues ``Client.queues()`` lists that hold a task. Measured on a redis-server of the
+samples the queues ``Reads.queues()`` lists that hold a task. Measured on a redis-server of the
 test's own (``INFO commandstats`` counts the commands) and at the client (round trips: one per
 command sent alone, one per pipeline)."""
 
@@ -150,7 +150,7 @@ def test_the_sampler_samples_only_listed_queues_that_hold_a_task(client: mc_queu
     assert sample(client, interval_s=0) == 1
     assert client.redis.exists(client.keys.queue_samples("busy")) == 1
     assert client.redis.exists(client.keys.queue_samples("emptied")) == 0
-    # a queue the counts name but Client.queues() does not list (forgotten): not sampled either
+    # a queue the counts name but Reads.queues() does not list (forgotten): not sampled either
     client.redis.hset(client.keys.counts, "forgotten|pending", 1)
     assert "forgotten" not in client.reads.queues()
     assert sample(client, interval_s=0) == 1

@@ -184,7 +184,7 @@ def test_a_completion_after_cancel_is_refused_kept_and_cannot_reopen_the_task(h:
 # --------------------------------------------------------------------------- 5. cancel racing complete
 
 
-def race(worker: mc_queue.Client, operator: mc_queue.Client, task_id: str, lease: mc_queue.Lease,
+def race(worker: mc_queue.Client, person: mc_queue.Client, task_id: str, lease: mc_queue.Lease,
          result: dict[str, int]) -> dict[str, str]:
     """The executor completes and the operator cancels at the same moment (two connections, a barrier).
     An executor told to stop acknowledges, as run_attempt does."""
@@ -203,7 +203,7 @@ def race(worker: mc_queue.Client, operator: mc_queue.Client, task_id: str, lease
     def cancel() -> None:
         barrier.wait()
         try:
-            seen["cancel"] = operator.cancel_task(task_id, REASON, ack_timeout_ms=30_000)
+            seen["cancel"] = person.operator.cancel_task(task_id, REASON, ack_timeout_ms=30_000)
         except TransitionRefused:
             seen["cancel"] = "refused"
 
@@ -223,7 +223,7 @@ def test_cancel_racing_complete_ends_in_exactly_one_final_state(redis_server: Re
     tally = {"succeeded": 0, "canceled": 0}
     try:
         for i in range(rounds):
-            task = setup.enqueue("effects", "heartbeats", {"round": i})
+            task = setup.producer.enqueue("effects", "heartbeats", {"round": i})
             lease = worker.leases.claim_attempt(task.id, "racer", lease_ms=30_000)
             seen = race(worker, operator, task.id, lease, {"round": i})
             assert set(seen) == {"complete", "cancel"}, seen

@@ -65,14 +65,14 @@ def test_failover_to_a_lagging_replica_is_detected_with_min_replicas_0(cluster: 
                                                                         tmp_path: Path) -> None:
     prefix, state = "fo0", tmp_path / "state"
     url = cluster.url(min_replicas=0)  # acknowledged when the primary has it (the Sentinel default is 1)
-    producer = mc_queue.connect(url, prefix=prefix, state_dir=state)
+    sender = mc_queue.connect(url, prefix=prefix, state_dir=state)
     worker = mc_queue.connect(url, prefix=prefix, state_dir=state)
     try:
-        assert producer.tracking and worker.tracking
-        before = [producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3)]
+        assert sender.backend.tracking and worker.backend.tracking
+        before = [sender.producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3)]
         worker.leases.claim_attempt(before[0], "w1", LONG)
         cluster.lag()
-        during = [producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3, 6)]  # acknowledged
+        during = [sender.producer.enqueue("q", "h", {"i": i}, f"k{i}").id for i in range(3, 6)]  # acknowledged
         lease = worker.leases.claim_attempt(before[1], "w1", LONG)
         cluster.kill_primary()
         cluster.wait_failover()
@@ -87,15 +87,15 @@ def test_failover_to_a_lagging_replica_is_detected_with_min_replicas_0(cluster: 
 
         # The clients that follow the failover through Sentinel are refused, and say why.
         with pytest.raises(mc_queue.NamespaceLost, match="failover lost acknowledged writes"):
-            producer.enqueue("q", "h", {"i": 9}, "k9")
+            sender.producer.enqueue("q", "h", {"i": 9}, "k9")
         with pytest.raises(mc_queue.NamespaceLost):
             worker.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w1")
-        info = producer.namespace()
+        info = sender.reads.namespace()
         assert info.state == "lost" and "acknowledged at offset" in info.reason
-        losses = [e for e in producer.namespace_events() if e["type"] == "state_loss_detected"]
+        losses = [e for e in sender.reads.namespace_events() if e["type"] == "state_loss_detected"]
         assert len(losses) == 1 and "replication stream are missing" in losses[0]["reason"]
     finally:
-        producer.close()
+        sender.close()
         worker.close()
 
 
@@ -195,18 +195,18 @@ def test_a_loss_after_a_planned_failover_is_reported_within_one_sweeper_pass(clu
     the demoted one). Now every pass judges the primary the sentinels name."""
     state = tmp_path / "state"
     url = cluster.url(min_replicas=0)
-    producer = mc_queue.connect(url, prefix="pf0", state_dir=state)
-    assert producer.min_replicas == 0  # the operator's explicit choice
+    sender = mc_queue.connect(url, prefix="pf0", state_dir=state)
+    assert sender.backend.min_replicas == 0  # the operator's explicit choice
     sweeper_client = mc_queue.connect(url, prefix="pf0", state_dir=state)
     sweeper = mc_queue.Sweeper(sweeper_client)
     acked: dict[str, tuple[str, float]] = {}
     errors: list[str] = []
     stop = threading.Event()
     keys = [f"k{i}" for i in range(400)]
-    t = threading.Thread(target=_producer_loop, args=(producer, keys, stop, acked, errors), daemon=True)
+    t = threading.Thread(target=_producer_loop, args=(sender, keys, stop, acked, errors), daemon=True)
     interval = 0.5
     try:
-        producer.enqueue("q", "h", {"k": "first"}, "first")
+        sender.producer.enqueue("q", "h", {"k": "first"}, "first")
         sweeper.run_once()
         t.start()
         time.sleep(0.5)
@@ -232,5 +232,5 @@ def test_a_loss_after_a_planned_failover_is_reported_within_one_sweeper_pass(clu
         assert info.state == "lost" and "failover lost acknowledged writes" in info.reason, info
     finally:
         stop.set()
-        producer.close()
+        sender.close()
         sweeper_client.close()

@@ -86,7 +86,7 @@ def test_tasks_without_a_producer_key_do_no_side_effect_twice_after_a_lossy_fail
         try:
             _wait(lambda: all(ops.reads.get_task(t).state.value == "succeeded" for t in tasks), 120,
                   "every task to succeed after the recovery", fleet)
-            replayed = sum(1 for t in tasks for fx in ops.effects(t).values() if fx.source == "reconcile")
+            replayed = sum(1 for t in tasks for fx in ops.reads.effects(t).values() if fx.source == "reconcile")
         finally:
             ops.close()
         # At the providers: one commit per operation key, one pull request per task.

@@ -55,7 +55,7 @@ def test_empty_restart_holders_next_renew_raises_namespace_lost(
 ) -> None:
     """The lease holder's heartbeat is the first call after the loss: it must say NamespaceLost."""
     worker = _connect(own_redis, prefix, clients)
-    tid = worker.enqueue("sl", "noop", {"i": 1}).id
+    tid = worker.producer.enqueue("sl", "noop", {"i": 1}).id
     lease = worker.leases.claim_attempt(tid, "w1", lease_ms=LONG)
     own_redis.restart(keep_data=False)
 
@@ -63,15 +63,15 @@ def test_empty_restart_holders_next_renew_raises_namespace_lost(
         worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # the lease length granted at claim
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
         worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
-    assert _connect(own_redis, prefix, clients).namespace().state == "lost"
+    assert _connect(own_redis, prefix, clients).reads.namespace().state == "lost"
 
 
 def test_empty_restart_refuses_until_recover_and_never_reuses_a_fence(
     own_redis: RedisServer, prefix: str, clients: list[mc_queue.Client]
 ) -> None:
     worker = _connect(own_redis, prefix, clients)
-    t1 = worker.enqueue("sl", "noop", {"i": 1}).id
-    t2 = worker.enqueue("sl", "noop", {"i": 2}).id
+    t1 = worker.producer.enqueue("sl", "noop", {"i": 1}).id
+    t2 = worker.producer.enqueue("sl", "noop", {"i": 2}).id
     lease = worker.leases.claim_attempt(t1, "w1", lease_ms=LONG)
     f = lease.fence
     own_redis.restart(keep_data=False)
@@ -117,27 +117,27 @@ def test_empty_restart_clients_from_before_the_loss_work_after_recovery(
     into 'lost': its epoch is from before the recovery (retired), not from a Redis that lost data again.
     """
     worker = _connect(own_redis, prefix, clients)
-    producer = _connect(own_redis, prefix, clients)
-    t1 = worker.enqueue("sl", "noop", {"i": 1}).id
-    producer.enqueue("sl", "noop", {"i": 0})
+    sender = _connect(own_redis, prefix, clients)
+    t1 = worker.producer.enqueue("sl", "noop", {"i": 1}).id
+    sender.producer.enqueue("sl", "noop", {"i": 0})
     lease = worker.leases.claim_attempt(t1, "w1", lease_ms=LONG)
     own_redis.restart(keep_data=False)
     with pytest.raises(mc_queue.NamespaceLost):
         worker.leases.claim_attempt(t1, "w1")
     ops = _connect(own_redis, prefix, clients)
     recover(ops, reason="test: redis came back empty")
-    assert ops.namespace().state == "ok"
+    assert ops.reads.namespace().state == "ok"
 
     # The producer never saw the loss; it enqueues again (its old epoch is retired, it refreshes).
-    t2 = producer.enqueue("sl", "noop", {"i": 2}).id
-    assert ops.namespace().state == "ok"
+    t2 = sender.producer.enqueue("sl", "noop", {"i": 2}).id
+    assert ops.reads.namespace().state == "ok"
     # The old worker's lease is gone with the data: its write is refused as such, not as a new loss.
     with pytest.raises((mc_queue.TaskNotFound, mc_queue.WriteRefused)):
         worker.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1", lease_ms=LONG)
-    assert ops.namespace().state == "ok"
+    assert ops.reads.namespace().state == "ok"
     new = worker.leases.claim_attempt(t2, "w1", lease_ms=LONG)
     assert new.fence > lease.fence
-    assert ops.namespace().state == "ok"
+    assert ops.reads.namespace().state == "ok"
 
 
 # --------------------------------------------------------------------------- (b) older snapshot
@@ -170,9 +170,9 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     Then Redis is restarted from the copy: A is back at fence 1, B pending, D unknown."""
     s = Snapshot(server, prefix, _connect(server, prefix, made), _connect(server, prefix, made),
                  _connect(server, prefix, made))
-    s.ta = s.ops.enqueue("snap", "noop", {"t": "a"}).id
-    s.tb = s.ops.enqueue("snap", "noop", {"t": "b"}).id
-    s.ops.enqueue("snap", "noop", {"t": "c"})
+    s.ta = s.ops.producer.enqueue("snap", "noop", {"t": "a"}).id
+    s.tb = s.ops.producer.enqueue("snap", "noop", {"t": "b"}).id
+    s.ops.producer.enqueue("snap", "noop", {"t": "c"})
     s.lease_a1 = s.w1.leases.claim_attempt(s.ta, "w1", lease_ms=1)
     server.stop()  # clean shutdown: the AOF is complete on disk
     copy = copy_data(server, tmp / "older-copy")
@@ -187,7 +187,7 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     s.ops.operator.retry_task(s.ta, "worker w1 lost its lease; run it again")
     s.lease_a2 = s.w2.leases.claim_attempt(s.ta, "w2", lease_ms=LONG)
     s.lease_b = s.w2.leases.claim_attempt(s.tb, "w2", lease_ms=LONG)
-    s.td = s.ops.enqueue("snap", "noop", {"t": "d"}).id
+    s.td = s.ops.producer.enqueue("snap", "noop", {"t": "d"}).id
     lease_d = s.w2.leases.claim_attempt(s.td, "w2", lease_ms=LONG)
     assert s.lease_a2.fence == expired[0].new_fence + 1
     assert s.lease_b.fence > 10**15 and lease_d.fence > 10**15  # above the floor the restart raised
@@ -208,7 +208,7 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
         s.ops.leases.claim_attempt(s.tb, "w3")
     with pytest.raises(mc_queue.NamespaceLost, match="mcq recover"):
-        s.ops.enqueue("snap", "noop", {"t": "e"})
+        s.ops.producer.enqueue("snap", "noop", {"t": "e"})
     assert s.lease_a1 and s.lease_a2 and s.lease_b
     out = recover(s.ops, reason="test: restored from an older copy")
     assert out["voided_leases"] == [s.lease_a1.attempt_id]  # A/1 was running in the older copy
@@ -222,14 +222,14 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
         s.w1.leases.complete_attempt(s.lease_a1.attempt_id, s.lease_a1.fence, {"by": "w1"}, worker_id="w1")
     with pytest.raises(mc_queue.StaleFence):
         s.w2.leases.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
-    assert s.ops.namespace().state == "ok"
+    assert s.ops.reads.namespace().state == "ok"
 
     # New fences: all above every fence issued before, none twice.
     reconcile_attempt(s.ops, s.lease_a1.attempt_id)
     s.ops.operator.retry_task(s.ta, "recovered: run A again after the restore")
     new_a = s.w2.leases.claim_attempt(s.ta, "w2", lease_ms=LONG)
     new_b = s.w1.leases.claim_attempt(s.tb, "w1", lease_ms=LONG)
-    te = s.ops.enqueue("snap", "noop", {"t": "e"}).id
+    te = s.ops.producer.enqueue("snap", "noop", {"t": "e"}).id
     new_e = s.w1.leases.claim_attempt(te, "w1", lease_ms=LONG)
     for lease in (new_a, new_b, new_e):
         assert lease.fence > s.max_issued()
@@ -248,7 +248,7 @@ def test_older_snapshot_newer_fence_is_detected(
     client has seen a later claim: test_older_snapshot_claim_sequence_going_back_is_detected.)"""
     s = _older_snapshot(own_redis, prefix, clients, tmp_path)
     assert s.lease_a2 is not None
-    s.w2.ns.seq_seen = 0  # as if w2 had seen no claim after A/2's: only the fence can tell
+    s.w2.backend.ns.seq_seen = 0  # as if w2 had seen no claim after A/2's: only the fence can tell
     with pytest.raises(mc_queue.NamespaceLost, match=f"presented fence {s.lease_a2.fence} .*but Redis holds 1"):
         s.w2.leases.complete_attempt(s.lease_a2.attempt_id, s.lease_a2.fence, {"by": "w2"}, worker_id="w2")
     r = own_redis.client()
@@ -471,21 +471,21 @@ def test_a_sweeper_that_only_read_before_a_recovery_presents_no_claim_sequence_o
     sweeper = mc_queue.connect(redis_server.url, prefix=prefix, state_dir=state, track_replication="on")
     try:
         for i in range(3):
-            t = worker.enqueue("jobs", "h", {"i": i})
+            t = worker.producer.enqueue("jobs", "h", {"i": i})
             worker.leases.claim_attempt(t.id, "w1", 60_000)  # claim sequence 1, 2, 3 under the first epoch
-        assert sweeper.ns.epoch is None
+        assert sweeper.backend.ns.epoch is None
         mc_queue.Sweeper(sweeper).run_once()  # judges the lineage with what the worker's watermark says
-        assert sweeper.namespace().state == "ok"
+        assert sweeper.reads.namespace().state == "ok"
         # Redis goes back to an older copy (the claim sequence with it): the worker's next write says so.
         worker.redis.hset(Keys(prefix).meta, "seq", 1)
-        t = worker.enqueue("jobs", "h", {"i": 9})
+        t = worker.producer.enqueue("jobs", "h", {"i": 9})
         with pytest.raises(mc_queue.NamespaceLost):
             worker.leases.claim_attempt(t.id, "w1", 60_000)
         recover(worker, reason="the test recovers")
-        assert worker.namespace().state == "ok"
+        assert worker.reads.namespace().state == "ok"
         for _ in range(2):
             mc_queue.Sweeper(sweeper).run_once()
-        info = sweeper.namespace()
+        info = sweeper.reads.namespace()
         assert info.state == "ok", info.reason
     finally:
         worker.close()

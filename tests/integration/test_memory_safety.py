@@ -40,7 +40,7 @@ def test_an_evicting_policy_is_refused_at_connect_and_nothing_is_written(own_red
     # The operator may allow it, knowingly.
     allowed = mc_queue.Client(own_redis.url, prefix=prefix, allow_eviction=True)
     try:
-        assert allowed.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING
+        assert allowed.producer.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING
     finally:
         allowed.close()
     r.config_set("maxmemory-policy", "noeviction")

@@ -200,7 +200,7 @@ def test_a_zombie_of_a_retired_task_does_not_mark_the_namespace_lost(q: mc_queue
             if write == "complete":
                 zombie.leases.complete_attempt(old.attempt_id, old.fence, {"zombie": True}, worker_id="w-zombie")
             elif write == "heartbeat":
-                zombie.heartbeat(old.attempt_id, old.fence, worker_id="w-zombie")
+                zombie.leases.heartbeat(old.attempt_id, old.fence, worker_id="w-zombie")
             else:
                 zombie.leases.fail_attempt(old.attempt_id, old.fence, make_failure(FailureClass.PROVIDER, "X", "x"),
                                     worker_id="w-zombie")

@@ -139,11 +139,11 @@ def test_any_process_may_start_first(redis_server: RedisServer, first: str) -> N
             client.reads.status()
             client.reads.overview()
         assert client.reads.namespace().state == "missing"
-        producer = mc_queue.connect(redis_server.url, prefix=prefix)
+        sender = mc_queue.connect(redis_server.url, prefix=prefix)
         try:
-            producer.enqueue("jobs", "noop", {"n": 2})
-            assert producer.namespace().state == "ok"
+            sender.producer.enqueue("jobs", "noop", {"n": 2})
+            assert sender.reads.namespace().state == "ok"
         finally:
-            producer.close()
+            sender.close()
     finally:
         client.close()

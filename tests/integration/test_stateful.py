@@ -52,7 +52,7 @@ fail it again, see p72, m70 and m71 below):
   zombie of the purged incarnation could complete the new one. (Fixed first by keeping the counter;
   since issue 15 the purge raises the namespace fence floor to the task's last fence instead, as
   retention does, and deletes the counter: no key is left behind without a TTL.)
-* BUG-2: ``Client.expire()`` (expire_leases, void_leases) presented its cached epoch without the
+* BUG-2: ``Maintenance.expire()`` (expire_leases, void_leases) presented its cached epoch without the
   reload-and-resend ``_with_epoch`` gives the other calls, so a client (a running sweeper) connected
   before a recovery elsewhere silently expired and voided nothing afterwards (E_EPOCH landed in
   ``ExpireReport.errors``).

@@ -3,13 +3,13 @@
 Every ``interval_s`` (10 s) the console appends one sample per queue to ``Keys.queue_samples(queue)``,
 a stream capped at :data:`KEEP` entries (XADD MAXLEN, a bit over an hour), its id stamped by
 Redis's clock: the queue age (oldest claimable pending Attempt's wait, as ``mcq status``), the depth
-(pending + backoff tasks) and running tasks from ``Client.status()``, and the totals of Attempts
+(pending + backoff tasks) and running tasks from ``Reads.status()``, and the totals of Attempts
 finished per outcome from the stats hash the scripts count in (``fin|<queue>|<handler>|<outcome>|<bucket>``,
 the counters behind ``mcq_attempts_finished_total``). Throughput and failure rate over the window are
 differences of those totals between the first and the last sample. When several consoles watch one
 namespace, a console skips a queue whose newest sample is younger than most of an interval.
 
-Only the queues ``Client.queues()`` lists and that hold a task are sampled: a queue whose tasks were
+Only the queues ``Reads.queues()`` lists and that hold a task are sampled: a queue whose tasks were
 all retired adds no sample (its stream ages out of the window; the core forgets such a queue and
 deletes its samples), so the sampler's cost follows the queues in use, not every queue ever named.
 
