@@ -8,7 +8,7 @@ They never touch the machine's shared Redis.
 from __future__ import annotations
 
 from ..store.embedded import find_redis_server
-from .harness import (
+from .servers import (
     FailoverCluster,
     ForgeServer,
     PausableProxy,
