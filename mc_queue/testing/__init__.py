@@ -8,18 +8,10 @@ They never touch the machine's shared Redis.
 from __future__ import annotations
 
 from ..store.embedded import find_redis_server
-from .servers import (
-    FailoverCluster,
-    ForgeServer,
-    PausableProxy,
-    RedisServer,
-    RepeatableFailoverCluster,
-    SentinelServer,
-    TransitionRecorder,
-    bare_git_remote,
-    free_port,
-    unique_prefix,
-)
+from .forge import ForgeServer, bare_git_remote
+from .proxy import PausableProxy
+from .recorder import TransitionRecorder
+from .servers import FailoverCluster, RedisServer, RepeatableFailoverCluster, SentinelServer, free_port, unique_prefix
 
 __all__ = [
     "FailoverCluster",
