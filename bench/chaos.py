@@ -83,8 +83,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mc_queue import failpoints  # noqa: E402
 from mc_queue.client.core import Client  # noqa: E402
+from mc_queue.contracts import failpoints  # noqa: E402
 from mc_queue.contracts.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
 from mc_queue.contracts.keys import parse_attempt_id  # noqa: E402
 from mc_queue.contracts.models import Task, TaskState  # noqa: E402

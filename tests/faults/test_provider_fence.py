@@ -180,7 +180,7 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
     fences and has no one-PR-per-head rule, so the fence alone has to hold. Counted at the providers:
     one commit per push key on the remote, one pull request per key, the branch tip is the receipt."""
     import mc_queue
-    from mc_queue import failpoints
+    from mc_queue.contracts import failpoints
     from mc_queue.examples import agents
     from mc_queue.ops.sweeper import Sweeper
 
