@@ -21,7 +21,7 @@ from typing import Any, cast
 import redis
 
 from ..store.embedded import find_redis_server
-from .proxy import PausableProxy
+from .proxy import TcpProxy
 
 
 def free_port() -> int:
@@ -186,7 +186,7 @@ class SentinelServer:
 
 class FailoverCluster:
     """A primary (AOF, ``appendfsync always``) and one replica whose replication link runs through a
-    :class:`PausableProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
+    :class:`TcpProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
     short ``down_after_ms`` and ``failover_timeout_ms``, so a failover takes a few seconds).
 
     ``lag()`` holds the replication stream back, ``catch_up()`` lets it flow, ``kill_primary()``
@@ -206,7 +206,7 @@ class FailoverCluster:
         # The sentinels know the primary by the proxy's address too: they repoint a replica whose master
         # address differs from theirs (+fix-slave-config) straight to the primary, past the proxy. Only
         # the replication connection (it sends REPLCONF) is held back; the sentinels' and clients' flow.
-        self.proxy = PausableProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
+        self.proxy = TcpProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
         self.replica = RedisServer(self.dir / "replica", appendfsync=appendfsync,
                                    extra=[*fast, "--replicaof", "127.0.0.1", str(self.proxy.port)])
         self.sentinels = [SentinelServer(self.dir / f"sentinel{i}", ("127.0.0.1", self.proxy.port), service=service,
@@ -356,7 +356,7 @@ class RepeatableFailoverCluster(FailoverCluster):
     ``wait_failover()``, ``restart_old_primary()`` again and again, each time on the node that holds
     the role now.
 
-    Each node sits behind a :class:`PausableProxy` of its own (``hold_only=b"REPLCONF"``) and
+    Each node sits behind a :class:`TcpProxy` of its own (``hold_only=b"REPLCONF"``) and
     announces the proxy's address as its own (``replica-announce-ip`` / ``replica-announce-port``),
     so the sentinels, the clients of the ``redis+sentinel://`` URL and the replication link of
     whichever node is the replica reach a node through its proxy, whatever its role: after a
@@ -373,7 +373,7 @@ class RepeatableFailoverCluster(FailoverCluster):
 
     def __init__(self, directory: str | os.PathLike[str], **kw: Any) -> None:
         super().__init__(directory, **kw)
-        self.replica_proxy = PausableProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
+        self.replica_proxy = TcpProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
         for node, proxy in ((self.primary, self.proxy), (self.replica, self.replica_proxy)):
             node.extra += ["--replica-announce-ip", "127.0.0.1", "--replica-announce-port", str(proxy.port)]
         self.failovers = 0
