@@ -66,7 +66,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -90,7 +89,7 @@ from mc_queue.contracts.keys import parse_attempt_id  # noqa: E402
 from mc_queue.contracts.models import Task, TaskState  # noqa: E402
 from mc_queue.demo.fleet import Fleet, provider_env  # noqa: E402
 from mc_queue.providers.git import TRAILER, git  # noqa: E402
-from mc_queue.testing import ForgeServer, RedisServer, RepeatableFailoverCluster  # noqa: E402
+from mc_queue.testing import ForgeServer, RedisServer, RepeatableFailoverCluster, TcpProxy  # noqa: E402
 
 HANDLER = "fix-issue"
 # At rest: nothing will happen to the task without a person (failed / blocked wait for one).
@@ -105,105 +104,6 @@ TRANSIENT: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutEr
 # --failover: what a producer and the run's own reads meet while the primary changes (or after a loss).
 FAILOVER_TRANSIENT: tuple[type[Exception], ...] = (*TRANSIENT, OutcomeUnknown, NamespaceLost)
 WORKER_WRITES = {"attempt_succeeded", "attempt_failed", "checkpoint_recorded", "effect_intent"}
-
-
-# --------------------------------------------------------------------------- worker <-> Redis link
-
-
-class LinkProxy:
-    """A TCP proxy for the workers' Redis link: optional per-chunk delay, and cuts (close every
-    connection, refuse new ones for a while). Threads and blocking sockets."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(128)
-        self.port = int(self.listener.getsockname()[1])
-        self.delay_s = 0.0
-        self.cut_until = 0.0
-        self.lock = threading.Lock()
-        self.conns: set[socket.socket] = set()
-        self.stopped = False
-        self.accepted = 0
-        self.refused = 0
-        self.closed_by_cut = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> LinkProxy:
-        threading.Thread(target=self._accept, name="link-proxy", daemon=True).start()
-        return self
-
-    def cut(self, seconds: float) -> None:
-        with self.lock:
-            self.cut_until = time.monotonic() + seconds
-            conns = list(self.conns)
-            self.closed_by_cut += len(conns) // 2
-        for s in conns:
-            _close(s)
-
-    def stop(self) -> None:
-        self.stopped = True
-        _close(self.listener)
-        with self.lock:
-            conns = list(self.conns)
-        for s in conns:
-            _close(s)
-
-    def _accept(self) -> None:
-        while not self.stopped:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if time.monotonic() < self.cut_until:
-                self.refused += 1
-                _close(client)
-                continue
-            try:
-                up = socket.create_connection(self.upstream, timeout=2)
-                up.settimeout(None)
-            except OSError:  # Redis is restarting
-                self.refused += 1
-                _close(client)
-                continue
-            with self.lock:
-                self.conns.update((client, up))
-                self.accepted += 1
-            for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                d = self.delay_s
-                if d:
-                    time.sleep(d)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            _close(s)
-            with self.lock:
-                self.conns.discard(s)
-
-
-def _close(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    try:
-        s.close()
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------- the fault log (processes: demo.fleet)
@@ -226,8 +126,8 @@ class Run:
     args: argparse.Namespace
     client: Client
     redis_server: RedisServer | None  # None with --failover (the cluster instead)
-    proxy: LinkProxy | None  # None with --failover (no proxies on the data link)
-    sweeper_proxy: LinkProxy | None
+    proxy: TcpProxy | None  # None with --failover (no proxies on the data link)
+    sweeper_proxy: TcpProxy | None
     forge: ForgeServer
     fleet: Fleet
     rng: random.Random
@@ -471,8 +371,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="mcq-chaos-"))
     rs: RedisServer | None = None
     cluster: RepeatableFailoverCluster | None = None
-    proxy: LinkProxy | None = None
-    sweeper_proxy: LinkProxy | None = None
+    proxy: TcpProxy | None = None
+    sweeper_proxy: TcpProxy | None = None
     extra = {"PYTHONPATH": str(ROOT)}
     if args.failover:
         # down-after 3 s: with 1 s a sentinel on a loaded 2-core machine took a freshly promoted
@@ -490,8 +390,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              enforce_fence=True, one_pr_per_head=False)
     forge, remote = providers.forge, providers.remote
     if rs is not None:
-        proxy = LinkProxy(rs.port).start()
-        sweeper_proxy = LinkProxy(rs.port).start()
+        proxy = TcpProxy(("127.0.0.1", rs.port)).start()
+        sweeper_proxy = TcpProxy(("127.0.0.1", rs.port)).start()
     from mc_queue.examples.agents import app
     from mc_queue.producer.dispatch import AppClient
 
@@ -543,9 +443,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         injected_s = time.monotonic() - started
         # Settle: no more faults; resume everyone; finish enqueueing; wait until every task is at rest.
         if proxy is not None and sweeper_proxy is not None:
-            proxy.delay_s = 0.0
-            proxy.cut_until = 0.0
-            sweeper_proxy.cut_until = 0.0
+            proxy.heal()
+            sweeper_proxy.heal()
         r.poll_zombies()
         r.disarm()
         deadline = time.monotonic() + args.settle_timeout
@@ -577,8 +476,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         fleet.stop_all()
         if proxy is not None and sweeper_proxy is not None:
-            proxy.stop()
-            sweeper_proxy.stop()
+            proxy.close()
+            sweeper_proxy.close()
         providers.stop()
         client.close()
         if rs is not None:
@@ -721,7 +620,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
         "settle_s": round(settle_s, 1),
         "faults": Counter(f.kind for f in r.faults), "fault_log": [f.__dict__ for f in r.faults],
         "unexpected_exits": r.fleet.unexpected_exits, "enqueue_errors": r.enqueue_errors,
-        "proxy": {"accepted": proxy.accepted, "refused": proxy.refused, "closed_by_cut": proxy.closed_by_cut}
+        "proxy": {"accepted": proxy.connections, "refused": proxy.refused, "closed_by_cut": proxy.closed_by_cut}
         if proxy else None,
         "tasks": len(r.keys), "states": dict(states),
         "lost": missing + [f"{t.id} ({t.state.value})" for t in not_final],

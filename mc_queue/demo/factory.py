@@ -32,7 +32,7 @@ from ..client.connect import connect
 from ..contracts.models import Task, TaskState
 from ..ops.render import mcq_invocation
 from ..providers.git import TRAILER, git
-from ..testing.harness import ForgeServer
+from ..testing.forge import ForgeServer
 from .fleet import Fleet, ProviderEnv, provider_env
 
 FINAL = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED, TaskState.CANCELED}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
 
-from ..testing.harness import ForgeServer, bare_git_remote
+from ..testing.forge import ForgeServer, bare_git_remote
 
 APP = "mc_queue.examples.agents:app"
 """The example agent app (push a commit, open a pull request) the fleet runs by default."""

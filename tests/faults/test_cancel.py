@@ -17,7 +17,8 @@ import mc_queue
 from mc_queue import CancelRequested, TaskState, TransitionRefused, WriteRefused, reconcile_attempt
 from mc_queue.contracts.models import AttemptState
 from mc_queue.testing import RedisServer
-from tests.faults.test_effects import Harness, events, explain, forge, h, proc_state, wait_for
+from tests.faults.test_effects import Harness, explain, forge, h
+from tests.harness import events, proc_state, wait_for
 
 __all__ = ["forge", "h"]  # fixtures used by name
 

@@ -8,16 +8,15 @@ runs in the test process with the same App, so it reconciles with the same provi
 Every assertion reads records: the task's Attempts and events, ``client.reads.effects(task)``, the forge's
 own count of pull requests per operation key, and the bare repository's refs and history.
 
-This module also holds the harness the other effect fault tests (test_whiteboard, test_cancel) use.
+This module also holds the harness the other effect fault tests (test_whiteboard, test_cancel,
+test_provider_fence) use, built on tests/harness.py's WorkerHarness.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,54 +26,22 @@ import pytest
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-import mc_queue
 from mc_queue import Sweeper, Task, TaskState
 from mc_queue.contracts.errors import TaskNotFound
-from mc_queue.contracts.models import AttemptState, Event, FailureClass
+from mc_queue.contracts.models import AttemptState, FailureClass
 from mc_queue.ops.render import print_task
 from mc_queue.policy.effects import mint_key
-from mc_queue.producer.dispatch import AppClient
-from mc_queue.producer.transport import rq_connection, rq_queue_name
+from mc_queue.producer.transport import rq_queue_name
 from mc_queue.providers.git import TRAILER, GitError, git
 from mc_queue.testing import ForgeServer, RedisServer
 from tests.apps import effects_app
+from tests.harness import SETTLED, WorkerHarness, events
 
-REPO = Path(__file__).resolve().parents[2]
 APP = "tests.apps.effects_app:app"
-FINAL = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED,
-                   TaskState.CANCELED})
+FINAL = SETTLED
 
 
 # --------------------------------------------------------------------------- harness (shared)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(interval)
-
-
-def events(task: Task, typ: str, **match: Any) -> list[Event]:
-    out = []
-    for e in task.events:
-        if e.type != typ:
-            continue
-        if all((e.attempt if k == "attempt" else e.fields.get(k)) == v for k, v in match.items()):
-            out.append(e)
-    return out
-
-
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of a process (T = stopped), or '' when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def timeline(task: Task) -> str:
@@ -88,71 +55,27 @@ def timeline(task: Task) -> str:
     return buf.getvalue()
 
 
-class Harness:
+class Harness(WorkerHarness):
     """One test's namespace: a client, an AppClient of the effects app, its sweeper, worker processes."""
 
     def __init__(self, server: RedisServer, prefix: str, home: Path, env: dict[str, str]) -> None:
-        self.server = server
-        self.prefix = prefix
-        self.home = home
-        home.mkdir(parents=True, exist_ok=True)
-        self.extra_env = dict(env)
-        self.client = mc_queue.connect(server.url, prefix=prefix)
-        self.app = AppClient(effects_app.app, self.client)
+        super().__init__(server, prefix, home, env)
+        self.app = self.app_client(effects_app.app)
         self.sweeper = Sweeper(self.client, app=effects_app.app)
-        self.rq = rq_connection(self.client)
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.stopped: set[int] = set()
-        self._logs = 0
-
-    # -- processes
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env.update(self.extra_env)
-        env["MCQ_HOME"] = str(self.home)
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    def mcq(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix", self.prefix, *args]
-
-    def worker_cmd(self, kind: str, extra: tuple[str, ...]) -> list[str]:
-        return self.mcq("worker", "--app", APP, "--burst", "--kind", kind, *extra)
 
     def run_worker(self, kind: str = "simple", *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """One burst worker, in the foreground. Its exit code is not asserted: handlers may kill it."""
-        return subprocess.run(self.worker_cmd(kind, extra), cwd=REPO, env=self.env(), capture_output=True,
-                              text=True, timeout=timeout)
+        return self.run(self.worker_cmd(kind, APP, *extra), timeout)
 
     def start_worker(self, kind: str = "simple", *extra: str) -> subprocess.Popen[bytes]:
-        """A burst worker in the background, in its own session (teardown ends it by its group id)."""
-        self._logs += 1
-        with open(self.home / f"worker-{self._logs}.log", "wb") as log:
-            p = subprocess.Popen(self.worker_cmd(kind, extra), cwd=REPO, env=self.env(), stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def worker_log(self, p: subprocess.Popen[bytes]) -> str:
-        i = self.procs.index(p) + 1
-        return (self.home / f"worker-{i}.log").read_text(errors="replace")[-3000:]
+        """A burst worker in the background."""
+        return self.spawn(self.worker_cmd(kind, APP, *extra))
 
     def run_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(self.mcq(*args), cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=60)
+        out = self.mcq(*args)
         if check:
             assert out.returncode == 0, f"mcq {' '.join(args)} exited {out.returncode}: {out.stderr[-2000:]}"
         return out
-
-    def sigstop(self, pid: int) -> None:
-        os.kill(pid, signal.SIGSTOP)
-        self.stopped.add(pid)
-        wait_for(lambda: proc_state(pid) in ("T", "t"), 5, f"pid {pid} to stop", interval=0.005)
-
-    def sigcont(self, pid: int) -> None:
-        self.stopped.discard(pid)
-        if proc_state(pid):
-            os.kill(pid, signal.SIGCONT)
 
     # -- records
 
@@ -191,19 +114,6 @@ class Harness:
                 self.run_worker(kind)
             else:
                 time.sleep(0.05)
-
-    def close(self) -> None:
-        for pid in list(self.stopped):
-            self.sigcont(pid)
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(10)
-        self.app.close()
-        self.rq.close()
 
 
 @pytest.fixture
@@ -483,9 +393,7 @@ def test_an_effect_still_unknown_at_the_next_attempt_is_explained_as_mc_queue_s_
     assert final.state is TaskState.BLOCKED, explain(final)
     f = final.attempts[1].failure
     assert f is not None and f.type == "EffectUnknown", explain(final)
-    out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", h.server.url, "--prefix", h.prefix,
-                          "attention", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "MCQ_HOME": str(h.home)})
+    out = h.mcq("attention", "--json")
     assert out.returncode == 0, out.stderr
     item = next(i for i in json.loads(out.stdout) if i["task_id"] == task.id)
     assert item["kind"] == "effect_unknown", item

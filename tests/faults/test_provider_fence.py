@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,10 +26,9 @@ from mc_queue.policy.effects import mint_key
 from mc_queue.providers import git as gitmod
 from mc_queue.providers.git import TRAILER, git
 from mc_queue.testing import ForgeServer, RedisServer, bare_git_remote
+from tests.harness import WorkerHarness, proc_state, wait_for
 
-from .test_effects import Harness, explain, make_harness, proc_state, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from .test_effects import Harness, explain, make_harness
 
 
 def _zombie_run(h: Harness, task_id: str, pidfile: Path) -> int:
@@ -188,20 +186,17 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
     points = tmp_path / "failpoints"
     points.mkdir()
     with ForgeServer(enforce_fence=True, one_pr_per_head=False) as forge:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env.update(MCQ_GIT_REMOTE=str(remote), MCQ_FORGE_URL=forge.url, MCQ_HOME=str(tmp_path / "home"),
-                   MCQ_FAILPOINTS_DIR=str(points), MCQ_FORGE_TIMEOUT="5")
+        env = {"MCQ_GIT_REMOTE": str(remote), "MCQ_FORGE_URL": forge.url, "MCQ_FAILPOINTS_DIR": str(points),
+               "MCQ_FORGE_TIMEOUT": "5"}
         for k in ("MCQ_GIT_REMOTE", "MCQ_FORGE_URL"):
             monkeypatch.setenv(k, env[k])
-        producer = agents.app.connect(redis_server.url, prefix=prefix)
+        w = WorkerHarness(redis_server, prefix, tmp_path / "home", env)  # teardown SIGKILLs the zombie if left
+        producer = w.app_client(agents.app)
         client: mc_queue.Client = producer.client
         sweeper = Sweeper(client, app=agents.app)
 
         def worker() -> subprocess.Popen[bytes]:
-            return subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix",
-                                     prefix, "worker", "--app", "mc_queue.examples.agents:app", "--burst", "--kind",
-                                     "simple"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return w.spawn(w.worker_cmd("simple", "mc_queue.examples.agents:app"))
 
         failpoints.arm(points, "effect.before_call", operation=operation)
         task = producer.enqueue("fix-issue", {"repository": "example/app", "issue": 7, "instruction": "fix 7"})
@@ -226,11 +221,7 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
             zombie.wait(60)
             after = client.reads.get_task(task.id)
         finally:
-            if zombie.poll() is None:
-                os.killpg(zombie.pid, signal.SIGCONT)
-                os.killpg(zombie.pid, signal.SIGKILL)
-                zombie.wait(10)
-            producer.close()
+            w.close()
     assert [a.number for a in done.attempts] == [1, 2], explain(done)
     assert after.state is TaskState.SUCCEEDED and after.result == done.result, explain(after)
     branch = done.result["branch"]

@@ -1,9 +1,9 @@
 """No silent retry: when a reply is lost, the script ran once, and mc_queue's own resend is visible.
 
-A DropProxy sits between the client and a private redis-server. It forwards a request, lets Redis
-run it, then closes the client's connection instead of relaying the reply. Three counts are then
-compared: what mc_queue says it sent (a recorder around its script caller), what the proxy
-forwarded, and what the server executed (INFO commandstats, cmdstat_evalsha).
+A TcpProxy (``drop_responses``) sits between the client and a private redis-server. It forwards a
+request, lets Redis run it, then closes the client's connection instead of relaying the reply. Three
+counts are then compared: what mc_queue says it sent (a recorder around its script caller), what the
+proxy forwarded, and what the server executed (INFO commandstats, cmdstat_evalsha).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import mc_queue
 from mc_queue.contracts.keys import Keys
 from mc_queue.store.scripts import RESENDS as _RESENDS
 from mc_queue.store.scripts import ScriptRunner
-from mc_queue.testing import RedisServer
+from mc_queue.testing import RedisServer, TcpProxy
 
 from .helpers import SendRecorder, attempt_fields, evalsha_calls, events_of, meta
-from .proxy import DropProxy
 
 
 @dataclass
 class Rig:
     server: RedisServer
-    proxy: DropProxy
+    proxy: TcpProxy
     q: mc_queue.Client  # talks through the proxy
     direct: redis.Redis  # talks to redis-server directly (for counters and raw views)
     prefix: str
@@ -39,8 +38,8 @@ class Rig:
 
 @pytest.fixture
 def rig(own_redis: RedisServer, prefix: str) -> Iterator[Rig]:
-    proxy = DropProxy("127.0.0.1", own_redis.port).start()
-    q = mc_queue.connect(proxy.url(), prefix=prefix, socket_timeout=5.0)
+    proxy = TcpProxy(("127.0.0.1", own_redis.port)).start()
+    q = mc_queue.connect(proxy.url, prefix=prefix, socket_timeout=5.0)
     direct = own_redis.client()
     try:
         # Warm up: scripts loaded (no NOSCRIPT round trips later), namespace known, connections open.

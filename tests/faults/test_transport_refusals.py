@@ -33,7 +33,7 @@ from mc_queue.producer.dispatch import AppClient, dispatch
 from mc_queue.producer.transport import ENTRY, job_id, rq_queue_name
 from mc_queue.testing import RedisServer, unique_prefix
 from tests.apps import lifecycle_app
-from tests.integration.test_worker import Harness, events
+from tests.harness import Harness, events, harness_fixture
 
 LIFECYCLE = "tests.apps.lifecycle_app:app"
 
@@ -69,11 +69,7 @@ class HookServer:
         self.server.server_close()
 
 
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(Harness)
 
 
 @pytest.fixture

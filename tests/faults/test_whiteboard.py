@@ -18,7 +18,8 @@ from mc_queue.ops.render import print_task
 from mc_queue.policy.effects import mint_key
 from mc_queue.producer.transport import job_id
 from mc_queue.testing import ForgeServer
-from tests.faults.test_effects import Harness, events, explain, forge, h, proc_state, wait_for
+from tests.faults.test_effects import Harness, explain, forge, h
+from tests.harness import events, proc_state, wait_for
 
 __all__ = ["forge", "h"]  # fixtures used by name
 

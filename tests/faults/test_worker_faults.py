@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,9 @@ from mc_queue import TaskState
 from mc_queue.contracts.models import AttemptState, FailureClass
 from mc_queue.producer.transport import ENTRY, job_id
 from mc_queue.testing import RedisServer
-from tests.integration.test_worker import BASIC, FAULTY, Harness, events, proc_state, redis_ms, wait_for
+from tests.harness import BASIC, FAULTY, Harness, events, harness_fixture, proc_state, redis_ms, wait_for
 
-
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(Harness)
 
 
 # --------------------------------------------------------------------------- 3. duplicated and lost messages
@@ -160,7 +154,7 @@ def test_sigstopped_worker_past_its_lease_is_fenced_out_and_audited(h: Harness, 
         assert handler_pid != wa.pid  # the work horse runs the handler
     else:
         assert handler_pid == wa.pid
-    h.stop(*{handler_pid, wa.pid})  # the horse and its worker both
+    h.sigstop(*{handler_pid, wa.pid})  # the horse and its worker both
 
     running = h.task(task.id)
     a1 = running.attempts[0]
@@ -185,7 +179,7 @@ def test_sigstopped_worker_past_its_lease_is_fenced_out_and_audited(h: Harness, 
     assert proc_states_stopped(h)
 
     # Wake the frozen worker: its handler learns LeaseLost at its next heartbeat, nothing it does counts.
-    h.cont()
+    h.sigcont()
     assert wa.wait(30) == 0, h.worker_log(wa)
     report = json.loads((evidence / "report-1").read_text())
     assert report["heartbeat_raised"] == "LeaseLost" and report["lease_lost_flag"] is True

@@ -26,6 +26,10 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     "bench_ops.py": (["--idle", "100", "--passes", "2", "--expired", "2", "--due", "2", "--leases", "100",
                       "--seconds", "1"], "| redis-server CPU per renewal |", (0,)),
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),
+    # --failover (a RepeatableFailoverCluster, a failover or two): --short, the link faults, is
+    # tests/faults/test_chaos_short.py's run; exit 1 is a verdict this short a run cannot be held to
+    "chaos.py": (["--failover", "--minutes", "0.15", "--workers", "1", "--tasks-per-minute", "20", "--fault-min", "1",
+                  "--fault-max", "2", "--settle-timeout", "40", "--seed", "5"], "**failovers injected**", (0, 1)),
     "bench_workers.py": (["--jobs", "20", "--repeat", "1", "--kinds", "simple", "--workers", "1", "--sample", "0",
                           "--no-profile", "--steps", "10"], "| total of the steps |", (0,)),
     "failover.py": (["--tasks", "2", "--workers", "1", "--think-s", "0.05", "--lag-s", "0.5", "--modes", "kill:1",
@@ -34,17 +38,17 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     "soak.py": (["--tasks", "300", "--retention", "1", "--pack-after", "0.5", "--after", "1", "--sample", "0.5"],
                 "at the end:", (0, 1)),
 }
-BACKGROUND = {"failover.py"}
-# Run to their report by other tests of the suite, or not benchmarks themselves (imported by the others).
-ELSEWHERE = {"chaos.py": "tests/faults/test_chaos_short.py (bench/chaos.py --short, to its report)",
-             "noop_app.py": "bench_workers.py's App", "noop_jobs.py": "bench_workers.py's RQ jobs",
+BACKGROUND = {"chaos.py", "failover.py"}
+CHAOS_SHORT = "tests/faults/test_chaos_short.py"  # bench/chaos.py --short, to its report
+# Not benchmarks themselves: imported by the others.
+ELSEWHERE = {"noop_app.py": "bench_workers.py's App", "noop_jobs.py": "bench_workers.py's RQ jobs",
              "recovery_app.py": "bench_recovery.py's App and RQ job"}
 
 
 def test_every_bench_script_has_a_smoke_run() -> None:
     scripts = {p.name for p in BENCH.glob("*.py") if p.name != "__init__.py"}
     assert scripts == set(SMOKE) | set(ELSEWHERE), "a bench script without a smoke run (add it to SMOKE)"
-    assert (ROOT / ELSEWHERE["chaos.py"].split()[0]).exists()
+    assert (ROOT / CHAOS_SHORT).exists()
 
 
 def _run(script: str) -> subprocess.Popen[str]:
@@ -54,7 +58,7 @@ def _run(script: str) -> subprocess.Popen[str]:
 
 @pytest.fixture(scope="module")
 def in_background(request: pytest.FixtureRequest) -> Iterator[dict[str, subprocess.Popen[str]]]:
-    """The failover scenario mostly waits (for the sentinels, a lease, the old primary's resync): it runs
+    """The failover scenarios mostly wait (for the sentinels, a lease, the old primary's resync): they run
     while the other scripts run one after the other, so the whole set stays near a minute."""
     wanted = {item.callspec.params.get("script") for item in request.session.items
               if item.module is request.module and hasattr(item, "callspec")}

@@ -7,28 +7,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 import mc_queue
 from mc_queue import Decision, FailureClass, TaskState, make_failure
-from mc_queue.testing import RedisServer
 from mc_queue.worker.runner import live_workers
-from tests.integration.test_worker import REPO, Harness
+from tests.harness import BASIC, Harness, harness_fixture
 
 REASON = "a reason that is long enough"
 
 
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(Harness)
 
 
 def quarantine(q: mc_queue.Client, queue: str, message: str) -> str:
@@ -114,11 +104,7 @@ def test_the_dlq_by_fingerprint_replay_and_purge_in_bulk(h: Harness) -> None:
 
 
 def test_a_sigkilled_worker_is_reported_dead_within_ten_seconds(h: Harness, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", h.server.url, "--prefix", h.prefix,
-                             "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--name", "live-w1"],
-                            cwd=REPO, env=h.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    h.procs.append(proc)  # teardown kills it if the test fails first
+    proc = h.spawn(h.worker_cmd("simple", BASIC, "--name", "live-w1", burst=False))  # teardown ends it
 
     def row() -> dict[str, object] | None:
         return next((r for r in live_workers(h.client) if r["worker"] == "live-w1"), None)

@@ -14,10 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -25,22 +23,18 @@ from rq.serializers import JSONSerializer
 import mc_queue
 from mc_queue import TaskState
 from mc_queue.ops.sweeper import Sweeper
-from mc_queue.producer.dispatch import AppClient
-from mc_queue.producer.transport import job_id, rq_connection, rq_queue_name
+from mc_queue.producer.transport import job_id, rq_queue_name
 from mc_queue.testing import RedisServer
 from tests.apps import basic
+from tests.harness import BASIC, REPO, WorkerHarness, harness_fixture
 
-REPO = Path(__file__).resolve().parents[2]
 RQ = str(Path(sys.executable).with_name("rq"))
 
 
-class World:
+class World(WorkerHarness):
     def __init__(self, server: RedisServer, prefix: str, home: Path) -> None:
-        self.server, self.prefix, self.home = server, prefix, home
-        home.mkdir(parents=True, exist_ok=True)
-        self.client = mc_queue.connect(server.url, prefix=prefix)
-        self.app = AppClient(basic.app, self.client)
-        self.rq = rq_connection(self.client)
+        super().__init__(server, prefix, home)
+        self.app = self.app_client(basic.app)
         self.queue = Queue(rq_queue_name(prefix, "jobs"), connection=self.rq, serializer=JSONSerializer)
 
     def due_now(self, task: mc_queue.Task) -> None:
@@ -57,23 +51,12 @@ class World:
         return subprocess.run([RQ, *args, "-u", self.server.url, "-S", "json"], capture_output=True, text=True,
                               timeout=60, cwd=REPO)
 
-    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env["MCQ_HOME"] = str(self.home)
-        return subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix",
-                                 self.prefix, "worker", "--app", "tests.apps.basic:app", *extra], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def close(self) -> None:
-        self.app.close()
-        self.rq.close()
+    def worker(self) -> subprocess.Popen[bytes]:
+        """A burst worker of the basic app; the handler runs in its process (simple), so a kill ends it."""
+        return self.spawn(self.worker_cmd("simple", BASIC))
 
 
-@pytest.fixture
-def w(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[World]:
-    world = World(redis_server, prefix, tmp_path / "home")
-    yield world
-    world.close()
+w = harness_fixture(World)
 
 
 def test_unclaimed_dispatches_are_rechecked_not_pushed_again(w: World) -> None:
@@ -115,7 +98,7 @@ def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
     (abandoned); the sweeper reconciles the Attempt, Attempt 2 succeeds. RQ then holds nothing for
     the task, and `rq requeue --all` has nothing to requeue."""
     task = w.app.enqueue("long-first", {"seconds": 30})
-    proc = w.worker("--burst", "--kind", "simple")  # the handler runs in this process: the kill ends it
+    proc = w.worker()  # the handler runs in this process: the kill ends it
     try:
         deadline = time.monotonic() + 30
         while w.client.reads.get_task(task.id).attempts[0].state.value != "running":
@@ -137,7 +120,7 @@ def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
             break
         assert time.monotonic() < deadline, [e.type for e in current.events]
         if w.queue.count:  # Attempt 2 waits in RQ: a burst worker runs it
-            w.worker("--burst", "--kind", "simple").wait(60)
+            w.worker().wait(60)
         time.sleep(0.1)
     registries = {name: getattr(w.queue, f"{name}_job_registry").get_job_ids()
                   for name in ("failed", "started", "finished", "canceled", "deferred", "scheduled")}

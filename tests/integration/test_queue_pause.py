@@ -5,25 +5,18 @@ change is in the namespace log with who and why; `mcq status` shows the paused q
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import mc_queue
 from mc_queue import TaskState
 from mc_queue.contracts.errors import ClaimRejected, InvalidArgument
-from mc_queue.testing import RedisServer
-from tests.integration.test_worker import Harness
+from tests.harness import Harness, harness_fixture
 
 REASON = "the provider is down for maintenance"
 
 
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(Harness)
 
 
 def test_a_paused_queue_refuses_claims_and_the_task_stays_pending(q: mc_queue.Client) -> None:

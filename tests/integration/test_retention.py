@@ -18,9 +18,9 @@ from mc_queue.contracts.config import Retention
 from mc_queue.contracts.errors import ClaimRejected, StaleFence, TaskPurged, TransitionRefused, WriteRefused
 from mc_queue.ops.archive import FileArchive
 from mc_queue.ops.sweeper import Sweeper
-from tests.integration.test_bulk import h  # noqa: F401  (the fixture)
-from tests.integration.test_worker import Harness
+from tests.harness import Harness, harness_fixture
 
+h = harness_fixture(Harness)
 REASON = "a reason that is long enough"
 
 
@@ -237,7 +237,7 @@ def test_idempotency_entries_are_forgotten_after_the_window(q: mc_queue.Client) 
     assert q.producer.enqueue("jobs", "h", {"new": True}, "k-window").id != tid  # the key is free again
 
 
-def test_mcq_tasks_purge_and_archive_show_through_the_cli(h: Harness, tmp_path: Path) -> None:  # noqa: F811
+def test_mcq_tasks_purge_and_archive_show_through_the_cli(h: Harness, tmp_path: Path) -> None:
     q = h.client
     old = [finish(q) for _ in range(3)]
     arch = tmp_path / "arch"
@@ -290,7 +290,7 @@ def test_the_apps_retention_is_published_and_the_operators_wins(q: mc_queue.Clie
     assert any(e["type"] == "retention_set" for e in q.reads.namespace_events())
 
 
-def test_mcq_retention_set_and_show(h: Harness) -> None:  # noqa: F811
+def test_mcq_retention_set_and_show(h: Harness) -> None:
     q = h.client
     finish(q)
     out = h.mcq("retention", "set", "jobs", "--done", "2h", "--held-keep", "50", "--reason", "the disk is small here")

@@ -9,20 +9,14 @@ private MCQ_HOME; the sweeper runs in the test process, one `run_once()` at a ti
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from rq import Callback, Queue
+from rq import Callback
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -32,182 +26,13 @@ from mc_queue.contracts.config import RetryPolicy
 from mc_queue.contracts.keys import new_ulid
 from mc_queue.contracts.models import AttemptState, FailureClass
 from mc_queue.ops.sweeper import SweepReport
-from mc_queue.producer.dispatch import AppClient
-from mc_queue.producer.transport import ENTRY, job_id, rq_connection, rq_queue_name
+from mc_queue.producer.transport import ENTRY, job_id, rq_queue_name
 from mc_queue.testing import RedisServer
 from mc_queue.worker.workspace import WorkspaceError, WorkspaceRoot
-from tests.apps import basic, faulty
+from tests.apps import basic
+from tests.harness import BASIC, FAULTY, Harness, events, harness_fixture, redis_ms, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-BASIC = "tests.apps.basic:app"
-FAULTY = "tests.apps.faulty:app"
-SETTLED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.BLOCKED, TaskState.QUARANTINED,
-                     TaskState.CANCELED})
-
-
-# --------------------------------------------------------------------------- harness
-
-
-def redis_ms(r: redis.Redis) -> int:
-    s, us = r.time()
-    return int(s) * 1000 + int(us) // 1000
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(interval)
-
-
-def events(task: Task, typ: str) -> list[mc_queue.Event]:
-    return [e for e in task.events if e.type == typ]
-
-
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of a process (T = stopped), or '' when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-class Harness:
-    """One test's namespace: a client, AppClients for both test apps, a sweeper, and worker processes."""
-
-    def __init__(self, server: RedisServer, prefix: str, home: Path) -> None:
-        self.server = server
-        self.prefix = prefix
-        self.home = home
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)  # a home others may write to is refused
-        self.client = mc_queue.connect(server.url, prefix=prefix)
-        self.basic = AppClient(basic.app, self.client)
-        self.faulty = AppClient(faulty.app, self.client)
-        self.sweeper = Sweeper(self.client)
-        self.rq = rq_connection(self.client)
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.stopped: set[int] = set()  # pids this test SIGSTOPped (SIGCONTed again at teardown)
-        self._logs = 0
-
-    # -- processes
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env["MCQ_HOME"] = str(self.home)
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
-    def worker_cmd(self, kind: str, app: str, extra: tuple[str, ...]) -> list[str]:
-        return [sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix", self.prefix,
-                "worker", "--app", app, "--burst", "--kind", kind, *extra]
-
-    def run_worker(self, kind: str = "fork", app: str = BASIC, *extra: str,
-                   timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """One burst worker: runs what its queues hold now, then exits."""
-        out = subprocess.run(self.worker_cmd(kind, app, extra), cwd=REPO, env=self.env(), capture_output=True,
-                             text=True, timeout=timeout)
-        assert out.returncode == 0, f"burst worker ({kind}) exited {out.returncode}:\n{out.stderr[-3000:]}"
-        return out
-
-    def start_worker(self, kind: str = "fork", app: str = BASIC, *extra: str) -> subprocess.Popen[bytes]:
-        """A burst worker in the background (its own session, so teardown can end it and its horse)."""
-        self._logs += 1
-        with open(self.home / f"worker-{self._logs}.log", "wb") as log:
-            p = subprocess.Popen(self.worker_cmd(kind, app, extra), cwd=REPO, env=self.env(), stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def worker_log(self, p: subprocess.Popen[bytes]) -> str:
-        i = self.procs.index(p) + 1
-        return (self.home / f"worker-{i}.log").read_text(errors="replace")[-3000:]
-
-    def stop(self, *pids: int) -> None:
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-            self.stopped.add(pid)
-        for pid in pids:
-            wait_for(lambda pid=pid: proc_state(pid) in ("T", "t"), 5, f"pid {pid} to stop")
-
-    def cont(self) -> None:
-        for pid in sorted(self.stopped):
-            if proc_state(pid):
-                os.kill(pid, signal.SIGCONT)
-        self.stopped.clear()
-
-    def mcq(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix",
-                               self.prefix, *args], cwd=REPO, env=self.env(), capture_output=True, text=True,
-                              timeout=60)
-
-    # -- records
-
-    def task(self, task_id: str) -> Task:
-        return self.client.reads.get_task(task_id)
-
-    def raw_attempt(self, task_id: str, n: int) -> dict[str, str]:
-        pre = f"{n}."
-        raw = self.client.redis.hgetall(self.client.keys.task(task_id).attempts)
-        return {k[len(pre):]: v for k, v in raw.items() if k.startswith(pre)}
-
-    def rq_queue(self, queue: str = "jobs") -> Queue:
-        return Queue(rq_queue_name(self.prefix, queue), connection=self.rq, serializer=JSONSerializer)
-
-    def enqueue_undispatched(self, app_client: AppClient, handler: str, payload: Any) -> Task:
-        """A task as AppClient.enqueue makes it, but not yet sent to RQ (its Attempt waits in the outbox)."""
-        spec = app_client.app.spec(handler)
-        return self.client.producer.enqueue(spec.queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
-                                   lease_ms=spec.lease_ms, timeout_s=spec.timeout_s)
-
-    # -- driving
-
-    def drive(self, task_id: str, kind: str = "fork", app: str = BASIC, *extra: str,
-              until: Callable[[Task], bool] = lambda t: t.state in SETTLED, timeout: float = 40,
-              observe: Callable[[Task], None] | None = None) -> Task:
-        """Sweep once, run one burst worker, repeat, until ``until(task)`` (bounded)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            task = self.task(task_id)
-            if observe is not None:
-                observe(task)
-            if until(task):
-                return task
-            assert time.monotonic() < deadline, (
-                f"task {task_id} not done after {timeout}s: state {task.state}, attempts "
-                f"{[(a.number, a.state.value) for a in task.attempts]}, events {[e.type for e in task.events]}")
-            report = self.sweeper.run_once()
-            assert not report.errors, report.errors
-            self.run_worker(kind, app, *extra)
-
-    def more_sweeps_and_workers(self, app: str = BASIC, sweeps: int = 3) -> None:
-        """What should change nothing once a task is settled: sweeps and workers of both kinds."""
-        for _ in range(sweeps):
-            assert not self.sweeper.run_once().errors
-            time.sleep(0.1)
-        self.run_worker("fork", app)
-        self.run_worker("simple", app)
-        assert not self.sweeper.run_once().errors
-
-    def close(self) -> None:
-        self.cont()
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-        self.faulty._rq.close()
-        self.basic.close()
-        self.rq.close()
-
-
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(Harness)
 
 
 # --------------------------------------------------------------------------- 1. retries with backoff
@@ -655,42 +480,28 @@ def test_checkpoint_with_a_stale_fence_is_refused_and_audited(h: Harness, tmp_pa
     assert [e.fields["phase"] for e in events(after, "checkpoint_recorded")] == ["workspace_prepared"]
 
 
-def test_mcq_workers_lists_live_workers_with_their_health_and_leases(redis_server: RedisServer, prefix: str,
-                                                                     tmp_path: Path) -> None:
+def test_mcq_workers_lists_live_workers_with_their_health_and_leases(h: Harness, tmp_path: Path) -> None:
     """A non-burst worker holding a long task shows up busy and healthy, with its lease."""
-    from tests.apps.basic import app
-
-    ac = app.connect(redis_server.url, prefix=prefix)
     pidfile = tmp_path / "pid"
-    task = ac.enqueue("records-pid", {"pidfile": str(pidfile), "steps": 200, "step_s": 0.1})
-    env = {**os.environ, "MCQ_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
-                             "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--name", "probe-w1"],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not pidfile.exists():
-            assert time.monotonic() < deadline, "the handler never started"
-            time.sleep(0.05)
-        out = subprocess.run([sys.executable, "-m", "mc_queue", "--redis-url", redis_server.url, "--prefix", prefix,
-                              "workers", "--json"], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        rows = {r["worker"]: r for r in json.loads(out.stdout)}
-        assert rows["probe-w1"]["healthy"] is True and rows["probe-w1"]["state"] == "busy"
-        assert [le["attempt"] for le in rows["probe-w1"]["leases"]] == [f"{task.id}/1"]
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    task = h.basic.enqueue("records-pid", {"pidfile": str(pidfile), "steps": 200, "step_s": 0.1})
+    h.spawn(h.worker_cmd("simple", BASIC, "--name", "probe-w1", burst=False))  # teardown ends it
+    deadline = time.monotonic() + 30
+    while not pidfile.exists():
+        assert time.monotonic() < deadline, "the handler never started"
+        time.sleep(0.05)
+    out = h.mcq("workers", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["worker"]: r for r in json.loads(out.stdout)}
+    assert rows["probe-w1"]["healthy"] is True and rows["probe-w1"]["state"] == "busy"
+    assert [le["attempt"] for le in rows["probe-w1"]["leases"]] == [f"{task.id}/1"]
 
 
 def test_a_stopped_task_names_the_effects_left_without_a_receipt(redis_server: RedisServer, prefix: str,
                                                                 tmp_path: Path) -> None:
     """The provider refuses mid-effect with an authorization error: the task stops (no retry), and its
     attention item lists the effect whose intent has no receipt, so a person knows what to check."""
-    from mc_queue.worker.attempt import run_attempt
     from mc_queue.worker.runner import _install_runtime as install
-    from mc_queue.worker.runner import configure
+    from mc_queue.worker.runner import configure, run_attempt
 
     app = mc_queue.App(name="auth-mid-effect")
 

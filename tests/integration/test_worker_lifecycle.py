@@ -21,10 +21,9 @@ import pytest
 from mc_queue import Sweeper, TaskState
 from mc_queue.contracts.models import AttemptState, FailureClass
 from mc_queue.policy.effects import mint_key
-from mc_queue.producer.dispatch import AppClient
 from mc_queue.testing import ForgeServer, RedisServer, free_port, unique_prefix
 from tests.apps import lifecycle_app
-from tests.integration.test_worker import BASIC, REPO, Harness, events, proc_state, redis_ms, wait_for
+from tests.harness import BASIC, REPO, Harness, events, harness_fixture, proc_state, redis_ms, wait_for
 
 LIFECYCLE = "tests.apps.lifecycle_app:app"
 EXIT_FORCED = 5
@@ -34,41 +33,19 @@ class LifecycleHarness(Harness):
     """The worker harness, with the lifecycle app, non-burst workers and the forge in the environment."""
 
     def __init__(self, server: RedisServer, prefix: str, home: Path, forge_url: str | None = None) -> None:
-        super().__init__(server, prefix, home)
-        self.forge_url = forge_url
-        self.lifecycle = AppClient(lifecycle_app.app, self.client)
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        if self.forge_url:
-            env["MCQ_TEST_FORGE"] = self.forge_url
-        return env
+        super().__init__(server, prefix, home, {"MCQ_TEST_FORGE": forge_url} if forge_url else None)
+        self.lifecycle = self.app_client(lifecycle_app.app)
 
     def serve(self, kind: str, *extra: str, app: str = LIFECYCLE) -> tuple[subprocess.Popen[bytes], str]:
         """A long-running (non-burst) worker; returns the process and its name."""
         name = f"lc-{kind}-{len(self.procs)}-{self.prefix}"
-        self._logs += 1
-        cmd = [sys.executable, "-m", "mc_queue", "--redis-url", self.server.url, "--prefix", self.prefix,
-               "worker", "--app", app, "--kind", kind, "--name", name, *extra]
-        with open(self.home / f"worker-{self._logs}.log", "wb") as log:
-            p = subprocess.Popen(cmd, cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        self.procs.append(p)
-        return p, name
+        return self.spawn(self.worker_cmd(kind, app, "--name", name, *extra, burst=False)), name
 
     def rq_state(self, name: str) -> str:
         return (self.rq.hget(f"rq:worker:{name}", "state") or b"").decode()
 
-    def close(self) -> None:
-        self.lifecycle.close()
-        super().close()
 
-
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path) -> Iterator[LifecycleHarness]:
-    harness = LifecycleHarness(redis_server, prefix, tmp_path / "home")
-    yield harness
-    harness.close()
+h = harness_fixture(LifecycleHarness)
 
 
 def exit_code(h: LifecycleHarness, p: subprocess.Popen[bytes], timeout: float) -> int:

@@ -25,12 +25,11 @@ import pytest
 import mc_queue
 from mc_queue import TaskState
 from mc_queue.contracts.keys import new_ulid
-from mc_queue.producer.dispatch import AppClient
 from mc_queue.store.embedded import stop_server
 from mc_queue.testing import RedisServer, unique_prefix
 from mc_queue.worker.workspace import WorkspaceRoot
 from tests.apps import lifecycle_app
-from tests.integration.test_worker import REPO, Harness, redis_ms, wait_for
+from tests.harness import REPO, Harness, redis_ms, wait_for
 
 LIFECYCLE = "tests.apps.lifecycle_app:app"
 
@@ -38,11 +37,7 @@ LIFECYCLE = "tests.apps.lifecycle_app:app"
 class NsHarness(Harness):
     def __init__(self, server: RedisServer, prefix: str, home: Path) -> None:
         super().__init__(server, prefix, home)
-        self.lifecycle = AppClient(lifecycle_app.app, self.client)
-
-    def close(self) -> None:
-        self.lifecycle.close()
-        super().close()
+        self.lifecycle = self.app_client(lifecycle_app.app)
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 
 ``RedisServer`` runs a private redis-server on a free loopback port with its data in a folder of
 its own; it can be stopped, killed and restarted with or without its data, which is what fault
-tests need. It never touches the machine's shared Redis.
+tests need. ``FailoverCluster`` adds a replica and redis-sentinels, for failovers on demand. They
+never touch the machine's shared Redis.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -20,8 +20,8 @@ from typing import Any, cast
 
 import redis
 
-from ..contracts.packing import join_chunks, unpack
 from ..store.embedded import find_redis_server
+from .proxy import TcpProxy
 
 
 def free_port() -> int:
@@ -119,340 +119,7 @@ def unique_prefix(stem: str = "t") -> str:
     return f"{stem}-{uuid.uuid4().hex[:10]}"
 
 
-class TransitionRecorder:
-    """Watches every script a Client runs (``client.runner.observers``) and records each change of a
-    Task's or an Attempt's state it makes, as (entity, from, to, script); ``violations`` lists the
-    changes :mod:`mc_queue.contracts.states` does not allow. Reads through its own connection, around each call.
-    """
-
-    def __init__(self, client: Any) -> None:
-        self.redis = redis.Redis.from_url(client.url, decode_responses=True, encoding_errors="surrogateescape")
-        self.seen: list[tuple[str, str, str, str]] = []
-        self.violations: list[tuple[str, str, str, str]] = []
-        client.runner.observers.append(self)
-
-    def _read(self, task: str, attempts: str) -> tuple[str, dict[str, str]]:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(task)
-        pipe.hgetall(attempts)
-        fields, att = pipe.execute()
-        if fields.get("packed"):  # a packed task: its Attempts are in the document (lua/pack.lua)
-            att = unpack(join_chunks(fields), fields).attempts
-        return fields.get("state") or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
-
-    def before(self, name: str, keys: Any, argv: Any) -> Any:
-        task, attempts = keys.get("task"), keys.get("attempts")
-        if not task or not attempts:
-            return None
-        return name, task, attempts, self._read(task, attempts)
-
-    def after(self, token: Any, reply: Any) -> None:
-        if token is None:
-            return
-        from ..contracts.states import allowed
-
-        name, task, attempts, (t0, a0) = token
-        t1, a1 = self._read(task, attempts)
-        changes = [("task", t0, t1, name)] if t0 != t1 else []
-        changes += [("attempt", a0.get(n, ""), a1.get(n, ""), name) for n in sorted(set(a0) | set(a1))
-                    if a0.get(n) != a1.get(n)]
-        for entity, src, dst, script in changes:
-            self.seen.append((entity, src, dst, script))
-            if not allowed("task" if entity == "task" else "attempt", src, dst, script):
-                self.violations.append((entity, src, dst, script))
-
-    def close(self) -> None:
-        self.redis.close()
-
-
-class ForgeServer:
-    """A real local HTTP pull-request API (the protocol of ``mc_queue.providers.http``), for tests
-    and the demo: it counts what it did per operation key, and injects the faults that matter.
-
-    - ``honor_idempotency=False`` (default) ignores the ``Idempotency-Key`` header, like many real
-      APIs: only mc_queue's reconciliation (a lookup by key) then stands between a retry and a
-      duplicate pull request, which is what the tests must prove.
-    - ``one_pr_per_head=True`` refuses (422) a second pull request for the same repository and head
-      branch, as GitHub does: the provider-side fence against a zombie worker's late call.
-    - ``enforce_fence=True`` refuses (409) a creation whose ``Mcq-Fence`` header is lower than a fence
-      already seen for the same ``Idempotency-Key``: Kleppmann's fencing token checked at the storage,
-      which closes the zombie's window even without a uniqueness rule. ``fenced_out`` counts them.
-    - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
-      for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
-    - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
-    - ``lookups_unavailable(n)``: the next n lookups answer 503 (the reconciler cannot tell).
-    """
-
-    def __init__(self, *, honor_idempotency: bool = False, one_pr_per_head: bool = False,
-                 enforce_fence: bool = False) -> None:
-        import threading
-        from http.server import ThreadingHTTPServer
-
-        self.honor_idempotency = honor_idempotency
-        self.one_pr_per_head = one_pr_per_head
-        self.enforce_fence = enforce_fence
-        self.fences: dict[str, int] = {}  # idempotency key -> highest Mcq-Fence seen
-        self.fenced_out = 0  # creations refused for a stale fence
-        self.pulls: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self._stall: list[float] = []
-        self._fail: list[tuple[int, float | None]] = []
-        self._lookup_fail = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="forge", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> ForgeServer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def __enter__(self) -> ForgeServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def stalls_left(self) -> int:
-        """Stalls asked for with stall_next that no creation has served yet."""
-        with self.lock:
-            return len(self._stall)
-
-    def stall_next(self, n: int = 1, seconds: float = 3.0) -> None:
-        with self.lock:
-            self._stall.extend([seconds] * n)
-
-    def fail_next(self, n: int = 1, status: int = 503, retry_after: float | None = None) -> None:
-        with self.lock:
-            self._fail.extend([(status, retry_after)] * n)
-
-    def lookups_unavailable(self, n: int = 1) -> None:
-        with self.lock:
-            self._lookup_fail += n
-
-    def count_by_key(self) -> dict[str, int]:
-        with self.lock:
-            out: dict[str, int] = {}
-            for p in self.pulls:
-                out[p["idempotency_key"]] = out.get(p["idempotency_key"], 0) + 1
-            return out
-
-    def duplicates(self) -> dict[str, int]:
-        return {k: v for k, v in self.count_by_key().items() if v > 1}
-
-    def _handler(self) -> Any:
-        import json as _json
-        from http.server import BaseHTTPRequestHandler
-        from urllib.parse import parse_qs, urlparse
-
-        forge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-                data = _json.dumps(body).encode()
-                try:
-                    self.send_response(status)
-                    for k, v in (headers or {}).items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (timed out) after we accepted
-
-            def do_POST(self) -> None:
-                parts = urlparse(self.path).path.strip("/").split("/")
-                if len(parts) != 4 or parts[0] != "repos" or parts[3] != "pulls":
-                    return self._send(404, {"error": "not found"})
-                body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                key = self.headers.get("Idempotency-Key", "")
-                fence_header = self.headers.get("Mcq-Fence", "")
-                with forge.lock:
-                    if forge.enforce_fence and key and fence_header.isdigit():
-                        fence, seen = int(fence_header), forge.fences.get(key, 0)
-                        if fence < seen:
-                            forge.fenced_out += 1
-                            return self._send(409, {"error": f"stale fence {fence}: fence {seen} already wrote "
-                                                             f"with this key"})
-                        forge.fences[key] = fence
-                    if forge._fail:
-                        status, retry_after = forge._fail.pop(0)
-                        hdr = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-                        return self._send(status, {"error": "injected failure"}, hdr)
-                    if forge.honor_idempotency and key:
-                        for p in forge.pulls:
-                            if p["idempotency_key"] == key:
-                                return self._send(200, p)
-                    repo = f"{parts[1]}/{parts[2]}"
-                    if forge.one_pr_per_head and any(p["repo"] == repo and p["head"] == body.get("head")
-                                                     for p in forge.pulls):
-                        return self._send(422, {"error": f"a pull request already exists for {body.get('head')}"})
-                    pr = {"number": len(forge.pulls) + 1, "repo": f"{parts[1]}/{parts[2]}", "head": body.get("head"),
-                          "base": body.get("base"), "title": body.get("title"), "body": body.get("body", ""),
-                          "idempotency_key": key}
-                    pr["url"] = f"{forge.url}/repos/{pr['repo']}/pulls/{pr['number']}"
-                    forge.pulls.append(pr)
-                    stall = forge._stall.pop(0) if forge._stall else 0.0
-                if stall:
-                    time.sleep(stall)
-                return self._send(201, pr)
-
-            def do_GET(self) -> None:
-                url = urlparse(self.path)
-                if url.path != "/pulls":
-                    return self._send(404, {"error": "not found"})
-                key = parse_qs(url.query).get("idempotency_key", [""])[0]
-                with forge.lock:
-                    if forge._lookup_fail:
-                        forge._lookup_fail -= 1
-                        return self._send(503, {"error": "lookup unavailable"})
-                    found = [p for p in forge.pulls
-                             if p["idempotency_key"] == key or f"Mcq-Operation-Key: {key}" in p["body"]]
-                if not found:
-                    return self._send(404, {"error": "no pull request with that key"})
-                return self._send(200, found[0])
-
-        return Handler
-
-
-def bare_git_remote(root: str | os.PathLike[str], *, branch: str = "main") -> Path:
-    """A bare git repository under ``root`` whose ``branch`` holds one initial commit: a real remote
-    for the git provider in tests and the demo."""
-    from ..providers.git import git
-
-    base = Path(root)
-    remote = base / "remote.git"
-    git("init", "--quiet", "--bare", f"--initial-branch={branch}", str(remote))
-    seed = base / "seed"
-    git("init", "--quiet", f"--initial-branch={branch}", str(seed))
-    (seed / "README.md").write_text("# example/app\n")
-    git("add", "README.md", cwd=seed)
-    git("-c", "user.name=mc_queue", "-c", "user.email=mc_queue@localhost", "commit", "--quiet", "-m", "initial",
-        cwd=seed)
-    git("push", "--quiet", str(remote), branch, cwd=seed)
-    shutil.rmtree(seed)
-    return remote
-
-
 # ---------------------------------------------------------------------- replication and Sentinel
-
-
-class PausableProxy:
-    """A TCP proxy on a free loopback port in front of ``upstream`` (host, port) that can hold back
-    what flows through it: ``pause()`` stops relaying in both directions (what arrives meanwhile waits
-    in the proxy and the kernel's buffers), ``resume()`` relays it, ``cut()`` closes every connection
-    and throws away whatever was not relayed yet. Put on a replica's replication link, it makes
-    replication lag on demand, and ``cut()`` after killing the primary makes the lagging bytes lost.
-
-    ``hold_only``: pause only the connections whose client sent these bytes (``b"REPLCONF"``: the
-    replication link), and let every other connection through the same port flow."""
-
-    def __init__(self, upstream: tuple[str, int], *, hold_only: bytes | None = None) -> None:
-        import threading
-
-        self.upstream = upstream
-        self.hold_only = hold_only.upper() if hold_only else None
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.port: int = self._listener.getsockname()[1]
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._generation = 0  # bumped by cut(): a pump of an older generation never relays again
-        self._closed = False
-        self.relayed = 0  # bytes relayed from upstream to the client
-        self._thread = threading.Thread(target=self._accept, name="pausable-proxy", daemon=True)
-
-    def start(self) -> PausableProxy:
-        self._thread.start()
-        return self
-
-    def pause(self) -> None:
-        self._flowing.clear()
-
-    def resume(self) -> None:
-        self._flowing.set()
-
-    @property
-    def paused(self) -> bool:
-        return not self._flowing.is_set()
-
-    def cut(self) -> None:
-        """Close every connection now; nothing held back is relayed."""
-        with self._lock:
-            self._generation += 1
-            socks, self._socks = self._socks, []
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
-
-    def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        self.cut()
-        self._flowing.set()
-
-    def _accept(self) -> None:
-        import threading
-
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                gen = self._generation
-                self._socks += [client, upstream]
-            held = [self.hold_only is None]  # shared by the connection's two pumps
-            threading.Thread(target=self._pump, args=(client, upstream, gen, False, held), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, gen, True, held), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, gen: int, downstream: bool, held: list[bool]) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if not held[0] and not downstream and self.hold_only and self.hold_only in data.upper():
-                    held[0] = True
-                if held[0]:
-                    self._flowing.wait()
-                if gen != self._generation:
-                    break  # cut while held back: thrown away
-                dst.sendall(data)
-                if downstream:
-                    self.relayed += len(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.close()
 
 
 class SentinelServer:
@@ -519,7 +186,7 @@ class SentinelServer:
 
 class FailoverCluster:
     """A primary (AOF, ``appendfsync always``) and one replica whose replication link runs through a
-    :class:`PausableProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
+    :class:`TcpProxy`, watched by ``sentinels`` redis-sentinel processes (quorum ``quorum``, a
     short ``down_after_ms`` and ``failover_timeout_ms``, so a failover takes a few seconds).
 
     ``lag()`` holds the replication stream back, ``catch_up()`` lets it flow, ``kill_primary()``
@@ -539,7 +206,7 @@ class FailoverCluster:
         # The sentinels know the primary by the proxy's address too: they repoint a replica whose master
         # address differs from theirs (+fix-slave-config) straight to the primary, past the proxy. Only
         # the replication connection (it sends REPLCONF) is held back; the sentinels' and clients' flow.
-        self.proxy = PausableProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
+        self.proxy = TcpProxy(("127.0.0.1", self.primary.port), hold_only=b"REPLCONF")
         self.replica = RedisServer(self.dir / "replica", appendfsync=appendfsync,
                                    extra=[*fast, "--replicaof", "127.0.0.1", str(self.proxy.port)])
         self.sentinels = [SentinelServer(self.dir / f"sentinel{i}", ("127.0.0.1", self.proxy.port), service=service,
@@ -689,7 +356,7 @@ class RepeatableFailoverCluster(FailoverCluster):
     ``wait_failover()``, ``restart_old_primary()`` again and again, each time on the node that holds
     the role now.
 
-    Each node sits behind a :class:`PausableProxy` of its own (``hold_only=b"REPLCONF"``) and
+    Each node sits behind a :class:`TcpProxy` of its own (``hold_only=b"REPLCONF"``) and
     announces the proxy's address as its own (``replica-announce-ip`` / ``replica-announce-port``),
     so the sentinels, the clients of the ``redis+sentinel://`` URL and the replication link of
     whichever node is the replica reach a node through its proxy, whatever its role: after a
@@ -706,7 +373,7 @@ class RepeatableFailoverCluster(FailoverCluster):
 
     def __init__(self, directory: str | os.PathLike[str], **kw: Any) -> None:
         super().__init__(directory, **kw)
-        self.replica_proxy = PausableProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
+        self.replica_proxy = TcpProxy(("127.0.0.1", self.replica.port), hold_only=b"REPLCONF")
         for node, proxy in ((self.primary, self.proxy), (self.replica, self.replica_proxy)):
             node.extra += ["--replica-announce-ip", "127.0.0.1", "--replica-announce-port", str(proxy.port)]
         self.failovers = 0
