@@ -777,7 +777,7 @@ class QueueMachine(RuleBasedStateMachine):
             a = t.latest
             if a.state == "running" and a.expired:
                 expected.add((f"{t.id}/{a.n}", a.fence))
-        got, exc = self._call(self.sw.expire_leases)
+        got, exc = self._call(self.sw.maintenance.expire_leases)
         self._expect("expire_leases()", None, exc)
         assert len(got) == len({e.attempt_id for e in got}), "an attempt was expired twice in one sweep"
         assert {(e.attempt_id, e.old_fence) for e in got} == expected, (
@@ -803,7 +803,7 @@ class QueueMachine(RuleBasedStateMachine):
             t = self.model.get(tid)
             if t is not None and int(n) == len(t.attempts) and t.latest.state == "running" and m not in expected:
                 expected.append(m)
-        got, exc = self._call(self.sw.void_leases, members, reason="cancel not acknowledged in time")
+        got, exc = self._call(self.sw.operator.void_leases, members, reason="cancel not acknowledged in time")
         self._expect(f"void_leases({members})", None, exc)
         assert [e.attempt_id for e in got] == expected, f"void_leases voided {got}, model {expected}"
         for e in got:
@@ -816,7 +816,7 @@ class QueueMachine(RuleBasedStateMachine):
         deadline (due_cancels) have their leases voided."""
         expected = sorted(f"{t.id}/{t.latest.n}" for t in self.model.values()
                           if _running(t) and t.cancel is not None and t.cancel_due)
-        due, exc = self._call(self.sw.due_cancels)
+        due, exc = self._call(self.sw.maintenance.due_cancels)
         self._expect("due_cancels()", None, exc)
         assert sorted(due) == expected, f"due_cancels() returned {due}, model {expected}"
         if due:
