@@ -36,6 +36,7 @@ from redis.connection import AbstractConnection
 from redis.retry import Retry
 
 import mc_queue
+from mc_queue.contracts.history import decode_events
 from mc_queue.contracts.models import Attempt
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -315,16 +316,16 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
                         for name, key in (("done index", q.keys.done(QUEUE)), ("idempotency hash", q.keys.idem))
                         if admin.exists(key)}
         sample = ids[:: max(1, n // 200)]
-        parts: dict[str, list[int]] = {"task hash": [], "attempts hash": [], "events stream": []}
+        parts: dict[str, list[int]] = {"task hash": [], "attempts hash": [], "events list": []}
         shape: dict[str, list[int]] = {"task fields": [], "attempt fields": [], "events": []}
         for tid in sample:
             tk = q.keys.task(tid)
             parts["task hash"].append(int(admin.memory_usage(tk.task, samples=0) or 0))
             parts["attempts hash"].append(int(admin.memory_usage(tk.attempts, samples=0) or 0))
-            parts["events stream"].append(int(admin.memory_usage(tk.events, samples=0) or 0))
+            parts["events list"].append(int(admin.memory_usage(tk.events, samples=0) or 0))
             shape["task fields"].append(admin.hlen(tk.task))
             shape["attempt fields"].append(admin.hlen(tk.attempts))
-            shape["events"].append(admin.xlen(tk.events))
+            shape["events"].append(admin.llen(tk.events))
         encodings = {
             "task hash": admin.object("encoding", q.keys.task(ids[0]).task),
             "attempts hash": admin.object("encoding", q.keys.task(ids[0]).attempts),
@@ -333,7 +334,7 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
                   for name, key in (("counts", q.keys.counts), ("leases", q.keys.leases),
                                     ("pending", q.keys.pending(QUEUE)), ("meta", q.keys.meta))
                   if admin.exists(key)}
-        entries: Any = admin.xrange(q.keys.task(ids[0]).events)
+        entries: Any = decode_events(admin.lrange(q.keys.task(ids[0]).events, 0, -1))
         event_types = sorted({str(f.get("type")) for _, f in entries})
         q.close()
         admin.close()
@@ -575,8 +576,8 @@ def render(modes: list[dict[str, Any]], mems: list[dict[str, Any]], args: argpar
          lambda m: f"{m['memory_usage_breakdown']['task hash']:,.0f} ({m['encodings']['task hash']})")
     mrow(f"MEMORY USAGE attempts hash ({first['shape']['attempt fields']:.0f} fields)",
          lambda m: f"{m['memory_usage_breakdown']['attempts hash']:,.0f} ({m['encodings']['attempts hash']})")
-    mrow(f"MEMORY USAGE events stream ({first['shape']['events']:.0f} events: {', '.join(first['event_types'])})",
-         lambda m: f"{m['memory_usage_breakdown']['events stream']:,.0f}")
+    mrow(f"MEMORY USAGE events list ({first['shape']['events']:.0f} events: {', '.join(first['event_types'])})",
+         lambda m: f"{m['memory_usage_breakdown']['events list']:,.0f}")
     mrow("MEMORY USAGE, sum of the three keys", lambda m: f"{m['memory_usage_sum']:,.0f}")
     mrow("**used_memory delta per finished task, packed** (what the sweeper leaves a minute after; goal <= 1,500)",
          lambda m: f"**{m['per_finished_task_packed']:,.0f}**")

@@ -64,8 +64,7 @@ if t[4] ~= 'succeeded' and t[4] ~= 'canceled' then
   redis.call('ZREM', K.topack, t[1])
   return {'NOOP', 'task is ' .. tostring(t[4]) .. ', not finished'}
 end
-local last = redis.call('XREVRANGE', K.events, '+', '-', 'COUNT', 1)
-local last_id = last[1] and last[1][1] or '0-0'
+local last_id = last_event_id(K.events)
 if t[8] ~= A.raw.updated_at or last_id ~= A.last_event or redis.call('HLEN', K.attempts) ~= A.fields
    or redis.call('HLEN', K.effects) ~= A.effects then
   return {'E_CHANGED', 'the task changed since it was read (last event ' .. last_id .. ')'}

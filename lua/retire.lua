@@ -90,8 +90,7 @@ if A.score then
   end
 end
 if A.seen ~= '' then
-  local last = redis.call('XREVRANGE', K.events, '+', '-', 'COUNT', 1)
-  local now_seen = (redis.call('HGET', K.task, 'updated_at') or '0') .. ' ' .. (last[1] and last[1][1] or '0-0') ..
+  local now_seen = (redis.call('HGET', K.task, 'updated_at') or '0') .. ' ' .. last_event_id(K.events) ..
     ' ' .. redis.call('HLEN', K.attempts) .. ' ' .. redis.call('HLEN', K.effects)
   if now_seen ~= A.seen then
     return {'NOOP', 'the task changed since the archive read it (now ' .. now_seen .. '): read it again'}

@@ -197,22 +197,60 @@ end
 
 -- ----------------------------------------------------------------------------------- events
 
--- Append one event to a stream. fields: flat list of name, value; empty values are left out.
--- The namespace log keeps about this many entries (XADD MAXLEN ~): refusals, orphans, losses and
--- recoveries of a long-lived namespace never grow it without bound. A task's own stream is not capped.
+-- Append one event. The namespace log is a stream, capped (XADD MAXLEN ~): refusals, orphans, losses
+-- and recoveries of a long-lived namespace never grow it without bound. A task's own history is a list
+-- of compact entries, each the JSON array [id, 'type', typ, name, value, ...] (a stream per task would
+-- preallocate ~4 KB per task): the id is '<ms>-<seq>' as XADD '*' makes it, later than the list's last
+-- entry, so ids stay ordered as a stream's are. A task whose history is still a stream (written before
+-- histories became lists) keeps its stream until it is packed or retired. fields: a flat list of name,
+-- value; empty values are left out.
 local NSLOG_MAX = 100000
 
+local function event_id(ms, last)
+  if last then
+    local lms, lseq = string.match(last, '^%["(%d+)%-(%d+)"')
+    lms = tonumber(lms)
+    if lms and lms >= ms then return fmt(lms) .. '-' .. fmt(tonumber(lseq) + 1) end
+  end
+  return fmt(ms) .. '-0'
+end
+
 local function emit(key, typ, fields)
-  local a = {'XADD', key, '*', 'type', typ}
-  if string.sub(key, -6) == ':nslog' then a = {'XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', 'type', typ} end
+  local nslog = string.sub(key, -6) == ':nslog'
+  local last = not nslog and redis.pcall('LINDEX', key, -1)
+  if nslog or type(last) == 'table' then  -- the namespace log, or a task history kept as a stream
+    local a = {'XADD', key, '*', 'type', typ}
+    if nslog then a = {'XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', 'type', typ} end
+    for i = 1, #fields, 2 do
+      local v = fields[i + 1]
+      if v ~= nil and v ~= '' and v ~= false then
+        a[#a + 1] = fields[i]
+        a[#a + 1] = tostring(v)
+      end
+    end
+    return redis.call(unpack(a))
+  end
+  local id = event_id(now_ms(), last)
+  local entry = {id, 'type', typ}
   for i = 1, #fields, 2 do
     local v = fields[i + 1]
     if v ~= nil and v ~= '' and v ~= false then
-      a[#a + 1] = fields[i]
-      a[#a + 1] = tostring(v)
+      entry[#entry + 1] = fields[i]
+      entry[#entry + 1] = tostring(v)
     end
   end
-  return redis.call(unpack(a))
+  redis.call('RPUSH', key, cjson.encode(entry))
+  return id
+end
+
+-- The id of a task's last event ('0-0' when it has none), whether its history is a list or a stream.
+local function last_event_id(key)
+  local last = redis.pcall('LINDEX', key, -1)
+  if type(last) == 'table' then
+    last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+    return last[1] and last[1][1] or '0-0'
+  end
+  return last and string.match(last, '^%["(%d+%-%d+)"') or '0-0'
 end
 
 -- The namespace log of this call, set by ns_check (every script that writes a task's history checks

@@ -8,12 +8,15 @@ any number of them share one connection and one namespace memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+import redis
 
 from ..contracts.codec import MAX_INT, canonical_json, check_int, check_text
 from ..contracts.config import Decision
 from ..contracts.errors import InvalidArgument
 from ..contracts.failures import fingerprint
+from ..contracts.history import WRONGTYPE, Event, decode_events
 from ..contracts.keys import TaskKeys, check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import Attempt, Failure
 from ..store.backend import Backend
@@ -49,6 +52,15 @@ class Role:
 
     def _ns_keys(self) -> dict[str, str]:
         return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog}
+
+    def _history(self, reply: Any, key: str) -> list[Event]:
+        """A task's events from the LRANGE of its history in a pipeline run with ``raise_on_error=False``;
+        a history kept as a stream (written before histories became lists) is read with XRANGE instead."""
+        if isinstance(reply, redis.ResponseError):
+            if not str(reply).startswith(WRONGTYPE):
+                raise reply
+            return [(str(i), dict(f)) for i, f in cast(list[tuple[str, dict[str, str]]], self.redis.xrange(key))]
+        return decode_events(cast(list[str], reply))
 
     def _task_keys(self, task_id: str) -> TaskKeys:
         try:
@@ -158,3 +170,12 @@ def parse_queue(task_id: str) -> str:
         return parse_task_id(task_id)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
+
+
+def raised(replies: Sequence[Any], *, but: int) -> list[Any]:
+    """A pipeline's replies (run with ``raise_on_error=False``), raising the first error among them except
+    the one at index ``but`` (the history read, which :meth:`Role._history` judges)."""
+    for i, reply in enumerate(replies):
+        if i != but and isinstance(reply, Exception):
+            raise reply
+    return list(replies)

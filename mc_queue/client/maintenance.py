@@ -13,7 +13,7 @@ from ..contracts.errors import Code, InvalidArgument, McqError, NamespaceLost, r
 from ..contracts.keys import TaskKeys, check_queue
 from ..contracts.models import ExpiredLease
 from ..contracts.packing import pack
-from .base import INDEXES, Role, printable
+from .base import INDEXES, Role, printable, raised
 
 log = logging.getLogger("mc_queue.client")
 
@@ -189,12 +189,13 @@ class Maintenance(Role):
             keys.append(tk)
             read.hgetall(tk.task)
             read.hgetall(tk.attempts)
-            read.xrange(tk.events)
+            read.lrange(tk.events, 0, -1)
             read.hgetall(tk.effects)
-        raw = read.execute()
+        raw = read.execute(raise_on_error=False)
         calls = []
         for i, tk in enumerate(keys):
-            fields, att, events, fx = raw[4 * i: 4 * i + 4]
+            fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
+            events = self._history(history, tk.events)
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
             blob = pack(fields, att, events, fx) if fields and not fields.get("packed") else b"mcz1-placeholder"
             if len(blob) > PACK_MAX_BYTES:

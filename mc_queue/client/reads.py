@@ -17,7 +17,7 @@ from ..contracts.keys import check_queue, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task
 from ..contracts.packing import Packed, join_chunks, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
-from .base import ENDED_STATES, INDEXES, Role
+from .base import ENDED_STATES, INDEXES, Role, raised
 
 log = logging.getLogger("mc_queue.client")
 
@@ -76,17 +76,18 @@ class Reads(Role):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(tk.task)
         pipe.hgetall(tk.attempts)
-        pipe.xrange(tk.events)
+        pipe.lrange(tk.events, 0, -1)
         pipe.hgetall(tk.effects)
         pipe.get(tk.fence)
         pipe.pttl(tk.lease)
-        fields, att, events, fx, fence, pttl = pipe.execute()
+        fields, att, history, fx, fence, pttl = raised(pipe.execute(raise_on_error=False), but=2)
+        events = self._history(history, tk.events)
         if not fields:
             return None, None, int(pttl), ""
         version = f"{fields.get('updated_at') or 0} {events[-1][0] if events else '0-0'} {len(att)} {len(fx)}"
         if fields.get("packed"):  # a packed task keeps its fence counter in its hash (pack.lua)
             return self._unpacked(task_id, fields), fields.get("fence"), int(pttl), version
-        return (Packed(fields=fields, attempts=att, events=[(str(i), dict(f)) for i, f in events], effects=fx),
+        return (Packed(fields=fields, attempts=att, events=events, effects=fx),
                 fence, int(pttl), version)
 
     @staticmethod

@@ -19,6 +19,7 @@ from typing import Any
 
 import mc_queue
 from mc_queue import reconcile_attempt
+from mc_queue.contracts.history import decode_events
 from mc_queue.contracts.keys import Keys, new_task_id
 from mc_queue.testing import RedisServer
 
@@ -149,7 +150,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
             pipe.hget(tk.task, "state")
             pipe.get(tk.fence)
             pipe.hmget(tk.attempts, "1.state", "1.worker", "1.fence", "1.seq")
-            pipe.xrange(tk.events)
+            pipe.lrange(tk.events, 0, -1)
         replies = pipe.execute()
         seqs = []
         for i, tid in enumerate(task_ids):
@@ -170,7 +171,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
             state, task_fence, (a_state, a_worker, a_fence, a_seq), events = replies[4 * i: 4 * i + 4]
             assert (state, task_fence) == ("running", "1")
             assert (a_state, a_worker, a_fence) == ("running", winner, "1")
-            types = Counter(f["type"] for _, f in events)
+            types = Counter(f["type"] for _, f in decode_events(events))
             assert types["attempt_claimed"] == 1 and types["claim_refused"] == RACERS - 1, types
             seqs.append(int(a_seq))
 

@@ -83,7 +83,7 @@ def snapshot(h: Harness, task_id: str) -> tuple[Any, ...]:
     """Every key of the task as Redis holds it, plus the fence counter and the lease key."""
     tk = h.client.keys.task(task_id)
     r = h.client.redis
-    return (r.hgetall(tk.task), r.hgetall(tk.attempts), r.xrange(tk.events), r.get(tk.fence), r.exists(tk.lease),
+    return (r.hgetall(tk.task), r.hgetall(tk.attempts), r.lrange(tk.events, 0, -1), r.get(tk.fence), r.exists(tk.lease),
             r.hgetall(tk.effects))
 
 

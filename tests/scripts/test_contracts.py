@@ -41,6 +41,7 @@ from mc_queue import (
     recover,
 )
 from mc_queue.contracts.codec import MAX_PAYLOAD_BYTES, canonical_json, digest, model_json
+from mc_queue.contracts.history import decode_events
 from mc_queue.testing import RedisServer
 
 QUEUE = "jobs"
@@ -89,13 +90,13 @@ def snapshot(q: mc_queue.Client) -> dict[str, Any]:
             out[key] = sorted(q.redis.smembers(key))
         elif kind == "string":
             out[key] = q.redis.get(key)
-        elif kind != "stream":
+        elif kind not in ("stream", "list"):  # histories: refusals append to them
             out[key] = kind
     return out
 
 
 def events(q: mc_queue.Client, task_id: str) -> list[dict[str, str]]:
-    return [dict(f, id=i) for i, f in q.redis.xrange(q.keys.task(task_id).events)]
+    return [dict(f, id=i) for i, f in decode_events(q.redis.lrange(q.keys.task(task_id).events, 0, -1))]
 
 
 def event_types(q: mc_queue.Client, task_id: str) -> list[str]:

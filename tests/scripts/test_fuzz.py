@@ -226,6 +226,7 @@ for i, k in ipairs(KEYS) do
       for _, f in ipairs(e[2]) do v[#v + 1] = f end
       v[#v + 1] = '|'
     end
+  elseif t == 'list' then v = redis.call('LRANGE', k, 0, -1)
   else v = {} end
   out[i] = {t, v}
 end
@@ -289,9 +290,10 @@ def audit_only(tag: str, before: dict[bytes, tuple[Any, ...]], after: dict[bytes
         b, a = before.get(key), after.get(key)
         if b == a:
             continue
-        if a is not None and a[0] == b"stream" and (b is None or b[0] == b"stream"):
-            old = b[1] if b else []
-            if a[1][:len(old)] == old:
+        # a task's history (a list; a stream before) and the namespace log: a refusal may only append
+        if a is not None and a[0] in (b"stream", b"list") and (b is None or b[0] == a[0]):
+            old = tuple(b[1]) if b else ()
+            if tuple(a[1][:len(old)]) == old:
                 added += len(a[1]) - len(old)
                 continue
         if key == stats and a is not None:

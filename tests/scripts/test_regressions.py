@@ -31,7 +31,7 @@ def every_key(q: mc_queue.Client) -> dict[str, Any]:
         kind = q.redis.type(key)
         out[key] = {"hash": q.redis.hgetall, "zset": lambda k: q.redis.zrange(k, 0, -1, withscores=True),
                     "set": lambda k: sorted(q.redis.smembers(k)), "string": q.redis.get,
-                    "stream": q.redis.xrange}[kind](key)
+                    "stream": q.redis.xrange, "list": lambda k: q.redis.lrange(k, 0, -1)}[kind](key)
     return out
 
 
