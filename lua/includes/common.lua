@@ -216,30 +216,23 @@ local function event_id(ms, last)
 end
 
 local function emit(key, typ, fields)
-  local nslog = string.sub(key, -6) == ':nslog'
-  local last = not nslog and redis.pcall('LINDEX', key, -1)
-  if nslog or type(last) == 'table' then  -- the namespace log, or a task history kept as a stream
-    local a = {'XADD', key, '*', 'type', typ}
-    if nslog then a = {'XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', 'type', typ} end
-    for i = 1, #fields, 2 do
-      local v = fields[i + 1]
-      if v ~= nil and v ~= '' and v ~= false then
-        a[#a + 1] = fields[i]
-        a[#a + 1] = tostring(v)
-      end
-    end
-    return redis.call(unpack(a))
-  end
-  local id = event_id(now_ms(), last)
-  local entry = {id, 'type', typ}
+  local flat = {'type', typ}
   for i = 1, #fields, 2 do
     local v = fields[i + 1]
     if v ~= nil and v ~= '' and v ~= false then
-      entry[#entry + 1] = fields[i]
-      entry[#entry + 1] = tostring(v)
+      flat[#flat + 1] = fields[i]
+      flat[#flat + 1] = tostring(v)
     end
   end
-  redis.call('RPUSH', key, cjson.encode(entry))
+  local nslog = string.sub(key, -6) == ':nslog'
+  local last = not nslog and redis.pcall('LINDEX', key, -1)
+  if nslog or type(last) == 'table' then  -- the namespace log, or a task history kept as a stream
+    if nslog then return redis.call('XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', unpack(flat)) end
+    return redis.call('XADD', key, '*', unpack(flat))
+  end
+  local id = event_id(now_ms(), last)
+  table.insert(flat, 1, id)
+  redis.call('RPUSH', key, cjson.encode(flat))
   return id
 end
 
