@@ -500,8 +500,8 @@ def test_a_stopped_task_names_the_effects_left_without_a_receipt(redis_server: R
                                                                 tmp_path: Path) -> None:
     """The provider refuses mid-effect with an authorization error: the task stops (no retry), and its
     attention item lists the effect whose intent has no receipt, so a person knows what to check."""
-    from mc_queue.worker.runner import _install_runtime as install
     from mc_queue.worker.attempt import run_attempt
+    from mc_queue.worker.runner import _install_runtime as install
     from mc_queue.worker.runner import configure
 
     app = mc_queue.App(name="auth-mid-effect")
