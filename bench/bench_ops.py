@@ -262,7 +262,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "fence": tk.fence,
                 "lease": tk.lease, "paused": keys.paused,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
-                "request_id": uuid.uuid4().hex, "expect_n": ""}, client=pipe)
+                "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": ""}, client=pipe)
         for tid, reply in zip(chunk, pipe.execute(), strict=True):
             assert reply[0] == "OK", reply
             leases.append((tid, int(reply[1]), int(reply[2])))

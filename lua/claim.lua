@@ -26,9 +26,12 @@
 -- ARGV[4] min_seq    highest claim sequence this client has seen (state-loss detection)
 -- ARGV[5] request_id the caller's id for this claim; a resend returns the same lease
 -- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
--- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at} | {'DUP', ...same...}
+-- ARGV[7] with_task  '1': the reply also holds the task's hash and its attempts hash (what a worker about
+--                    to run the Attempt reads: one round trip less), '' not
+-- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at[, task, attempts]} | {'DUP', ...same...}
 --          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
---          have lost effect records, so its worker asks the provider before each first call)
+--          have lost effect records, so its worker asks the provider before each first call; task and
+--          attempts: HGETALL of each, as they are after the claim, with with_task)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_claimed | claim_refused
@@ -45,8 +48,18 @@ local A, bad = args(ARGV, {
   'min_seq', 'int', 0, MAX_INT,
   'request_id', 'reqid', false, false,
   'expect_n', 'int?', 1, MAX_N,
+  'with_task', 'enum', '||1|', false,
 })
 if bad then return bad end
+
+local function with_task(reply)
+  if A.with_task == '1' then
+    reply[#reply + 1] = redis.call('HGETALL', K.task)
+    reply[#reply + 1] = redis.call('HGETALL', K.attempts)
+  end
+  return reply
+end
+
 local m = meta_read(K.meta)
 if A.lease_ms and A.lease_ms > m.max_lease then
   return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
@@ -69,7 +82,7 @@ local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n ..
 local ts = now_ms()
 
 if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
-  return {'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or ''}
+  return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or ''})
 end
 
 local why = nil
@@ -104,4 +117,4 @@ move_count(K.counts, queue, state, 'running')
 emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'lease_ms', lease_s})
 observe(K.stats, t[6], 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
-return {'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''}
+return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''})

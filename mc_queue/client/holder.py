@@ -11,7 +11,7 @@ from ..contracts.codec import MAX_TOKENS, canonical_json, check_int, check_text,
 from ..contracts.config import Decision
 from ..contracts.errors import Code, InvalidArgument, raise_for_reply
 from ..contracts.keys import attempt_id
-from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease
+from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task
 from ..store.backend import DEFAULT_LEASE_MS
 from .base import Role, as_failure, attempt_from_snapshot, decision_args, printable
 
@@ -43,11 +43,14 @@ class LeaseHolder(Role):
     """What a worker running an Attempt calls, under the lease it claimed."""
 
     def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int | None = DEFAULT_LEASE_MS, *,
-                      request_id: str | None = None, expect_attempt: int | None = None) -> Lease:
+                      request_id: str | None = None, expect_attempt: int | None = None,
+                      with_task: bool = False) -> Lease:
         """Atomically take the task's pending Attempt and a lease with a new fence.
 
         ``lease_ms=None``: the lease length frozen in the task at enqueue. ``expect_attempt``: refuse
         unless the pending Attempt is this one (a transport message for Attempt N must not run N+1).
+        ``with_task``: the lease also carries the task as the claim left it (``Lease.task``: its fields
+        and Attempts, no events), read by the claim itself: a worker needs no read after its claim.
         """
         tk = self._task_keys(task_id)
         check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
@@ -62,15 +65,19 @@ class LeaseHolder(Role):
                 "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
             }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
-                "request_id": req, "expect_n": expect_attempt})
+                "request_id": req, "expect_n": expect_attempt, "with_task": "1" if with_task else ""})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="claim", task_id=task_id)
         n, fence, seq = int(reply[1]), int(reply[2]), int(reply[4])
         aid = attempt_id(task_id, n)
         self.ns.note_claim(aid, fence, seq)
+        task = None
+        if with_task:
+            task = Task.from_redis(pairs(reply[8]), pairs(reply[9]), [], fence=str(fence),
+                                   lease_pttl_ms=max(0, int(reply[3]) - int(reply[5])))
         return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,
-                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0))
+                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0), task=task)
 
     def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
                     lease_ms: int | None = None) -> int:
@@ -202,3 +209,8 @@ class LeaseHolder(Role):
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "request_id": request_id or uuid.uuid4().hex})
         raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return int(reply[1])
+
+
+def pairs(flat: list[Any]) -> dict[str, str]:
+    """A hash as a script returns it (HGETALL: name, value, ...) as a dict."""
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}

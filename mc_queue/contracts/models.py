@@ -257,6 +257,9 @@ class Lease:
     seq: int = 0  # the namespace's claim sequence when this lease was issued
     lease_ms: int = 0  # the lease length granted (each renewal extends it by as much)
     recovered_at_ms: int = 0  # when the namespace was last recovered (Redis clock), 0: never
+    # The task as the claim left it, when asked for (claim_attempt(with_task=True)): its fields and
+    # Attempts, not its events (a worker runs the Attempt from these; get_task reads the whole history).
+    task: Task | None = None
 
     @property
     def expires_at(self) -> datetime:

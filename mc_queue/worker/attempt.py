@@ -148,7 +148,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     attempt_id, task_id, n = adm.attempt_id, adm.task_id, adm.number
     try:
         lease = client.leases.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
-                                     request_id=uuid.uuid4().hex)
+                                            request_id=uuid.uuid4().hex, with_task=True)
     except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
         log.info("attempt %s: not claimed: %s", attempt_id, exc.message)
         return {"skipped": exc.message}
@@ -159,7 +159,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
             client.operator.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
         log.warning("attempt %s: not run: %s", attempt_id, exc.message)
         return {"unconfirmed": exc.message}
-    task = client.reads.get_task(task_id)
+    task = lease.task or client.reads.get_task(task_id)  # the claim read it: no round trip here
     attempt = task.attempts[n - 1]
     spec = rt.app.handlers.get(task.handler)
     if spec is None:  # admitted a moment ago: only a task rewritten in between gets here
