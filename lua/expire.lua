@@ -21,7 +21,10 @@
 -- ARGV[3] force      '1' to void a live lease (recovery, unacknowledged cancel), else '0'
 -- ARGV[4] reason     why, recorded in the event
 -- ARGV[5] epoch      namespace epoch the caller knows (recover passes the one it is recovering to)
--- Returns: {'OK', new_fence, old_fence} | {'NOOP', why} (live lease, or an orphan entry dropped)
+-- ARGV[6] holder     '' or the worker that must hold the lease: a worker voiding the lease of its own process
+--                    that died leaves alone a lease another worker holds (a duplicate message's Attempt)
+-- Returns: {'OK', new_fence, old_fence} | {'NOOP', why} (live lease, held by another worker, or an orphan
+--          entry dropped)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: lease_expired | orphan_index_entry (nslog)
 -- Idempotent: yes (re-checks; a second run is a NOOP)
@@ -36,6 +39,7 @@ local A, bad = args(ARGV, {
   'force', 'enum', '|0|1|', false,
   'reason', 'text', 2000, false,
   'epoch', 'epoch', false, false,
+  'holder', 'text', 200, false,
 })
 if bad then return bad end
 local n = string.match(A.member, '/(%d+)$')
@@ -57,6 +61,9 @@ if a[1] ~= 'running' or t[2] ~= n then
   drop_orphan(K.cancels, K.nslog, A.member, why, A.actor)
   drop_orphan(K.leases, K.nslog, A.member, why, A.actor)
   return {'NOOP', why .. ': index entry dropped'}
+end
+if A.holder ~= '' and a[3] ~= A.holder then
+  return {'NOOP', 'attempt ' .. n .. ' is held by ' .. tostring(a[3]) .. ', not ' .. A.holder}
 end
 if A.force ~= '1' and redis.call('GET', K.lease) == lease_value(n, a[4]) then
   return {'NOOP', 'lease is live for ' .. fmt(redis.call('PTTL', K.lease)) .. ' ms'}

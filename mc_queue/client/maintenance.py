@@ -93,10 +93,12 @@ class Maintenance(Role):
         return total
 
     def expire(self, members: list[str], *, actor: str, force: bool, reason: str,
-               recovering_epoch: str | None = None, index: str = "leases") -> ExpireReport:
-        """expire.lua for each member of the lease (or cancel) index (one pipeline). One bad entry never
+               recovering_epoch: str | None = None, index: str = "leases", holder: str = "") -> ExpireReport:
+        """expire.lua for each member of the lease (or cancel) index (one pipeline). ``holder``: only a lease
+        that worker holds is expired or voided. One bad entry never
         stops the others: an unreadable member is dropped (index_drop), an error is reported in ``errors``."""
         check_text(reason, what="reason", max_bytes=2000)
+        check_text(holder, what="holder", max_bytes=200)
         epoch = recovering_epoch or self._epoch()
         report = ExpireReport()
         calls: list[tuple[dict[str, str], dict[str, Any]]] = []
@@ -116,7 +118,8 @@ class Maintenance(Role):
                            "leases": self.keys.leases, "stats": self.keys.stats, "suspect": self.keys.suspect,
                            "task": tk.task, "attempts": tk.attempts, "events": tk.events,
                            "cancels": self.keys.cancels, "fence": tk.fence, "lease": tk.lease},
-                          {"member": member, "actor": actor, "force": force, "reason": reason, "epoch": epoch}))
+                          {"member": member, "actor": actor, "force": force, "reason": reason, "epoch": epoch,
+                           "holder": holder}))
         if not calls:
             return report
         replies = self.runner.run_many("expire", calls)

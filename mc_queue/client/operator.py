@@ -214,10 +214,11 @@ class Operator(Role):
         return attempt_from_snapshot(task_id, n, reply[2])
 
     def void_leases(self, members: list[str], *, actor: str | None = None, reason: str,
-                    recovering_epoch: str | None = None) -> list[ExpiredLease]:
-        """Void live leases now (fence bumped, Attempt suspect): recovery, or an unacknowledged cancel."""
+                    recovering_epoch: str | None = None, holder: str = "") -> list[ExpiredLease]:
+        """Void live leases now (fence bumped, Attempt suspect): recovery, an unacknowledged cancel, or a
+        worker whose process running them died (``holder``: only the leases that worker holds)."""
         return self.maintenance.expire(members, actor=actor or self.actor, force=True, reason=reason,
-                           recovering_epoch=recovering_epoch).expired
+                                       recovering_epoch=recovering_epoch, holder=holder).expired
 
     def begin_recovery(self, *, reason: str, actor: str | None = None) -> tuple[str, int]:
         """recover_begin: a new epoch, the fence floor raised; the namespace holds in 'recovering'."""

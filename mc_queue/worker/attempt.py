@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from ..contracts.failures import make_failure
 from ..contracts.keys import parse_attempt_id
 from ..contracts.models import Attempt, FailureClass, Manifest, Task
 from ..policy.classify import Classified, classify, decision_for
+from ..policy.reconcile import Reconciler
 from ..producer.app import App
 from .context import Context, LeaseLost
 from .workspace import CleanupReport, WorkspaceRoot
@@ -283,3 +285,29 @@ def _fail(client: Client, rt: Runtime, task: Task, attempt: Attempt, fence: int,
             exc_info=exc)
     return {"failed": attempt.id, "decision": decision.action, "why": decision.why}
 
+
+
+
+def horse_died(rt: Runtime, attempt_id: str, pid: int, status: int) -> bool:
+    """The process running ``attempt_id`` for this worker died: void its lease now (fenced, and only if this
+    worker holds it: the dead process may have been a duplicate message's, refused while another worker
+    runs the Attempt) and reconcile the Attempt with its providers at once, as the sweeper would after the
+    lease ran out. Returns True when the lease was voided. Never raises: what fails here is left to the
+    lease and the sweeper."""
+    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}") \
+        if status else "no status"
+    why = f"the process running it (pid {pid}) died ({how}): its lease is voided at once"
+    try:
+        voided = rt.client.operator.void_leases([attempt_id], actor=rt.worker_id, reason=why, holder=rt.worker_id)
+    except (McqError, redis.RedisError) as exc:
+        log.error("attempt %s: its process died; voiding its lease failed (%s): it runs out by itself", attempt_id, exc)
+        return False
+    if not voided:
+        log.info("attempt %s: its process (pid %d) died holding no lease of this worker", attempt_id, pid)
+        return False
+    log.warning("attempt %s: its process (pid %d) died (%s); lease voided, reconciling now", attempt_id, pid, how)
+    try:
+        Reconciler(rt.client, rt.app.operations, actor=rt.worker_id).reconcile(attempt_id, apply_policy=True)
+    except Exception as exc:  # a provider down, a transition refused: the sweeper reconciles it at its next pass
+        log.warning("attempt %s: reconciling it after its process died failed (%s); the sweeper will", attempt_id, exc)
+    return True

@@ -36,7 +36,7 @@ from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
 from ..producer.transport import rq_connection, rq_queue_name
-from .attempt import DEFAULT_GRACE_S, Admission, Refusal, Runtime, record_refusal, runtime, set_runtime
+from .attempt import DEFAULT_GRACE_S, Admission, Refusal, Runtime, horse_died, record_refusal, runtime, set_runtime
 from .jobs import McqJob, screen_job
 from .workspace import WorkspaceRoot, default_root
 
@@ -219,6 +219,14 @@ class McqBaseWorker(BaseWorker):
             self._admitted = None
             if self._grace is not None:
                 self._grace.cancel()
+
+    def handle_work_horse_killed(self, job: Job, retpid: int, ret_val: int, rusage: Any) -> None:
+        """The work horse died (SIGKILL, the OOM killer, a crash): its Attempt's lease is voided now rather
+        than when it runs out, and the Attempt reconciled at once (:func:`horse_died`)."""
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
+        adm = self._admitted
+        if adm is not None:
+            horse_died(runtime(), adm.attempt_id, retpid, ret_val)
 
     # -- stopping
 

@@ -154,10 +154,15 @@ def test_worker_killed_at_each_point_leaves_exactly_one_pull_request(h: Harness,
 
     first = h.run_worker(kind)
     after_kill = h.task(task.id)
-    # The process died without a word: Attempt 1 still holds its lease as far as the records go.
-    assert after_kill.attempts[0].state is AttemptState.RUNNING, (first.stderr[-2000:], explain(after_kill))
     if kind == "simple":
+        # The worker process itself died without a word: Attempt 1 still holds its lease as far as the
+        # records go, until it runs out and the sweeper reconciles it.
+        assert after_kill.attempts[0].state is AttemptState.RUNNING, (first.stderr[-2000:], explain(after_kill))
         assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    else:
+        # Its work horse died: the worker saw it at once, voided the lease and reconciled Attempt 1 (no sweeper).
+        assert after_kill.attempts[0].settled_by == "reconcile", (first.stderr[-2000:], explain(after_kill))
+        assert "died (signal 9)" in events(after_kill, "lease_expired", attempt=1)[0].fields["reason"]
 
     final = h.drive(task.id, kind)
     why = explain(final)

@@ -1,0 +1,72 @@
+"""A work horse that dies is noticed by its worker at once (issue 17): the lease of the Attempt it ran is
+voided through the fenced expire script, and the Attempt reconciled, without waiting for the lease to
+run out or for a sweeper. No sweeper runs in these tests: only the worker can have done it.
+
+The void is by holder: a worker voids only a lease it holds, never another worker's (the process that
+died may have run a duplicate message, refused while someone else runs the Attempt).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import mc_queue
+from mc_queue.contracts.models import AttemptState
+from mc_queue.worker.attempt import Runtime, horse_died
+from mc_queue.worker.workspace import WorkspaceRoot
+from tests.apps.basic import app as basic_app
+from tests.harness import BASIC, Harness, events, harness_fixture, wait_for
+
+h = harness_fixture(Harness)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_a_killed_work_horse_has_its_lease_voided_and_its_attempt_reconciled_at_once(h: Harness) -> None:
+    task = h.basic.enqueue("long-first", {"seconds": 60})
+    worker = h.start_worker("fork", BASIC, "--name", "w-horse")
+    wait_for(lambda: events(h.task(task.id), "attempt_claimed"), 20, "the worker to claim Attempt 1")
+    horse = wait_for(lambda: _children(worker.pid), 10, "the work horse")[0]
+    killed_at = time.monotonic()
+    os.kill(horse, signal.SIGKILL)
+
+    def settled() -> mc_queue.Task | None:
+        t = h.task(task.id)
+        return t if t.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT,
+                                                AttemptState.RECONCILING) else None
+
+    final = wait_for(settled, 10, "Attempt 1 voided and reconciled by its worker")
+    took = time.monotonic() - killed_at
+    voided = events(final, "lease_expired", attempt=1)
+    assert len(voided) == 1, [e.type for e in final.events]
+    assert voided[0].fields["actor"] == "w-horse" and "died (signal 9)" in voided[0].fields["reason"]
+    assert took < 5, f"took {took:.1f} s"  # the lease (1.5 s) ran out meanwhile, but no sweeper runs here
+    worker.kill()
+    worker.wait(10)
+
+
+def test_a_worker_voids_only_a_lease_it_holds(h: Harness, tmp_path: Path) -> None:
+    """Both sides of the holder check, through what the worker calls when its horse dies."""
+    task = h.client.producer.enqueue("jobs", "long", {"seconds": 1})
+    lease = h.client.leases.claim_attempt(task.id, "holder-1", 60_000)
+    workspaces = WorkspaceRoot(tmp_path / "ws", namespace=h.prefix)
+    other = Runtime(app=basic_app, client=h.client, worker_id="holder-2", workspaces=workspaces)
+    assert horse_died(other, lease.attempt_id, 4242, 9) is False  # another worker's lease: left alone
+    after = h.task(task.id)
+    assert after.attempts[0].state is AttemptState.RUNNING and after.fence == lease.fence
+    assert not events(after, "lease_expired")
+
+    mine = Runtime(app=basic_app, client=h.client, worker_id="holder-1", workspaces=workspaces)
+    assert horse_died(mine, lease.attempt_id, 4242, 9) is True
+    final = h.task(task.id)
+    assert final.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT)
+    assert final.fence > lease.fence
+    assert events(final, "lease_expired", attempt=1)[0].fields["actor"] == "holder-1"
