@@ -15,9 +15,15 @@ local PACK_LISTPACK_CHUNKS = 100
 local PACK_MAX_BYTES = 4194304
 local DEFAULT_MAX_LEASE_MS = 3600000        -- a namespace's lease ceiling unless init set another
 
+-- Redis's clock in ms, read once per script run: every time a transition records (its timestamps, its
+-- events' ids, its lease expiry) is the same instant, and TIME is not called again for each event.
+local NOW_MS = nil
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not NOW_MS then
+    local t = redis.call('TIME')
+    NOW_MS = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW_MS
 end
 
 local function now_us()
