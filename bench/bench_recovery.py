@@ -281,15 +281,24 @@ class Bench:
         payload = {"head": f"recovery-{i:03d}", "pid_file": str(pid_file), "sleep_s": 3600}
         task = self.ac.enqueue(self.handler, payload)
         victim, log = self.spawn(self.mcq_worker(), f"mcq-{i:03d}-attempt1")
+        horse = self.args.kill == "horse"
         try:
             pid = wait_for_pid(pid_file, victim, timeout, log)
-            t_kill = kill_group(victim, pid)
+            if horse:  # only the work horse (the job's process): its worker lives on and sees it die
+                os.kill(pid, signal.SIGKILL)
+                t_kill = time.time()
+            else:
+                t_kill = kill_group(victim, pid)
         finally:
-            if victim.poll() is None:  # it failed to start the job: leave no worker behind for the next run
+            if victim.poll() is None and not horse:  # it failed to start the job: leave no worker behind
                 os.killpg(victim.pid, signal.SIGKILL)
                 victim.wait(10)
         kill_ms = t_kill * 1000
-        rec_id, rec = self.wait_event(task.id, "attempt_reconciled", 1, timeout)
+        try:
+            rec_id, rec = self.wait_event(task.id, "attempt_reconciled", 1, timeout)
+        finally:
+            if horse:
+                stop(victim)
         # Attempt 2 on a fresh worker: it must replay the recorded receipt, not open a second PR.
         retry, _ = self.spawn(self.mcq_worker(), f"mcq-{i:03d}-attempt2")
         try:
@@ -430,7 +439,8 @@ def render(data: dict[str, Any]) -> str:
     if r:
         lines.append(
             f"| mc_queue: lease {lease_s:g} s ({lease_is}, heartbeat every {lease_s / 3:.1f} s), sweeper "
-            f"every {a['sweep_interval']:g} s, `--kind {a['kind']}` worker, killed ~{ms(s['claim_to_kill_ms']['p50'])} "
+            f"every {a['sweep_interval']:g} s, `--kind {a['kind']}` worker ({a.get('kill', 'group')} killed), killed "
+            f"~{ms(s['claim_to_kill_ms']['p50'])} "
             f"ms after its claim (a whole lease left) | {s['measured']} | {ms(r['p50'])} ms | "
             f"{ms(r['p95'])} ms | {ms(r['max'])} ms | **{s['duplicates']}** ({s['prs']} PRs for {s['keys']} keys) "
             f"| reconciled with the forge (PR found), failed (executor) -> retry; Attempt 2 replayed the receipt in "
@@ -482,6 +492,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--runs", type=int, default=20, help="mc_queue runs (one task each)")
     p.add_argument("--kind", choices=["simple", "fork"], default="simple", help="mc_queue worker kind")
+    p.add_argument("--kill", choices=["group", "horse"], default="group",
+                   help="group: the worker's whole process group; horse: only the work horse running the job "
+                        "(--kind fork), its worker lives on")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="sweeper interval, s (mcq's default: 1)")
     p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS,
                    help=f"the App's lease (default {DEFAULT_LEASE_MS}, mc_queue's DEFAULT_LEASE_MS); a shorter one "
@@ -502,6 +515,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.rq_settings = "fast"
     if args.runs < 1 or args.rq_runs < 0 or args.lease_ms < 100:
         p.error("--runs must be >= 1, --rq-runs >= 0 and --lease-ms >= 100")
+    if args.kill == "horse" and args.kind != "fork":
+        p.error("--kill horse needs --kind fork (a SimpleWorker runs the job in its own process)")
     return args
 
 
