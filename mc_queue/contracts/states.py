@@ -60,8 +60,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "pending", "running", "claim", "worker", "a new fence (INCR) and a lease key (PXAT expiry)")
     + _edges("attempt", "running", "succeeded", "complete", "worker holding the fence and a live lease")
     + _edges("attempt", "running", "failed", "fail", "worker holding the fence and a live lease")
-    + _edges("attempt", "running", "suspect", "expire", "sweeper",
-             "lease key gone (or voided: recovery, cancel not acknowledged); the fence moves on")
+    + _edges("attempt", "running", "suspect", "expire", "sweeper, or the worker whose process died",
+             "lease key gone (or voided: recovery, cancel not acknowledged, its process died); the fence moves on")
     + _edges("attempt", "running", "suspect", "cancel_ack", "worker holding the fence",
              "the executor stopped after a cancel request; the fence moves on")
     + _edges("attempt", "suspect", "reconciling", "reconcile_begin", "sweeper or operator")
