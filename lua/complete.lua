@@ -57,7 +57,7 @@ if err then return err end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
 if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
-  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts)} end
+  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, K.task)} end
   return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', a[3]},
     {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.result_digest, 'recorded_digest', a[3]})
 end
@@ -80,4 +80,4 @@ move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
 emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
 observe(K.stats, t[3], 'fin', t[1], 'succeeded', ts - started)
-return {'OK', ts_s, attempt_snapshot(K.attempts)}
+return {'OK', ts_s, attempt_snapshot(K.attempts, K.task)}

@@ -42,10 +42,10 @@ local count, reason = chars(A.reason)
 if count < 10 then return {'E_BADARG', 'reason: a replay needs a reason of at least ten characters'} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'manifest')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 if A.request_id ~= '' and aget(K.attempts, t[4], 'create_req') == A.request_id then
-  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts)}
+  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts, K.task)}
 end
 if t[3] ~= 'quarantined' then
   return refuse(K.events, K.stats, 'replay_refused', {'E_STATE', t[3]},
@@ -54,7 +54,7 @@ end
 local ts = now_ms()
 local m = tonumber(t[4]) + 1
 aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'prev', t[4], 'reason', reason,
-  'hypothesis', A.hypothesis, 'manifest', t[5], 'worktree', t[1] .. '/' .. m, 'retry_by', A.actor,
+  'hypothesis', A.hypothesis, 'worktree', t[1] .. '/' .. m, 'retry_by', A.actor,
   'create_req', A.request_id})
 redis.call('HSET', K.task, 'state', 'pending', 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, ts, t[1])
@@ -66,4 +66,4 @@ index_end(K, t[1], 'quarantined', 'pending', ts)
 emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', ts})
-return {'OK', m, attempt_snapshot(K.attempts)}
+return {'OK', m, attempt_snapshot(K.attempts, K.task)}

@@ -116,7 +116,8 @@ redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handl
   'payload_digest', A.payload_digest, 'idem_key', A.idem_key, 'state', 'pending', 'created_at', ts, 'updated_at', ts,
   'attempts', 1, 'active', 1, 'manifest', A.manifest, 'retry_policy', A.retry_policy, 'budget', A.budget,
   'lease_ms', A.lease_ms)
-aset(K.attempts, 1, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'manifest', A.manifest,
+-- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in).
+aset(K.attempts, 1, {'state', 'pending', 'created_at', ts, 'due_at', ts,
   'worktree', A.task_id .. '/1', 'reason', 'first dispatch'})
 if A.idem_key ~= '' then
   redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)

@@ -79,7 +79,7 @@ if err then return err end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
 -- A replay only when the worker itself recorded this failure with this fence (a reconciled one has no digest).
 if a[1] == 'failed' and a[2] == A.raw.fence and a[3] then
-  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts)} end
+  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, K.task)} end
   return refuse(K.events, K.stats, 'failure_conflict', {'E_CONFLICT', a[3]},
     {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.failure_digest, 'recorded_digest', a[3]})
 end
@@ -100,4 +100,4 @@ emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.r
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
 observe(K.stats, t[3], 'fin', t[1], 'failed', ts - started)
-return {'OK', ts, attempt_snapshot(K.attempts), state}
+return {'OK', ts, attempt_snapshot(K.attempts, K.task), state}

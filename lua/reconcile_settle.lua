@@ -79,7 +79,7 @@ if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'handler')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.ended_at', n .. '.settled_by')
-if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts)} end
+if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts, K.task)} end
 if a[1] ~= 'reconciling' then
   return refuse(K.events, K.stats, 'settle_refused', {'E_STATE', tostring(a[1])},
     {'attempt', n, 'actor', A.actor, 'outcome', A.outcome, 'reason', 'only a reconciling attempt is settled',
@@ -115,4 +115,4 @@ else
   state = apply_decision(K, t[1], t[2], n, t[3], A, A.actor, ts)
 end
 observe(K.stats, t[4], 'fin', t[2], A.outcome, ts - started)
-return {'OK', ts, attempt_snapshot(K.attempts), state}
+return {'OK', ts, attempt_snapshot(K.attempts, K.task), state}

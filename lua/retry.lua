@@ -42,11 +42,11 @@ local A, bad = args(ARGV, {
 if bad then return bad end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'active', 'manifest')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'active')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local task_id, queue, state, n = t[1], t[2], t[3], tonumber(t[4])
 local latest = redis.call('HMGET', K.attempts, n .. '.state', n .. '.create_req', n .. '.due_at')
-if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts)} end
+if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts, K.task)} end
 
 local why = nil
 local count, reason = chars(A.reason)
@@ -68,7 +68,7 @@ local m = n + 1
 local due = ts + A.delay_ms
 local new_state = (A.delay_ms > 0) and 'backoff' or 'pending'
 aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', reason,
-  'hypothesis', A.hypothesis, 'manifest', t[6], 'worktree', task_id .. '/' .. m, 'create_req', A.request_id,
+  'hypothesis', A.hypothesis, 'worktree', task_id .. '/' .. m, 'create_req', A.request_id,
   'retry_by', A.actor})
 redis.call('HSET', K.task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, due, task_id)
@@ -78,4 +78,4 @@ move_count(K.counts, queue, state, new_state)
 index_end(K, task_id, state, new_state, ts)
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', due})
-return {'OK', m, due, attempt_snapshot(K.attempts)}
+return {'OK', m, due, attempt_snapshot(K.attempts, K.task)}

@@ -292,10 +292,17 @@ local function aset(k_att, n, fields)
   redis.call(unpack(a))
 end
 
--- The fields of every Attempt of the task as a flat list ("<n>.<field>", value, ...): the client
--- keeps those of Attempt n (cheaper there than a string loop here).
-local function attempt_snapshot(k_att)
-  return redis.call('HGETALL', k_att)
+-- The fields of every Attempt of the task as a flat list ("<n>.<field>", value, ...), and the task's
+-- manifest as one more pair ('manifest', json): an Attempt's frozen manifest is the task's, kept once.
+-- The client keeps the fields of Attempt n (cheaper there than a string loop here).
+local function attempt_snapshot(k_att, k_task)
+  local flat = redis.call('HGETALL', k_att)
+  local manifest = redis.call('HGET', k_task, 'manifest')
+  if manifest then
+    flat[#flat + 1] = 'manifest'
+    flat[#flat + 1] = manifest
+  end
+  return flat
 end
 
 -- ----------------------------------------------------------------------------------- finished tasks

@@ -120,11 +120,19 @@ class Role:
 
 
 def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
-    """Attempt n from a script's HGETALL of the task's attempts hash ("<n>.<field>", value, ...)."""
+    """Attempt n from a script's attempt snapshot ("<n>.<field>", value, ..., and the task's manifest as
+    "manifest", json: lua/includes/common.lua attempt_snapshot)."""
     prefix = f"{n}."
     cut = len(prefix)
-    fields = {str(flat[i])[cut:]: str(flat[i + 1]) for i in range(0, len(flat), 2) if str(flat[i]).startswith(prefix)}
-    return Attempt.from_fields(task_id, n, fields)
+    fields: dict[str, str] = {}
+    manifest = None
+    for i in range(0, len(flat), 2):
+        name = str(flat[i])
+        if name.startswith(prefix):
+            fields[name[cut:]] = str(flat[i + 1])
+        elif name == "manifest":
+            manifest = str(flat[i + 1])
+    return Attempt.from_fields(task_id, n, fields, manifest=manifest)
 
 
 def printable(text: str, limit: int) -> str:

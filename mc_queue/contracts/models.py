@@ -123,7 +123,9 @@ class Attempt(_Record):
         return self.state in TERMINAL_ATTEMPT_STATES
 
     @classmethod
-    def from_fields(cls, task_id: str, number: int, f: dict[str, str]) -> Attempt:
+    def from_fields(cls, task_id: str, number: int, f: dict[str, str], *, manifest: str | None = None) -> Attempt:
+        """An Attempt from its fields in the attempts hash; ``manifest``: the task's, for an Attempt that
+        keeps none of its own."""
         def ms(name: str) -> datetime | None:
             v = f.get(name)
             return ms_to_dt(int(v)) if v else None
@@ -141,7 +143,8 @@ class Attempt(_Record):
             previous=attempt_id(task_id, int(prev)) if prev else None,
             reason=f.get("reason") or None,
             hypothesis=f.get("hypothesis") or None,
-            manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,
+            manifest=Manifest.model_validate_json(f.get("manifest") or manifest or "") if f.get("manifest") or manifest
+            else None,
             worktree=f.get("worktree") or None,
             worker_id=f.get("worker") or None,
             fence=int(f["fence"]) if f.get("fence") else None,
@@ -218,7 +221,9 @@ class Task(_Record):
         for key, value in att.items():
             num, _, name = key.partition(".")
             by_n.setdefault(int(num), {})[name] = value
-        attempts = [Attempt.from_fields(f["id"], n, by_n[n]) for n in sorted(by_n)]
+        # An Attempt's frozen manifest is the task's, kept once in the task hash (an Attempt written before
+        # that, or one with a manifest of its own, keeps its field).
+        attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=f.get("manifest")) for n in sorted(by_n)]
         return cls(
             id=f["id"],
             queue=f["queue"],
