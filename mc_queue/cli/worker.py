@@ -157,7 +157,10 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
 def _named_pool(base: str) -> Any:
     """RQ's WorkerPool whose workers are named ``<base>-1`` .. ``<base>-N`` (RQ names them by uuid and has
     no option for it); a respawned worker takes the next number, since RQ may still hold a dead one's name."""
+    from rq.worker import SimpleWorker
     from rq.worker_pool import WorkerData, WorkerPool
+
+    from ..worker.runner import worker_died
 
     class NamedWorkerPool(WorkerPool):
         spawned = 0
@@ -169,6 +172,8 @@ def _named_pool(base: str) -> Any:
         def handle_dead_worker(self, worker_data: WorkerData) -> None:
             self.exit_codes.append(worker_data.process.exitcode)
             super().handle_dead_worker(worker_data)
+            if issubclass(self.worker_class, SimpleWorker):  # it ran its Attempts in its own process
+                worker_died(worker_data.name, worker_data.pid, worker_data.process.exitcode)
 
         def start_worker(self, count: int | None = None, burst: bool = True, _sleep: float = 0,
                          logging_level: str = "INFO") -> None:

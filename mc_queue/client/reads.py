@@ -13,7 +13,7 @@ import redis
 from ..contracts.codec import check_int
 from ..contracts.config import Retention
 from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
-from ..contracts.keys import check_queue, parse_task_id
+from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task
 from ..contracts.packing import Packed, join_chunks, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
@@ -204,6 +204,22 @@ class Reads(Role):
             if len(rows) >= limit:
                 break
         return rows, truncated
+
+    def leases_held_by(self, worker: str, *, limit: int = 10_000) -> list[str]:
+        """Attempt ids whose lease ``worker`` holds, from the lease index (oldest first, at most ``limit``
+        entries looked at; one round trip for the index, one for the holders)."""
+        members = [str(m) for m in self.redis.zrange(self.keys.leases, 0, check_int(limit, what="limit", low=1,
+                                                                                    high=1_000_000) - 1)]
+        pipe = self.redis.pipeline(transaction=False)
+        kept = []
+        for member in members:
+            try:
+                tid, n = parse_attempt_id(member)
+            except ValueError:
+                continue  # an unreadable index member: the sweeper drops those
+            pipe.hget(self.keys.task(tid).attempts, f"{n}.worker")
+            kept.append(member)
+        return [m for m, holder in zip(kept, pipe.execute(), strict=True) if holder == worker]
 
     def task_ids_of(self, index: str, *, limit: int = 1000) -> list[str]:
         """Members of one of the namespace's time indexes (leases, suspect, outbox, cancels), oldest first."""

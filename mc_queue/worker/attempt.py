@@ -294,20 +294,43 @@ def horse_died(rt: Runtime, attempt_id: str, pid: int, status: int) -> bool:
     runs the Attempt) and reconcile the Attempt with its providers at once, as the sweeper would after the
     lease ran out. Returns True when the lease was voided. Never raises: what fails here is left to the
     lease and the sweeper."""
-    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}") \
-        if status else "no status"
-    why = f"the process running it (pid {pid}) died ({how}): its lease is voided at once"
+    return bool(void_and_reconcile(rt.client, rt.app, [attempt_id], holder=rt.worker_id,
+                                   why=f"the process running it (pid {pid}) died ({describe_exit(status)})"))
+
+
+def describe_exit(status: int | None, *, exitcode: bool = False) -> str:
+    """How a process ended: from a waitpid status, or (``exitcode``) a multiprocessing exit code
+    (minus the signal that ended it, else its exit status)."""
+    if status is None:
+        return "no status"
+    if exitcode:
+        return f"signal {-status}" if status < 0 else f"exit status {status}"
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit status {os.WEXITSTATUS(status)}"
+
+
+def void_and_reconcile(client: Client, app: App, attempt_ids: list[str], *, holder: str, why: str) -> list[str]:
+    """Void the leases of ``attempt_ids`` that ``holder`` holds (expire.lua by holder: a lease another worker
+    holds is left alone) and reconcile each voided Attempt with its providers at once. Returns the
+    Attempts voided. Never raises: what fails here is left to the lease and the sweeper."""
+    if not attempt_ids:
+        return []
     try:
-        voided = rt.client.operator.void_leases([attempt_id], actor=rt.worker_id, reason=why, holder=rt.worker_id)
+        voided = [e.attempt_id for e in client.operator.void_leases(attempt_ids, actor=holder, holder=holder,
+                                                                      reason=f"{why}: its lease is voided at once")]
     except (McqError, redis.RedisError) as exc:
-        log.error("attempt %s: its process died; voiding its lease failed (%s): it runs out by itself", attempt_id, exc)
-        return False
+        log.error("attempts %s: %s; voiding their leases failed (%s): they run out by themselves", attempt_ids, why,
+                  exc)
+        return []
     if not voided:
-        log.info("attempt %s: its process (pid %d) died holding no lease of this worker", attempt_id, pid)
-        return False
-    log.warning("attempt %s: its process (pid %d) died (%s); lease voided, reconciling now", attempt_id, pid, how)
-    try:
-        Reconciler(rt.client, rt.app.operations, actor=rt.worker_id).reconcile(attempt_id, apply_policy=True)
-    except Exception as exc:  # a provider down, a transition refused: the sweeper reconciles it at its next pass
-        log.warning("attempt %s: reconciling it after its process died failed (%s); the sweeper will", attempt_id, exc)
-    return True
+        log.info("attempts %s: %s, holding no lease of %s", attempt_ids, why, holder)
+        return []
+    log.warning("attempts %s: %s; leases voided, reconciling now", voided, why)
+    reconciler = Reconciler(client, app.operations, actor=holder)
+    for aid in voided:
+        try:
+            reconciler.reconcile(aid, apply_policy=True)
+        except Exception as exc:  # a provider down, a transition refused: the sweeper reconciles it at its next pass
+            log.warning("attempt %s: reconciling it after its process died failed (%s); the sweeper will", aid, exc)
+    return voided

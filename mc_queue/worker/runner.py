@@ -36,7 +36,18 @@ from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
 from ..producer.transport import rq_connection, rq_queue_name
-from .attempt import DEFAULT_GRACE_S, Admission, Refusal, Runtime, horse_died, record_refusal, runtime, set_runtime
+from .attempt import (
+    DEFAULT_GRACE_S,
+    Admission,
+    Refusal,
+    Runtime,
+    describe_exit,
+    horse_died,
+    record_refusal,
+    runtime,
+    set_runtime,
+    void_and_reconcile,
+)
 from .jobs import McqJob, screen_job
 from .workspace import WorkspaceRoot, default_root
 
@@ -85,6 +96,24 @@ def configure(app: App, client: Client, workspace_root: str | os.PathLike[str] |
         raise McqError(f"grace_s must be a number of seconds from 0 to 86400, not {grace_s!r}")
     _TEMPLATE = (app, client, root, float(grace_s))
     return root
+
+
+def worker_died(name: str, pid: int, exitcode: int | None) -> list[str]:
+    """A worker process of this process's pool that ran its Attempts itself (SimpleWorker) ended: the
+    leases it still held are voided now, by holder, and their Attempts reconciled (nothing else would
+    until the leases ran out). A fork worker's Attempts run in work horses that may outlive it: those are
+    left to their leases. Returns the Attempts voided."""
+    if _TEMPLATE is None:
+        return []
+    app, client, _, _ = _TEMPLATE
+    try:
+        held = client.reads.leases_held_by(name)
+    except redis.RedisError as exc:
+        log.error("worker %s (pid %d) ended; its leases could not be read (%s): they run out by themselves",
+                  name, pid, exc)
+        return []
+    how = describe_exit(exitcode, exitcode=True)
+    return void_and_reconcile(client, app, held, holder=name, why=f"worker {name} (pid {pid}) running it ended ({how})")
 
 
 def _install_runtime(name: str) -> Runtime:

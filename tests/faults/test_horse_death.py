@@ -1,6 +1,7 @@
-"""A work horse that dies is noticed by its worker at once (issue 17): the lease of the Attempt it ran is
-voided through the fenced expire script, and the Attempt reconciled, without waiting for the lease to
-run out or for a sweeper. No sweeper runs in these tests: only the worker can have done it.
+"""A work horse that dies is noticed by its worker at once, and a pool's SimpleWorker by its pool (issue 17):
+the lease of the Attempt it ran is voided through the fenced expire script, and the Attempt reconciled,
+without waiting for the lease to run out or for a sweeper. No sweeper runs in these tests: only the
+worker (or the pool) can have done it.
 
 The void is by holder: a worker voids only a lease it holds, never another worker's (the process that
 died may have run a duplicate message, refused while someone else runs the Attempt).
@@ -70,3 +71,32 @@ def test_a_worker_voids_only_a_lease_it_holds(h: Harness, tmp_path: Path) -> Non
     assert final.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT)
     assert final.fence > lease.fence
     assert events(final, "lease_expired", attempt=1)[0].fields["actor"] == "holder-1"
+
+
+def test_a_killed_pool_worker_has_its_leases_voided_by_the_pool(h: Harness) -> None:
+    """A pool of SimpleWorkers runs each Attempt in the pool worker's own process: when one is killed, the
+    pool sees it at its next check (about a second) and voids what it held, by holder, then reconciles."""
+    task = h.basic.enqueue("long-first", {"seconds": 60})
+    pool = h.start_worker("simple", BASIC, "--pool", "2", "--name", "w-pool")
+    claimed = wait_for(lambda: events(h.task(task.id), "attempt_claimed"), 20, "a pool worker to claim Attempt 1")
+    holder = claimed[0].fields["worker"]
+    assert holder.startswith("w-pool-")
+    # (a burst pool's idle worker may have ended already: whichever are left are killed)
+    children = wait_for(lambda: _children(pool.pid), 10, "the pool's workers")
+    killed_at = time.monotonic()
+    for child in children:  # an idle one holds nothing: voiding by holder leaves it nothing to do
+        os.kill(child, signal.SIGKILL)
+
+    def settled() -> mc_queue.Task | None:
+        t = h.task(task.id)
+        return t if t.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT,
+                                                AttemptState.RECONCILING) else None
+
+    final = wait_for(settled, 15, "Attempt 1 voided and reconciled by the pool")
+    took = time.monotonic() - killed_at
+    voided = events(final, "lease_expired", attempt=1)
+    assert len(voided) == 1 and voided[0].fields["actor"] == holder, [e.fields for e in voided]
+    assert f"worker {holder}" in voided[0].fields["reason"] and "ended (signal 9)" in voided[0].fields["reason"]
+    assert took < 8, f"took {took:.1f} s"  # the lease is 1.5 s, but no sweeper runs here: the pool did it
+    pool.kill()
+    pool.wait(10)
