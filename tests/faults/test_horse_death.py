@@ -31,6 +31,13 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _settled(h: Harness, task_id: str) -> mc_queue.Task | None:
+    """The task once its Attempt 1 is neither running nor waiting for reconciliation, else None."""
+    t = h.task(task_id)
+    return t if t.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT, AttemptState.RECONCILING) \
+        else None
+
+
 def test_a_killed_work_horse_has_its_lease_voided_and_its_attempt_reconciled_at_once(h: Harness) -> None:
     task = h.basic.enqueue("long-first", {"seconds": 60})
     worker = h.start_worker("fork", BASIC, "--name", "w-horse")
@@ -39,12 +46,7 @@ def test_a_killed_work_horse_has_its_lease_voided_and_its_attempt_reconciled_at_
     killed_at = time.monotonic()
     os.kill(horse, signal.SIGKILL)
 
-    def settled() -> mc_queue.Task | None:
-        t = h.task(task.id)
-        return t if t.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT,
-                                                AttemptState.RECONCILING) else None
-
-    final = wait_for(settled, 10, "Attempt 1 voided and reconciled by its worker")
+    final = wait_for(lambda: _settled(h, task.id), 10, "Attempt 1 voided and reconciled by its worker")
     took = time.monotonic() - killed_at
     voided = events(final, "lease_expired", attempt=1)
     assert len(voided) == 1, [e.type for e in final.events]
@@ -87,12 +89,7 @@ def test_a_killed_pool_worker_has_its_leases_voided_by_the_pool(h: Harness) -> N
     for child in children:  # an idle one holds nothing: voiding by holder leaves it nothing to do
         os.kill(child, signal.SIGKILL)
 
-    def settled() -> mc_queue.Task | None:
-        t = h.task(task.id)
-        return t if t.attempts[0].state not in (AttemptState.RUNNING, AttemptState.SUSPECT,
-                                                AttemptState.RECONCILING) else None
-
-    final = wait_for(settled, 15, "Attempt 1 voided and reconciled by the pool")
+    final = wait_for(lambda: _settled(h, task.id), 15, "Attempt 1 voided and reconciled by the pool")
     took = time.monotonic() - killed_at
     voided = events(final, "lease_expired", attempt=1)
     assert len(voided) == 1 and voided[0].fields["actor"] == holder, [e.fields for e in voided]
