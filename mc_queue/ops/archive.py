@@ -94,7 +94,7 @@ def archive_and_retire(client: Client, sink: ArchiveSink | None, rows: Sequence[
     only if it is still the version the archive read (``retire.lua``'s ``seen``): anything recorded
     after that read (a refused stale write) keeps it in Redis until the next pass archives it again.
     Raises :class:`ArchiveError` (nothing deleted) when the sink fails. Returns the counts of
-    :meth:`Client.retire_batch` and ``archived``."""
+    :meth:`Maintenance.retire_batch` and ``archived``."""
     seen: dict[str, str] | None = None
     archived = 0
     if sink is not None:

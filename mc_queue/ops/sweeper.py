@@ -14,7 +14,7 @@ Each pass:
    longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those);
 5. keeps Redis bounded: packs the history of tasks that finished ``pack_after_ms`` ago into one
    compressed document each (``lua/pack.lua``); deletes the ended tasks each queue's retention policy
-   lets go (``Client.retention``: age and/or count, finished and held tasks apart), in batches, each
+   lets go (``Reads.retention``: age and/or count, finished and held tasks apart), in batches, each
    handed to the archive first when one is set, each leaving a tombstone (``lua/retire.lua``); and
    forgets producer keys whose tombstone window has passed (``lua/idem_trim.lua``). This step works
    for at most ``retention_budget_s`` a pass and goes on at the next one.
@@ -25,7 +25,7 @@ Its cost grows with what is due (expired leases, suspects, due dispatches), not 
 tasks in Redis. One bad index entry never stops a batch: an entry whose task is gone or that cannot
 be read is dropped and logged (``orphan_index_entry``), any other error is reported and the pass
 goes on. On a namespace that lost state the sweeper decides nothing and says so at every pass.
-Every pass starts with the client's replication lineage check (:meth:`Client.check_lineage`), so a
+Every pass starts with the client's replication lineage check (:meth:`Backend.check_lineage`), so a
 failover that lost acknowledged writes is found within one pass of the sweeper reaching the new
 primary.
 """

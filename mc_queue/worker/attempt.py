@@ -9,7 +9,7 @@ sweeper. The lease length comes from the task (frozen at enqueue), never from th
 **Outcomes.** ``run_attempt`` returns the Attempt's outcome and logs it: a failure at WARNING (ERROR
 when the task stops or is quarantined) with its class, type, fingerprint, the decision and the
 traceback; RQ's "Job OK" lines, which say nothing about the Attempt, are not logged. RQ's job
-timeout does not fail the Attempt: the worker gives up its lease (:meth:`Client.void_leases`), the
+timeout does not fail the Attempt: the worker gives up its lease (:meth:`Operator.void_leases`), the
 Attempt turns suspect and the sweeper reconciles its effects with their providers before anything
 is retried.
 """

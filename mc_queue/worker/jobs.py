@@ -2,7 +2,7 @@
 
 **Nothing in a job is trusted.** Anyone able to write ``rq:*`` keys can write a job, so before a
 job runs, the worker process that took it (not a forked child) screens it, and refuses it, recorded
-through :meth:`Client.audit` (``transport_job_refused`` in the capped refusals log) and removed from
+through :meth:`Operator.audit` (``transport_job_refused`` in the capped refusals log) and removed from
 RQ, when:
 
 - its payload is not JSON, it names another function than mc_queue's entry (nothing is imported or

@@ -3,7 +3,7 @@
 Each function returns the template's context (plain dicts and records). Nothing here scans the
 keyspace: the overview reads the counts hash, the indexes, the stats and sweeper hashes, the
 console's own samples and RQ's worker registry (as ``mcq workers``), the task list pages through
-``Client.list_tasks``, the task page is ``Client.get_task`` + ``Client.effects``.
+``Reads.list_tasks``, the task page is ``Reads.get_task`` + ``Reads.effects``.
 
 Every list is paged, and a page reads what it shows: the overview the samples of its queues, the
 attention page the items of its page (``HMGET``, never the whole hash), the DLQ page the summaries of
@@ -333,7 +333,7 @@ def _ms_iso(ms: int | None) -> str:
 
 
 def attention(client: Client, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``params``: page. The items of that page, by task id (as ``Client.attention_items``): the
+    """``params``: page. The items of that page, by task id (as ``Reads.attention_items``): the
     hash's field names, then that page's items and their DLQ membership in one pipeline."""
     page = page_number((params or {}).get("page"))
     ids = sorted(str(k) for k in cast(list[str], client.redis.hkeys(client.keys.attention)))
