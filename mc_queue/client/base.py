@@ -51,7 +51,7 @@ class Role:
         return {"done": tk.done, "held": tk.held, "topack": self.keys.topack}
 
     def _ns_keys(self) -> dict[str, str]:
-        return {"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog}
+        return self.backend.ns_keys()
 
     def _history(self, reply: Any, key: str) -> list[Event]:
         """A task's events from the LRANGE of its history in a pipeline run with ``raise_on_error=False``;
