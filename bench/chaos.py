@@ -88,6 +88,7 @@ from mc_queue.contracts.errors import McqError, NamespaceLost, OutcomeUnknown, R
 from mc_queue.contracts.keys import parse_attempt_id  # noqa: E402
 from mc_queue.contracts.models import Task, TaskState  # noqa: E402
 from mc_queue.demo.fleet import Fleet, provider_env  # noqa: E402
+from mc_queue.producer.transport import job_id, rq_connection, rq_queue  # noqa: E402
 from mc_queue.providers.git import TRAILER, git  # noqa: E402
 from mc_queue.testing import ForgeServer, RedisServer, RepeatableFailoverCluster, TcpProxy  # noqa: E402
 
@@ -471,8 +472,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.5)
         settle_s = time.monotonic() - started - injected_s
         time.sleep(1.0)  # the last refused writes of resumed workers land
+        stuck = diagnose_stuck(r)  # before the fleet stops: what RQ and the workers say of a task not at rest
         fleet.stop_all()
-        return audit(r, remote, injected_s, settle_s)
+        return audit(r, remote, injected_s, settle_s) | {"stuck": stuck}
     finally:
         fleet.stop_all()
         if proxy is not None and sweeper_proxy is not None:
@@ -493,6 +495,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the audit
+
+
+def diagnose_stuck(r: Run) -> list[str]:
+    """For each task not at rest when the settle ended: its outbox entry, its RQ job (status, worker,
+    registries) and the worker log lines that name its Attempt, so that a failed run says why."""
+    c = r.client
+    out: list[str] = []
+    try:
+        rq = rq_connection(c)
+        now_ms = c.backend.redis_time_ms()
+        for key, known in r.keys.items():
+            tid = known or c.redis.hget(c.keys.idem, key)
+            if not tid:
+                continue
+            t = c.reads.get_task(str(tid))
+            if t.state in AT_REST or t.latest is None:
+                continue
+            aid = t.latest.id
+            score = c.redis.zscore(c.keys.outbox, aid)
+            queue = rq_queue(rq, c.keys.prefix, t.queue)
+            jid = job_id(c.keys.prefix, aid)
+            job = {k.decode(): v.decode(errors="replace")[:80] for k, v in rq.hgetall(f"rq:job:{jid}").items()
+                   if k.decode() in ("status", "worker_name", "started_at", "enqueued_at", "last_heartbeat")}
+            started = [(m.decode(), round(s - time.time())) for m, s in rq.zscan_iter(
+                queue.started_job_registry.key, match=f"{jid}:*")]
+            out.append(f"{aid}: attempt {t.latest.state.value}, dispatches {t.latest.dispatches}, outbox "
+                       f"{'none' if score is None else f'due in {int(score) - now_ms} ms'}; RQ job {job or 'none'}, "
+                       f"in list at {rq.lpos(queue.key, jid)}, started registry (member, s left) {started}; "
+                       f"events {[e.type for e in t.events]}")
+            for log in sorted(r.fleet.log_dir.glob("*.log")):
+                hits = [line for line in log.read_text(errors="replace").splitlines() if aid in line]
+                out += [f"  {log.name}: {line[:240]}" for line in hits[-6:]]
+    except Exception as exc:  # a diagnosis never hides the run's result
+        out.append(f"diagnosis failed: {type(exc).__name__}: {exc}")
+    return out
 
 
 def pct(values: list[float], q: int) -> float | None:
@@ -744,6 +781,8 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
         out.append(f"- at rest, not succeeded: {item}")
     for item in a["lost"][:20]:
         out.append(f"- LOST: {item}")
+    for item in a.get("stuck", [])[:60]:
+        out.append(f"- stuck: {item}")
     for item in a["stale_accepted"][:20]:
         out.append(f"- STALE WRITE ACCEPTED: {item}")
     if not counts_agree:

@@ -10,6 +10,8 @@ doing into it (JSON: point, operation, attempt, worker, pid, time), then acts.
 
 Points:
 
+- ``attempt.before_claim``: in a worker, after RQ marked the job started and before the claim: a
+  delivery that never reaches its claim (what a connection cut there leaves);
 - ``effect.before_call``: in :meth:`mc_queue.Context.effect`, after the intent is recorded (fenced)
   and before the provider is called: the window only the provider can close (its fence check);
 - ``effect.after_call``: after the provider answered, before the receipt is recorded.
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-POINTS = ("effect.before_call", "effect.after_call")
+POINTS = ("attempt.before_claim", "effect.before_call", "effect.after_call")
 ACTIONS = ("stop", "kill")
 ENV = "MCQ_FAILPOINTS_DIR"
 

@@ -45,7 +45,7 @@ from ..contracts.errors import McqError, NamespaceLost, TaskNotFound, Transition
 from ..contracts.keys import parse_attempt_id, parse_task_id
 from ..contracts.models import AttemptState
 from ..policy.reconcile import Reconciler
-from ..producer.dispatch import DEFAULT_RECHECK_MS, dispatch
+from ..producer.dispatch import DEFAULT_CLAIM_GRACE_MS, DEFAULT_RECHECK_MS, dispatch
 from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue
 from .archive import ArchiveError, ArchiveSink, archive_and_retire
 
@@ -83,12 +83,14 @@ class Sweeper:
     def __init__(self, client: Client, *, app: Any = None, batch: int = 200, actor: str | None = None,
                  recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0,
                  archive: ArchiveSink | None = None, pack_after_ms: int = PACK_AFTER_MS,
-                 retention_budget_s: float = 1.0, retention_batch: int = 500) -> None:
+                 retention_budget_s: float = 1.0, retention_batch: int = 500,
+                 claim_grace_ms: int = DEFAULT_CLAIM_GRACE_MS) -> None:
         self.client = client
         self.actor = actor or f"sweeper@{client.actor}"
         self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
         self.batch = batch
         self.recheck_ms = recheck_ms
+        self.claim_grace_ms = claim_grace_ms
         self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
         self._tidied_at = float("-inf")
@@ -232,7 +234,8 @@ class Sweeper:
                 if attempt is None or attempt.state is not AttemptState.PENDING:
                     self.client.maintenance.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
                     continue
-                if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms):
+                if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms,
+                            claim_grace_ms=self.claim_grace_ms):
                     report.dispatched.append(aid)
                 else:
                     report.rechecked.append(aid)

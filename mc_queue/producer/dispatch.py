@@ -16,6 +16,7 @@ from ..contracts.models import Attempt, AttemptState, Task
 from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
 
 DEFAULT_RECHECK_MS = 60_000
+DEFAULT_CLAIM_GRACE_MS = 10_000
 
 
 class _Spec(Protocol):
@@ -69,16 +70,17 @@ class AppClient:
 
 
 def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
-             recheck_ms: int = DEFAULT_RECHECK_MS) -> bool:
+             recheck_ms: int = DEFAULT_RECHECK_MS, claim_grace_ms: int = DEFAULT_CLAIM_GRACE_MS) -> bool:
     """Send one Attempt to its RQ queue (record first, then send: the outbox already holds it), unless
-    RQ already holds its job waiting or running: then only the outbox's recheck moves. Returns True
-    when a message was pushed. A job sent again is first cleared from RQ's registries."""
+    RQ already holds its job waiting, or started less than ``claim_grace_ms`` ago (a claim may be on
+    its way; an older start that never reached its claim is sent again): then only the outbox's
+    recheck moves. Returns True when a message was pushed. A job sent again is first cleared from RQ's registries."""
     manifest = attempt.manifest or task.manifest
     timeout = manifest.timeout_s if manifest else None
     queue = rq_queue(rq, client.keys.prefix, task.queue)
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
-        if waiting(rq, queue, jid):
+        if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms):
             client.maintenance.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
             return False
         clear_job(rq, queue, jid)

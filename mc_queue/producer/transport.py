@@ -24,6 +24,7 @@ import redis
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.utils import utcparse
 
 from ..client import Client
 from ..contracts.keys import Keys, parse_attempt_id
@@ -84,19 +85,30 @@ def rq_queue(rq: redis.Redis, prefix: str, queue: str) -> Queue:
     return Queue(rq_queue_name(prefix, queue), connection=rq, serializer=JSONSerializer)
 
 
-def waiting(rq: redis.Redis, queue: Queue, jid: str) -> bool:
-    """True when RQ holds this job waiting in its queue's list, or running in a worker whose
-    execution is still live (RQ's started registry): sending it again would make a second entry
-    for one Attempt. Anything else (no job, a lost list entry, a started job whose worker died
-    before its claim, failed, finished) means the message must be sent again."""
+def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int) -> bool:
+    """True when RQ holds this job waiting in its queue's list, or started by a worker less than
+    ``claim_grace_ms`` ago whose execution is still live (RQ's started registry): sending it again
+    would make a second entry for one Attempt. The caller asks only for an Attempt still pending,
+    and mc_queue's worker claims right after RQ starts a job, so a start older than the grace is a
+    delivery that never reached its claim (a connection cut between RQ's start and the claim, a
+    worker frozen or killed there), whatever RQ's registry says: its entry stays live for the job
+    timeout + 60 s. Anything else (no job, a lost list entry, failed, finished) means the message
+    must be sent again. RQ's start time is the worker's clock: a skewed one sends early (a duplicate
+    message, refused by the claim) or late (by the skew), never loses the Attempt."""
     pipe = rq.pipeline(transaction=False)
-    pipe.hget(Job.key_for(jid), "status")
+    pipe.hmget(Job.key_for(jid), ["status", "started_at"])
     pipe.lpos(queue.key, jid)
-    status, position = pipe.execute()
+    (status, started_at), position = pipe.execute()
     if status == b"queued":
         return position is not None
     if status == b"started":
         now = time.time()
+        try:
+            started = utcparse(started_at.decode()).timestamp() if started_at else 0.0
+        except ValueError:
+            started = 0.0
+        if 1000 * (now - started) >= claim_grace_ms:
+            return False
         return any(score > now for _, score in rq.zscan_iter(queue.started_job_registry.key, match=f"{jid}:*"))
     return False
 

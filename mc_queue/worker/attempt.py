@@ -30,6 +30,7 @@ from rq import Queue
 from rq.timeouts import JobTimeoutException
 
 from ..client import Client
+from ..contracts import failpoints
 from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from ..contracts.failures import make_failure
 from ..contracts.keys import parse_attempt_id
@@ -148,6 +149,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     rt = runtime()
     client = rt.client
     attempt_id, task_id, n = adm.attempt_id, adm.task_id, adm.number
+    failpoints.hit("attempt.before_claim", attempt=attempt_id, worker=rt.worker_id)
     try:
         lease = client.leases.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
                                             request_id=uuid.uuid4().hex, with_task=True)

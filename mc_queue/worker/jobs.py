@@ -32,6 +32,7 @@ from typing import Any
 from rq.defaults import CALLBACK_TIMEOUT
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+from rq.results import Result
 
 from ..contracts.errors import McqError
 from ..producer.transport import ENTRY, rq_queue_name
@@ -131,6 +132,21 @@ class McqJob(Job):
     def _execute(self) -> Any:
         """Run the admitted Attempt; never the function or arguments the job names."""
         return self.func()
+
+    def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> None:
+        """RQ's delete, for a job whose hash may be gone: a second delivery of one Attempt (a message
+        sent again after one that never reached its claim) ends after its twin finished and deleted
+        the hash (no result is kept). RQ then raised out of its success bookkeeping, reading the
+        status to find the registry to leave, and logged the refused duplicate as a crash. There is
+        no registry entry of that status left; what this delivery's own heartbeat and execution wrote
+        is removed."""
+        if self.connection.hget(self.key, "status"):
+            super().delete(pipeline=pipeline, remove_from_queue=remove_from_queue, delete_dependents=delete_dependents)
+            return
+        connection = pipeline if pipeline is not None else self.connection
+        self.execution_registry.delete(job=self, pipeline=connection)  # type: ignore[arg-type]  # (as RQ does)
+        connection.delete(self.key, self.dependents_key, self.dependencies_key,
+                          Result.get_key(self.id))  # type: ignore[no-untyped-call]
 
     @property
     def success_callback(self) -> None:

@@ -22,11 +22,12 @@ from rq.serializers import JSONSerializer
 
 import mc_queue
 from mc_queue import TaskState
+from mc_queue.contracts import failpoints
 from mc_queue.ops.sweeper import Sweeper
 from mc_queue.producer.transport import job_id, rq_queue_name
 from mc_queue.testing import RedisServer
 from tests.apps import basic
-from tests.harness import BASIC, REPO, WorkerHarness, harness_fixture
+from tests.harness import BASIC, REPO, WorkerHarness, events, harness_fixture, proc_state, wait_for
 
 RQ = str(Path(sys.executable).with_name("rq"))
 
@@ -91,6 +92,51 @@ def test_a_lost_message_is_sent_again_exactly_once(w: World) -> None:
         time.sleep(0.01)
         assert not sweeper.run_once().dispatched
     assert w.listed() == [jid]
+
+
+def test_a_delivery_that_never_reached_its_claim_is_sent_again(w: World) -> None:
+    """A worker took the job (RQ marked it started, its started-registry entry live for the job timeout
+    + 60 s) and then never claimed: its connection was cut between RQ's start and the claim, or it
+    froze or died there (found by the chaos run: the task waited 11 minutes). The outbox must not
+    trust that entry past a claim's grace: within it the job is left alone (a claim may be on its
+    way), after it the job is sent again; the frozen worker, resumed, is refused by the claim."""
+    points = w.home / "points"
+    points.mkdir()
+    w.extra_env[failpoints.ENV] = str(points)
+    failpoints.arm(points, "attempt.before_claim", "stop")
+    task = w.app.enqueue("noop", {})
+    aid = task.attempts[0].id
+    jid = job_id(w.prefix, aid)
+    frozen = w.worker()
+    wait_for(lambda: proc_state(frozen.pid) == "T", 30, "the worker to freeze before its claim")
+    w.stopped.add(frozen.pid)
+    job = Job.fetch(jid, connection=w.rq, serializer=JSONSerializer)
+    assert job.get_status() == "started" and jid in w.queue.started_job_registry.get_job_ids()
+    assert w.client.reads.get_task(task.id).attempts[0].state.value == "pending"
+    sweeper = Sweeper(w.client, app=basic.app, recheck_ms=1, tidy_every_s=0, claim_grace_ms=1500)
+    w.due_now(task)
+    time.sleep(0.01)
+    first = sweeper.run_once()
+    assert first.rechecked == [aid] and not first.dispatched, first.as_dict()
+    time.sleep(1.6)
+    w.due_now(task)
+    time.sleep(0.01)
+    second = sweeper.run_once()
+    assert second.dispatched == [aid], second.as_dict()
+    assert w.listed() == [jid]
+    assert w.worker().wait(60) == 0
+    assert w.client.reads.get_task(task.id).state is TaskState.SUCCEEDED
+    w.sigcont(frozen.pid)
+    frozen.wait(60)
+    done = w.client.reads.get_task(task.id)
+    assert done.state is TaskState.SUCCEEDED and len(done.attempts) == 1
+    assert len(events(done, "attempt_claimed")) == 1, [e.type for e in done.events]
+    assert len(events(done, "claim_refused", attempt=1)) == 1, "the resumed worker's claim was refused"
+    assert "Traceback" not in w.worker_log(frozen), w.worker_log(frozen)
+    registries = {name: getattr(w.queue, f"{name}_job_registry").get_job_ids()
+                  for name in ("failed", "started", "finished", "canceled", "deferred", "scheduled")}
+    assert all(not ids for ids in registries.values()), registries
+    assert not w.listed() and not Job.exists(jid, connection=w.rq)
 
 
 def test_a_killed_worker_leaves_no_job_in_rqs_registries(w: World) -> None:
