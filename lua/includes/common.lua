@@ -293,14 +293,19 @@ local function aset(k_att, n, fields)
 end
 
 -- The fields of every Attempt of the task as a flat list ("<n>.<field>", value, ...), and the task's
--- manifest as one more pair ('manifest', json): an Attempt's frozen manifest is the task's, kept once.
+-- manifest as one more pair ('manifest', json) with the task fields a compact manifest leaves out
+-- ('handler', 'payload_digest'): an Attempt's frozen manifest is the task's, kept once.
 -- The client keeps the fields of Attempt n (cheaper there than a string loop here).
 local function attempt_snapshot(k_att, k_task)
   local flat = redis.call('HGETALL', k_att)
-  local manifest = redis.call('HGET', k_task, 'manifest')
-  if manifest then
+  local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest')
+  if t[1] then
     flat[#flat + 1] = 'manifest'
-    flat[#flat + 1] = manifest
+    flat[#flat + 1] = t[1]
+    flat[#flat + 1] = 'handler'
+    flat[#flat + 1] = t[2] or ''
+    flat[#flat + 1] = 'payload_digest'
+    flat[#flat + 1] = t[3] or ''
   end
   return flat
 end

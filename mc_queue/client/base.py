@@ -16,6 +16,7 @@ from ..contracts.codec import MAX_INT, canonical_json, check_int, check_text
 from ..contracts.config import Decision
 from ..contracts.errors import InvalidArgument
 from ..contracts.failures import fingerprint
+from ..contracts.frozen import expand
 from ..contracts.history import WRONGTYPE, Event, decode_events
 from ..contracts.keys import TaskKeys, check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import Attempt, Failure
@@ -121,17 +122,22 @@ class Role:
 
 def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
     """Attempt n from a script's attempt snapshot ("<n>.<field>", value, ..., and the task's manifest as
-    "manifest", json: lua/includes/common.lua attempt_snapshot)."""
+    "manifest", json, with "handler" and "payload_digest" that a compact manifest leaves out:
+    lua/includes/common.lua attempt_snapshot)."""
     prefix = f"{n}."
     cut = len(prefix)
     fields: dict[str, str] = {}
-    manifest = None
+    task: dict[str, str] = {}
     for i in range(0, len(flat), 2):
         name = str(flat[i])
         if name.startswith(prefix):
             fields[name[cut:]] = str(flat[i + 1])
-        elif name == "manifest":
-            manifest = str(flat[i + 1])
+        elif name in ("manifest", "handler", "payload_digest"):
+            task[name] = str(flat[i + 1])
+    manifest = task.get("manifest")
+    if manifest:
+        manifest = expand("manifest", manifest, handler=task.get("handler") or None,
+                          payload_digest=task.get("payload_digest") or None)
     return Attempt.from_fields(task_id, n, fields, manifest=manifest)
 
 

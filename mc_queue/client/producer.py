@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..contracts.codec import check_text, encode_payload, model_json
+from ..contracts.codec import check_text, encode_payload
 from ..contracts.config import Budget, RetryPolicy
 from ..contracts.errors import InvalidArgument, raise_for_reply
+from ..contracts.frozen import compact
 from ..contracts.keys import check_queue, new_task_id
 from ..contracts.models import Manifest, Task
 from ..store.backend import DEFAULT_LEASE_MS, Backend
@@ -73,8 +74,11 @@ class Producer(Role):
             raise InvalidArgument(f"task id {tid!r} does not belong to queue {queue!r}")
         argv = {"task_id": tid, "queue": queue, "handler": handler, "payload": text,
                 "payload_digest": payload_digest, "idem_key": idempotency_key or "",
-                "manifest": model_json(manifest), "retry_policy": model_json(policy),
-                "budget": model_json(budget or Budget()), "lease_ms": lease, "actor": self.actor}
+                "manifest": compact("manifest", manifest.model_dump(mode="json"),
+                                    task={"handler": handler, "payload_digest": payload_digest}),
+                "retry_policy": compact("retry_policy", policy.model_dump(mode="json")),
+                "budget": compact("budget", (budget or Budget()).model_dump(mode="json")),
+                "lease_ms": lease, "actor": self.actor}
 
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue", {

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .frozen import expand
 from .keys import attempt_id
 
 
@@ -143,8 +144,8 @@ class Attempt(_Record):
             previous=attempt_id(task_id, int(prev)) if prev else None,
             reason=f.get("reason") or None,
             hypothesis=f.get("hypothesis") or None,
-            manifest=Manifest.model_validate_json(f.get("manifest") or manifest or "") if f.get("manifest") or manifest
-            else None,
+            manifest=Manifest.model_validate_json(expand("manifest", f.get("manifest") or manifest or ""))
+            if f.get("manifest") or manifest else None,
             worktree=f.get("worktree") or None,
             worker_id=f.get("worker") or None,
             fence=int(f["fence"]) if f.get("fence") else None,
@@ -223,7 +224,9 @@ class Task(_Record):
             by_n.setdefault(int(num), {})[name] = value
         # An Attempt's frozen manifest is the task's, kept once in the task hash (an Attempt written before
         # that, or one with a manifest of its own, keeps its field).
-        attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=f.get("manifest")) for n in sorted(by_n)]
+        manifest = expand("manifest", f["manifest"], handler=f.get("handler"), payload_digest=f.get("payload_digest")) \
+            if f.get("manifest") else None
+        attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=manifest) for n in sorted(by_n)]
         return cls(
             id=f["id"],
             queue=f["queue"],
@@ -239,9 +242,9 @@ class Task(_Record):
             lease_pttl_ms=lease_pttl_ms if lease_pttl_ms is not None and lease_pttl_ms >= 0 else None,
             attempt_count=int(f.get("attempts") or 0),
             active_attempt=int(f["active"]) if f.get("active") else None,
-            retry_policy=f.get("retry_policy") or None,
-            budget=f.get("budget") or None,
-            manifest=Manifest.model_validate_json(f["manifest"]) if f.get("manifest") else None,
+            retry_policy=expand("retry_policy", f["retry_policy"]) if f.get("retry_policy") else None,
+            budget=expand("budget", f["budget"]) if f.get("budget") else None,
+            manifest=Manifest.model_validate_json(manifest) if manifest else None,
             result=json.loads(f["result"]) if f.get("result") else None,
             cancel_requested=f.get("cancel_requested") or None,
             attempts=attempts,

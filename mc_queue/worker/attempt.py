@@ -33,6 +33,7 @@ from ..client import Client
 from ..contracts import failpoints
 from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from ..contracts.failures import make_failure
+from ..contracts.frozen import expand
 from ..contracts.keys import parse_attempt_id
 from ..contracts.models import Attempt, FailureClass, Manifest, Task
 from ..policy.classify import Classified, classify, decision_for
@@ -109,9 +110,9 @@ def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
         raise Refusal(str(exc), attempt=attempt_id) from None
     tk = rt.client.keys.task(task_id)
     pipe = rt.client.redis.pipeline(transaction=False)
-    pipe.hmget(tk.task, ["queue", "handler", "manifest"])
+    pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest"])
     pipe.hmget(tk.attempts, [f"{n}.state", f"{n}.manifest"])
-    (queue, handler, manifest), (state, attempt_manifest) = pipe.execute()
+    (queue, handler, manifest, payload_digest), (state, attempt_manifest) = pipe.execute()
     if not queue or not handler:
         raise Refusal(f"no task {task_id} in namespace {ns!r}", attempt=attempt_id)
     if handler not in rt.app.handlers:
@@ -124,8 +125,9 @@ def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
     timeout_s: float | None = None
     raw = attempt_manifest or manifest
     if raw:
-        with contextlib.suppress(ValueError):
-            timeout_s = Manifest.model_validate_json(raw).timeout_s
+        with contextlib.suppress(ValueError, McqError):
+            timeout_s = Manifest.model_validate_json(
+                expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
     return Admission(prefix=ns, attempt_id=str(attempt_id), task_id=task_id, number=n, queue=str(queue),
                      handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S)
 
