@@ -26,7 +26,9 @@
 -- ARGV[10] lease_ms        lease length every claim of this task gets (at most the namespace ceiling)
 -- ARGV[11] epoch           namespace epoch the client knows
 -- ARGV[12] actor
--- Returns: {'OK', task_id} | {'DUP', task_id} (same key or id, same payload)
+-- Returns: {'OK', task_id, task, attempts, events} (task and attempts: HGETALL of each, events: LRANGE of the
+--          history, as this call left them: what the producer returns without reading the task again)
+--          | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
 --          {'E_OVERLOADED', why} (used memory above 90% of maxmemory: new work refused, nothing written;
@@ -129,4 +131,5 @@ move_count(K.counts, A.queue, '', 'pending')
 emit(K.events, 'task_created', {'actor', A.actor, 'handler', A.handler, 'payload_digest', A.payload_digest,
   'idem_key', A.idem_key})
 emit(K.events, 'attempt_created', {'attempt', 1, 'actor', A.actor, 'reason', 'first dispatch'})
-return {'OK', A.task_id}
+return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts),
+  redis.call('LRANGE', K.events, 0, -1)}

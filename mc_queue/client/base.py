@@ -120,6 +120,11 @@ class Role:
                 "log": "task" if log_each else "", "epoch": self.ns.epoch or "", "seen": seen}
 
 
+def pairs(flat: list[Any]) -> dict[str, str]:
+    """A hash as a script returns it (HGETALL: name, value, ...) as a dict."""
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
 def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
     """Attempt n from a script's attempt snapshot ("<n>.<field>", value, ..., and the task's manifest as
     "manifest", json, with "handler" and "payload_digest" that a compact manifest leaves out:

@@ -13,7 +13,7 @@ from ..contracts.errors import Code, InvalidArgument, raise_for_reply
 from ..contracts.keys import attempt_id
 from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task
 from ..store.backend import DEFAULT_LEASE_MS
-from .base import Role, as_failure, attempt_from_snapshot, decision_args, printable
+from .base import Role, as_failure, attempt_from_snapshot, decision_args, pairs, printable
 
 # The fields of an effect record mc_queue writes itself (lua/includes/common.lua EFFECT_OWN_FIELDS).
 EFFECT_OWN_FIELDS = frozenset({"state", "attempt", "fence", "worker", "intent_at", "key", "record_json",
@@ -209,8 +209,3 @@ class LeaseHolder(Role):
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "request_id": request_id or uuid.uuid4().hex})
         raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return int(reply[1])
-
-
-def pairs(flat: list[Any]) -> dict[str, str]:
-    """A hash as a script returns it (HGETALL: name, value, ...) as a dict."""
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}

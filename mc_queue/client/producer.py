@@ -12,7 +12,7 @@ from ..contracts.frozen import compact
 from ..contracts.keys import check_queue, new_task_id
 from ..contracts.models import Manifest, Task
 from ..store.backend import DEFAULT_LEASE_MS, Backend
-from .base import Role
+from .base import Role, pairs
 from .reads import Reads
 
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
@@ -89,4 +89,6 @@ class Producer(Role):
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="enqueue", task_id=tid)
-        return self.reads.get_task(str(reply[1]))
+        if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
+            return Task.from_redis(pairs(reply[2]), pairs(reply[3]), self._history(reply[4], tk.events))
+        return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since

@@ -45,3 +45,15 @@ def test_a_refused_claim_with_the_flag_changes_nothing_and_carries_no_task(q: mc
     after = q.reads.get_task(task.id)
     assert after.attempts == before.attempts and after.state == before.state
     assert [e.type for e in after.events][-1] == "claim_refused"
+
+
+def test_enqueue_returns_the_task_get_task_reads_after_it(q: mc_queue.Client) -> None:
+    """The enqueue script hands back the task it wrote (one round trip per enqueue, not two); a resend
+    with the same producer key (DUP) reads the task as it is now."""
+    task = q.producer.enqueue("jobs", "h", {"n": 4, "text": "é" * 10}, "key-4", context={"repo": "a/b"}, timeout_s=30)
+    assert task == q.reads.get_task(task.id)
+    assert [e.type for e in task.events] == ["task_created", "attempt_created"]
+    lease = q.leases.claim_attempt(task.id, "w1", 30_000)
+    again = q.producer.enqueue("jobs", "h", {"n": 4, "text": "é" * 10}, "key-4", context={"repo": "a/b"},
+                               timeout_s=30)
+    assert again.id == task.id and again.latest is not None and again.latest.fence == lease.fence
