@@ -82,6 +82,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rq.job import Job  # noqa: E402
+
 from mc_queue.client import Client  # noqa: E402
 from mc_queue.contracts import failpoints  # noqa: E402
 from mc_queue.contracts.errors import McqError, NamespaceLost, OutcomeUnknown, ReplicationUnconfirmed  # noqa: E402
@@ -516,7 +518,7 @@ def diagnose_stuck(r: Run) -> list[str]:
             score = c.redis.zscore(c.keys.outbox, aid)
             queue = rq_queue(rq, c.keys.prefix, t.queue)
             jid = job_id(c.keys.prefix, aid)
-            job = {k.decode(): v.decode(errors="replace")[:80] for k, v in rq.hgetall(f"rq:job:{jid}").items()
+            job = {k.decode(): v.decode(errors="replace")[:80] for k, v in rq.hgetall(Job.key_for(jid)).items()
                    if k.decode() in ("status", "worker_name", "started_at", "enqueued_at", "last_heartbeat")}
             started = [(m.decode(), round(s - time.time())) for m, s in rq.zscan_iter(
                 queue.started_job_registry.key, match=f"{jid}:*")]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rq.defaults import CALLBACK_TIMEOUT
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.results import Result
 
@@ -139,10 +139,14 @@ class McqJob(Job):
         the hash (no result is kept). RQ then raised out of its success bookkeeping, reading the
         status to find the registry to leave, and logged the refused duplicate as a crash. There is
         no registry entry of that status left; what this delivery's own heartbeat and execution wrote
-        is removed."""
-        if self.connection.hget(self.key, "status"):
+        is removed. (RQ reads the status before it queues anything: caught, nothing was half done, and
+        the common case costs no extra read.)"""
+        try:
             super().delete(pipeline=pipeline, remove_from_queue=remove_from_queue, delete_dependents=delete_dependents)
             return
+        except InvalidJobOperation:
+            if self.connection.hget(self.key, "status"):
+                raise  # not the gone-hash case
         connection = pipeline if pipeline is not None else self.connection
         self.execution_registry.delete(job=self, pipeline=connection)  # type: ignore[arg-type]  # (as RQ does)
         connection.delete(self.key, self.dependents_key, self.dependencies_key,
