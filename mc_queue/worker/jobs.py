@@ -152,6 +152,16 @@ class McqJob(Job):
         connection.delete(self.key, self.dependents_key, self.dependencies_key,
                           Result.get_key(self.id))  # type: ignore[no-untyped-call]
 
+    def delete_ran(self, pipeline: Any) -> None:
+        """Delete, in the worker's success bookkeeping, the job it just ran, without reading anything
+        back: the job hash (and the dependents, dependencies and result keys RQ deletes with it) and its
+        execution index. The worker's own execution is deleted with it (RQ's cleanup_execution); another
+        delivery's execution, if one is still running, cleans up its own when it ends, and one whose
+        worker died leaves RQ's started registry at its expiry (RQ's registry cleanup skips a job that
+        is gone). RQ's delete reads the status and every execution back first: seven round trips."""
+        pipeline.delete(self.key, self.dependents_key, self.dependencies_key, Result.get_key(self.id),  # type: ignore[no-untyped-call]
+                        self.execution_registry.key)
+
     @property
     def success_callback(self) -> None:
         return None

@@ -29,7 +29,8 @@ import redis
 from rq import Queue, SimpleWorker, Worker
 from rq.job import Job
 from rq.serializers import JSONSerializer
-from rq.worker import BaseWorker
+from rq.utils import now
+from rq.worker import BaseWorker, WorkerStatus
 
 from ..client import Client
 from ..contracts.errors import McqError
@@ -152,6 +153,10 @@ JOB_MONITORING_INTERVAL_S = 5  # how often a worker waiting on its work horse wa
 LIVENESS_TTL_MS = 10_000  # a worker's liveness key lives this long after its last refresh
 LIVENESS_EVERY_S = 3.0  # and is refreshed this often by a thread of the worker process
 LIVENESS_SEEN_MS = 86_400_000  # "<liveness key>:seen": the worker kept one (refreshed with it, PX a day)
+# RQ's own bookkeeping, lean (issue 17): how often the worker re-sends what RQ re-sends around every job.
+HEARTBEAT_EVERY_S = 5.0  # the same heartbeat (same TTL: worker_ttl + 60 = 95 s) at most this often
+SUSPENSION_CHECK_EVERY_S = 1.0  # `rq suspend` is seen within this (RQ: before every job)
+BURST_PING_EVERY_S = 1.0  # a burst worker's reachability check before a dequeue (see dequeue_job_and_maintain_ttl)
 
 
 class McqBaseWorker(BaseWorker):
@@ -177,6 +182,9 @@ class McqBaseWorker(BaseWorker):
         self._stop_at = 0.0
         self._grace: threading.Timer | None = None
         self._grace_over = False
+        self._beat: tuple[float, int] | None = None  # (when, TTL) of the last heartbeat sent
+        self._suspension_checked = -1e9
+        self._pinged = -1e9
 
     # -- the loop
 
@@ -220,12 +228,15 @@ class McqBaseWorker(BaseWorker):
                 return
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        if self.burst:  # RQ's dequeue waits for Redis forever; a burst worker says it cannot reach it
+        # RQ's dequeue waits for Redis forever; a burst worker says it cannot reach it. Checked at most
+        # once a second (a drain's next dequeue follows a write that just went through).
+        if self.burst and time.monotonic() - self._pinged >= BURST_PING_EVERY_S:
             try:
                 self.connection.ping()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self.redis_error = f"{type(exc).__name__}: {exc}"
                 raise
+            self._pinged = time.monotonic()
         result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         if result is None and self.burst:
             self.drained = True
@@ -248,6 +259,71 @@ class McqBaseWorker(BaseWorker):
             self._admitted = None
             if self._grace is not None:
                 self._grace.cancel()
+
+    # -- RQ's bookkeeping, lean (issue 17). RQ re-sends its worker heartbeat (three round trips, unpipelined)
+    # before and after every job, writes the worker's state twice, checks for `rq suspend`, reads the
+    # job's status and executions back (six reads) to delete a job it just ran, and watches the job's
+    # dependents. mc_queue's records are the truth, and an mc_queue job has no dependents, no result
+    # kept and no rate limit: the same keys end the same way with about a third of the round trips.
+    # `rq info` stays truthful: worker registration, state, current execution, job counts and working
+    # time are written as RQ writes them; a worker's last_heartbeat may lag up to HEARTBEAT_EVERY_S.
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's heartbeat in one round trip, and not again within HEARTBEAT_EVERY_S with the same TTL
+        (a longer TTL set for a job is always brought back down at once: a dead worker leaves `rq info`
+        when RQ says it does)."""
+        ttl = timeout or self.worker_ttl + 60
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            self._beat = (time.monotonic(), ttl)
+            return
+        if self._beat is not None and self._beat[1] == ttl and time.monotonic() - self._beat[0] < HEARTBEAT_EVERY_S:
+            return
+        pipe = self.connection.pipeline(transaction=False)
+        super().heartbeat(timeout, pipeline=pipe)
+        pipe.execute()
+        self._beat = (time.monotonic(), ttl)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's set_state, but a state already written is not written again (RQ sets "idle" after a job
+        and again before the next dequeue)."""
+        if pipeline is None and state == self.get_state():
+            return
+        super().set_state(state, pipeline=pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """`rq suspend` honoured within SUSPENSION_CHECK_EVERY_S instead of a round trip before every job."""
+        if time.monotonic() - self._suspension_checked < SUSPENSION_CHECK_EVERY_S:
+            return
+        super().check_for_suspension(burst)
+        self._suspension_checked = time.monotonic()
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """The job's end time, without RQ's extra write of the job's heartbeat: the job is deleted (or,
+        failed, kept as RQ keeps it) in the bookkeeping right after."""
+        if not isinstance(job, McqJob):
+            super().handle_execution_ended(job, queue, heartbeat_ttl)
+            return
+        job.ended_at = now()
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry: Any, execution: Any) -> None:
+        """RQ's success bookkeeping of an mc_queue job in one transaction: the worker's counts and working
+        time, the job and its execution records deleted (result_ttl 0). No dependents to watch or move,
+        no result, no repeat, no rate-limit slot: an mc_queue job has none of them (McqJob)."""
+        if not isinstance(job, McqJob) or job.get_result_ttl(self.default_result_ttl) != 0:
+            super().handle_job_success(job, queue, started_job_registry, execution)
+            return
+        assert job.started_at is not None and job.ended_at is not None
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            job.delete_ran(pipe)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            # What RQ writes right after, one round trip each: the worker idle again, its heartbeat back
+            # to the idle TTL (a forking worker's parent writes both again: the child's are not its own).
+            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
+            self.heartbeat(pipeline=pipe)
+            pipe.execute()
 
     def handle_work_horse_killed(self, job: Job, retpid: int, ret_val: int, rusage: Any) -> None:
         """The work horse died (SIGKILL, the OOM killer, a crash): its Attempt's lease is voided now rather

@@ -147,3 +147,58 @@ def test_rq_shows_no_executing_or_abandoned_job_for_an_attempt_mc_queue_settled(
     assert rq_info(redis_server.url, queue.name) == {"queued": 0, "executing": 0, "finished": 0, "failed": 0}
     rq.close()
     client.close()
+
+
+# Redis commands only RQ's bookkeeping sends (no mc_queue script uses them): per Attempt, what bare RQ 3.0
+# sends (bench/bench_workers.py, a simple worker: 27 round trips and 63 commands per job) and the most a
+# lean mc_queue worker may (issue 17: 8 round trips per Attempt on a simple worker).
+RQ_ONLY = ("watch", "smembers", "zrange", "zremrangebyscore", "expire", "exists", "lmove")
+BARE_RQ_PER_JOB = {"watch": 1, "smembers": 1, "zrange": 2, "zremrangebyscore": 2, "expire": 13, "exists": 1,
+                   "lmove": 1}
+LEAN_MAX_PER_ATTEMPT = {"watch": 0.1, "smembers": 0.1, "zrange": 0.1, "zremrangebyscore": 0.1, "expire": 8,
+                        "exists": 0.5, "lmove": 1.1}
+
+
+@pytest.mark.parametrize("kind", ["simple", "fork"])
+def test_a_drain_leaves_rq_what_rq_leaves_with_a_fraction_of_its_bookkeeping(tmp_path: Path, kind: str) -> None:
+    """mc_queue's workers skip RQ's redundant per-job writes and read-backs (worker heartbeat thrice a job,
+    the job's status and executions read back to delete it, dependents watched, `rq suspend` asked before
+    every job), and RQ is left exactly as RQ leaves it: no job hash, execution or registry entry, the
+    worker's job count and working time counted, `rq info` all zeros. Commands counted by Redis itself,
+    a drain of N tasks minus an empty drain."""
+    n = 12 if kind == "fork" else 30
+    with RedisServer(tmp_path / "redis") as server:
+        admin = server.client()
+
+        def drain(tasks: int) -> dict[str, int]:
+            prefix = unique_prefix("lean")
+            producer = lifecycle_app.app.connect(server.url, prefix=prefix)
+            ids = [producer.enqueue("sleeps", {"seconds": 0}).id for _ in range(tasks)]
+            producer.close()
+            admin.config_resetstat()
+            argv = [sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", prefix, "worker",
+                    "--app", APP, "--kind", kind, "--burst"]
+            out = subprocess.run(argv,
+                                 cwd=ROOT, capture_output=True, text=True, timeout=180,
+                                 env={**os.environ, "MCQ_HOME": str(tmp_path / "home")})
+            assert out.returncode == 0, out.stderr[-3000:]
+            stats = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in admin.info("commandstats").items()}
+            client = mc_queue.connect(server.url, prefix=prefix)
+            assert all(client.reads.get_task(t).state.value == "succeeded" for t in ids)
+            qname = rq_queue(rq_connection(client), prefix, "jobs").name
+            assert rq_info(server.url, qname) == {"queued": 0, "executing": 0, "finished": 0, "failed": 0}
+            client.close()
+            return stats
+
+        empty, full = drain(0), drain(n)
+        per = {c: (full.get(c, 0) - empty.get(c, 0)) / n for c in RQ_ONLY}
+        assert all(per[c] <= LEAN_MAX_PER_ATTEMPT[c] for c in RQ_ONLY), (per, BARE_RQ_PER_JOB)
+        # Nothing of any job is left in RQ: no job hash, no execution, no execution index, no registry entry.
+        leftovers = [k for k in admin.scan_iter("rq:*")
+                     if k.startswith(("rq:job:", "rq:execution", "rq:wip:", "rq:finished:", "rq:failed:"))]
+        assert leftovers == []
+        # The worker's own record counts what it ran (RQ keeps a dead worker's hash a minute).
+        workers = [k for k in admin.scan_iter("rq:worker:*") if admin.type(k) == "hash"]
+        counts = sorted(int(admin.hget(k, "successful_job_count") or 0) for k in workers)
+        assert counts == [0, n] and all(float(admin.hget(k, "total_working_time") or 0) >= 0 for k in workers)
+        admin.close()
