@@ -27,7 +27,9 @@
 -- ARGV[8] epoch
 -- ARGV[9] min_seq
 -- ARGV[10] proof         claim sequence of the fence when the caller's client was issued it, or ''
--- Returns: {'OK', ended_at, attempt_fields} | {'DUP', ended_at, attempt_fields}
+-- ARGV[11] snapshot      '1': the reply holds the task's Attempt fields (attempt_snapshot), '' not (a worker
+--                        that only needs to know it was recorded: the snapshot is a third of this script's time)
+-- Returns: {'OK', ended_at[, attempt_fields]} | {'DUP', ended_at[, attempt_fields]}
 --          {'E_CONFLICT', recorded_digest}
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_CANCELED', reason} (a cancel was requested: acknowledge instead)
@@ -48,16 +50,22 @@ local A, bad = args(ARGV, with({
   'result_digest', 'hex', 64, false,
   'cost', 'dec', 1e9, false,
   'tokens', 'int', 0, 1e12,
-}, fenced_args()))
+}, fenced_args(), {'snapshot', 'enum', '||1|', false}))
 if bad then return bad end
 local n = A.raw.n
+
+local function done(code, ended_at)
+  if A.snapshot == '1' then return {code, ended_at, attempt_snapshot(K.attempts, K.task)} end
+  return {code, ended_at}
+end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 
-local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at')
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at',
+  n .. '.started_at')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
 if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
-  if a[3] == A.result_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, K.task)} end
+  if a[3] == A.result_digest then return done('DUP', a[4]) end
   return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', a[3]},
     {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.result_digest, 'recorded_digest', a[3]})
 end
@@ -67,12 +75,13 @@ err, ts = fence_check(K, A, A.worker, A.result_digest, 'complete', true)
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
-local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
+local started = tonumber(a[5]) or ts
 local ts_s = fmt(ts)
 aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(ts - started), 'result', A.result,
   'result_digest', A.result_digest})
-redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
-redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens)
+-- Nothing to add is not written (an Attempt without the field was charged 0, as renew leaves it).
+if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost) end
+if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
 redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s, 'result', A.result)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
@@ -80,4 +89,4 @@ move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
 emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
 observe(K.stats, t[3], 'fin', t[1], 'succeeded', ts - started)
-return {'OK', ts_s, attempt_snapshot(K.attempts, K.task)}
+return done('OK', ts_s)

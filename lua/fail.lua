@@ -92,8 +92,8 @@ local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
 local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
 aset(K.attempts, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', A.failure,
   'failure_digest', A.failure_digest, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
-redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
-redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
+if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost) end  -- 0: not written
+if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,

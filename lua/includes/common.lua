@@ -31,8 +31,10 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Integers up to 2^53 as decimal strings (tostring would print 1.7e+15).
+-- Integers up to 2^53 as decimal strings (tostring would print 1.7e+15). '%d' for a whole number: a
+-- float format costs twice the instructions, and a script formats several numbers per transition.
 local function fmt(n)
+  if n % 1 == 0 and n <= MAX_INT and n >= -MAX_INT then return string.format('%d', n) end  -- exact there
   return string.format('%.0f', n)
 end
 
@@ -324,10 +326,11 @@ local function index_end(K, task_id, from, to, ts)
   if from == to then return end
   if HELD[from] and not HELD[to] then redis.call('ZREM', K.held, task_id) end
   if HELD[to] then
-    redis.call('ZADD', K.held, ts, task_id)
+    redis.call('ZADD', K.held, fmt(ts), task_id)
   elseif DONE[to] then
-    redis.call('ZADD', K.done, ts, task_id)
-    redis.call('ZADD', K.topack, ts, task_id)
+    local ts_s = fmt(ts)  -- a number handed to redis.call is formatted by Lua's '%.14g': dearer, once
+    redis.call('ZADD', K.done, ts_s, task_id)
+    redis.call('ZADD', K.topack, ts_s, task_id)
   end
 end
 
@@ -337,8 +340,8 @@ local EFFECT_OWN_FIELDS = {'state', 'attempt', 'fence', 'worker', 'intent_at', '
 
 local function move_count(k_counts, queue, from, to)
   if from == to then return end
-  if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, -1) end
-  if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, 1) end
+  if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, '-1') end
+  if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, '1') end
 end
 
 -- Histogram buckets of the Attempt metrics in ms (mc_queue.ops.metrics.BUCKETS_S reads them back): bucket i
@@ -355,7 +358,7 @@ local function observe(k_stats, handler, kind, queue, outcome, ms)
   local i = 1
   while METRIC_BUCKETS_MS[i] and ms > METRIC_BUCKETS_MS[i] do i = i + 1 end
   local qh = (queue or '') .. '|' .. (handler or '')
-  redis.call('HINCRBY', k_stats, kind .. '|' .. qh .. (outcome and ('|' .. outcome) or '') .. '|' .. i, 1)
+  redis.call('HINCRBY', k_stats, kind .. '|' .. qh .. (outcome and ('|' .. outcome) or '') .. '|' .. i, '1')
   redis.call('HINCRBY', k_stats, kind .. '_ms|' .. qh, fmt(ms))
 end
 

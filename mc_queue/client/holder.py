@@ -104,12 +104,13 @@ class LeaseHolder(Role):
                          cost: float = 0.0, tokens: int = 0) -> Attempt:
         """Record success. Same fence + same result again is a no-op; a different result a conflict."""
         task_id, n, reply = self.complete_quietly(attempt_id, fence, result, worker_id=worker_id, cost=cost,
-                                                  tokens=tokens)
+                                                  tokens=tokens, snapshot=True)
         return attempt_from_snapshot(task_id, n, reply[2])
 
     def complete_quietly(self, attempt_id: str, fence: int, result: Any, *, worker_id: str, cost: float = 0.0,
-                         tokens: int = 0) -> tuple[str, int, list[Any]]:
-        """complete_attempt without building the Attempt record (the worker's hot path)."""
+                         tokens: int = 0, snapshot: bool = False) -> tuple[str, int, list[Any]]:
+        """complete_attempt without building the Attempt record (the worker's hot path): the script sends
+        the Attempt's fields back only with ``snapshot``."""
         task_id, n, tk = self._attempt(attempt_id)
         text = canonical_json(result, what="result")
         reply = self._run("complete", {
@@ -117,7 +118,8 @@ class LeaseHolder(Role):
             "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "fence": tk.fence,
             "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "result": text, "result_digest": digest(text),
-            "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS)})
+            "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
+            "snapshot": "1" if snapshot else ""})
         raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return task_id, n, reply
 

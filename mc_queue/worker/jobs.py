@@ -98,6 +98,7 @@ class McqJob(Job):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.admission: Admission | None = None
+        self.prepared = False  # RQ's start of the job was written with its execution (McqSimpleWorker)
         self.raw_fields: dict[str, bytes] = {}
         self.unreadable: str | None = None
 

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import redis
 from rq import Queue, SimpleWorker, Worker
+from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import now
@@ -377,6 +378,33 @@ class McqWorker(McqBaseWorker, Worker):
 
 class McqSimpleWorker(McqBaseWorker, SimpleWorker):
     """RQ's in-process worker: no fork per job (faster, less isolation)."""
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """RQ's two preparations of a job in one transaction: its execution record (the worker's, RQ's
+        prepare_execution) and the job's start (RQ's prepare_job_execution, a forking worker's child's):
+        in one process they follow each other anyway. The same writes as RQ's, one round trip less."""
+        if not isinstance(job, McqJob):
+            return super().prepare_execution(job)
+        ttl = self.get_heartbeat_ttl(job)
+        with self.connection.pipeline() as pipe:
+            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.heartbeat(ttl, pipeline=pipe)
+            job.heartbeat(now(), ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            pipe.persist(job.key)
+            if len(self.queues) == 1:  # RQ's rule (perform_job): the job leaves the intermediate list
+                pipe.lrem(self.queue_class(job.origin, connection=self.connection).intermediate_queue_key, 1, job.id)
+            pipe.execute()
+        job.prepared = True
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        if isinstance(job, McqJob) and job.prepared:
+            job.prepared = False  # done with the execution record (prepare_execution)
+            return
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
 
 
 WORKER_CLASSES: dict[str, type[McqWorker] | type[McqSimpleWorker]] = {"fork": McqWorker,

@@ -53,10 +53,10 @@ AUDITED = {"E_STALE", "E_STATE", "E_EXPIRED", "E_CLAIM", "E_RETRY", "E_CONFLICT"
            "E_CANCEL", "E_NOEFFECT", "E_PURGED"}
 SIGNALS = {"epoch", "min_seq", "proof", "lost_reason"}  # arguments whose well-formed values are loss evidence
 KNOWN_DISAGREEMENTS: dict[tuple[str, str, str], str] = {  # (script, arg, value repr) -> why
-    ("reconcile_settle", arg, repr("9" * 40)[:40]): (
+    (script, arg, repr("9" * 40)[:40]): (
         "a JSON integer of 40 digits: Redis's cjson decodes it (as a float; valid JSON that Python reads back), "
         "fakeredis's Lua refuses it; the real server's answer is the one checked")
-    for arg in ("result", "evidence")
+    for script, arg in (("reconcile_settle", "result"), ("reconcile_settle", "evidence"), ("effect_done", "receipt"))
 }
 FAILURE = make_failure(FailureClass.PROVIDER, "Timeout", "the provider timed out")
 REASON = "a reason that is long enough"
