@@ -263,7 +263,7 @@ class McqBaseWorker(BaseWorker):
 
     # -- RQ's bookkeeping, lean (issue 17). RQ re-sends its worker heartbeat (three round trips, unpipelined)
     # before and after every job, writes the worker's state twice, checks for `rq suspend`, reads the
-    # job's status and executions back (six reads) to delete a job it just ran, and watches the job's
+    # job's status and executions back (seven reads) to delete a job it just ran, and watches the job's
     # dependents. mc_queue's records are the truth, and an mc_queue job has no dependents, no result
     # kept and no rate limit: the same keys end the same way with about a third of the round trips.
     # `rq info` stays truthful: worker registration, state, current execution, job counts and working
@@ -403,6 +403,7 @@ class McqSimpleWorker(McqBaseWorker, SimpleWorker):
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         if isinstance(job, McqJob) and job.prepared:
             job.prepared = False  # done with the execution record (prepare_execution)
+            self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")  # type: ignore[no-untyped-call]  # as RQ
             return
         super().prepare_job_execution(job, remove_from_intermediate_queue)
 
