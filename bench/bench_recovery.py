@@ -73,6 +73,9 @@ from mc_queue.testing import ForgeServer, RedisServer, unique_prefix  # noqa: E4
 
 APP_SPEC = "bench.recovery_app:app"
 GOAL_P95_MS = 12_000
+# Issue 17's goals when the process running the Attempt dies and its parent lives to see it: a fork
+# worker's work horse (the worker's RQ monitor) and a SimpleWorker of a --pool (the pool's watch).
+GOALS = {"group": ("p95", 95, GOAL_P95_MS), "horse": ("p95", 95, 50), "pool-child": ("p99", 99, 250)}
 RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker"}
 RQ_DEFAULT_JOB_TIMEOUT = Queue.DEFAULT_TIMEOUT  # 180 s
 # RQ adds a fixed 60 s to every execution heartbeat TTL (BaseWorker/SimpleWorker.get_heartbeat_ttl);
@@ -234,8 +237,8 @@ class Bench:
     def mcq(self, *argv: str) -> list[str]:
         return [sys.executable, "-m", "mc_queue", "--redis-url", self.url, "--prefix", self.prefix, *argv]
 
-    def mcq_worker(self) -> list[str]:
-        return self.mcq("worker", "--app", APP_SPEC, "--kind", self.args.kind,
+    def mcq_worker(self, pool: bool = False) -> list[str]:
+        return self.mcq("worker", "--app", APP_SPEC, "--kind", self.args.kind, *(["--pool", "2"] if pool else []),
                         "--workspace-root", str(self.tmp / "ws"), "--log-level", "WARNING")
 
     def start_sweeper(self) -> None:
@@ -280,11 +283,13 @@ class Bench:
         pid_file = self.pids / f"mcq-{i:03d}.pid"
         payload = {"head": f"recovery-{i:03d}", "pid_file": str(pid_file), "sleep_s": 3600}
         task = self.ac.enqueue(self.handler, payload)
-        victim, log = self.spawn(self.mcq_worker(), f"mcq-{i:03d}-attempt1")
-        horse = self.args.kill == "horse"
+        horse = self.args.kill in ("horse", "pool-child")
+        victim, log = self.spawn(self.mcq_worker(pool=self.args.kill == "pool-child"), f"mcq-{i:03d}-attempt1")
         try:
             pid = wait_for_pid(pid_file, victim, timeout, log)
-            if horse:  # only the work horse (the job's process): its worker lives on and sees it die
+            # horse: only the work horse (the job's process), its worker lives on and sees it die; pool-child:
+            # only the pool's SimpleWorker running the job, the pool lives on and sees it die
+            if horse:
                 os.kill(pid, signal.SIGKILL)
                 t_kill = time.time()
             else:
@@ -399,7 +404,6 @@ class Bench:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "recovery_ms" in r]
-    rec = [r["recovery_ms"] for r in ok]
 
     def stat(key: str) -> dict[str, float] | None:
         xs = [r[key] for r in ok if r.get(key) is not None]
@@ -418,8 +422,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "duplicates": dups, "prs": sum(sum(r["prs_per_key"].values()) for r in ok),
         "keys": sum(len(r["prs_per_key"]) for r in ok),
         "replayed": sum(1 for r in ok if r["attempt2_replayed_receipt"]),
-        "goal_met": bool(rec) and percentile(rec, 95) <= GOAL_P95_MS and dups == 0 and len(ok) == len(runs),
+        "dups_ok": dups == 0 and len(ok) == len(runs),
     }
+
+
+def goal(data: dict[str, Any]) -> tuple[str, float, bool]:
+    """The kill mode's goal: (percentile name, its value in ms, met)."""
+    s = data["summary"]
+    name, q, limit = GOALS[data["args"].get("kill", "group")]
+    rec = [r["recovery_ms"] for r in data["runs"] if "recovery_ms" in r]
+    value = percentile(rec, q)
+    return name, value, bool(rec) and value <= limit and s["dups_ok"]
 
 
 def render(data: dict[str, Any]) -> str:
@@ -460,9 +473,13 @@ def render(data: dict[str, Any]) -> str:
                          "| | still in the StartedJobRegistry |")
     lines.append("")
     if r:
-        met = "**met**" if s["goal_met"] else "**NOT met**"
-        lines.append(f"Goal (p95 <= {GOAL_P95_MS / 1000:g} s at the default lease and sweep settings, no duplicate "
-                     f"effect): {met}: p95 {r['p95'] / 1000:.2f} s, {s['duplicates']} duplicate(s)."
+        pname, value, ok = goal(data)
+        limit = GOALS[a.get("kill", "group")][2]
+        met = "**met**" if ok else "**NOT met**"
+        where = "at the default lease and sweep settings" if a.get("kill", "group") == "group" else \
+            "the process running the Attempt killed, its parent alive"
+        lines.append(f"Goal ({pname} <= {limit:,} ms {where}, no duplicate effect): {met}: {pname} "
+                     f"{value:,.0f} ms, {s['duplicates']} duplicate(s)."
                      + (f" Problems: {s['problems']}" if s["problems"] else ""))
         lines.append("")
         lines += ["Where mc_queue's time goes (ms, p50 / p95 / max over the runs):", "",
@@ -492,9 +509,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--runs", type=int, default=20, help="mc_queue runs (one task each)")
     p.add_argument("--kind", choices=["simple", "fork"], default="simple", help="mc_queue worker kind")
-    p.add_argument("--kill", choices=["group", "horse"], default="group",
+    p.add_argument("--kill", choices=["group", "horse", "pool-child"], default="group",
                    help="group: the worker's whole process group; horse: only the work horse running the job "
-                        "(--kind fork), its worker lives on")
+                        "(--kind fork), its worker lives on; pool-child: only the SimpleWorker of a `--pool 2` "
+                        "running the job (--kind simple), its pool lives on")
     p.add_argument("--sweep-interval", type=float, default=1.0, help="sweeper interval, s (mcq's default: 1)")
     p.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS,
                    help=f"the App's lease (default {DEFAULT_LEASE_MS}, mc_queue's DEFAULT_LEASE_MS); a shorter one "
@@ -517,6 +535,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--runs must be >= 1, --rq-runs >= 0 and --lease-ms >= 100")
     if args.kill == "horse" and args.kind != "fork":
         p.error("--kill horse needs --kind fork (a SimpleWorker runs the job in its own process)")
+    if args.kill == "pool-child" and args.kind != "simple":
+        p.error("--kill pool-child needs --kind simple (a fork worker's job runs in its work horse)")
     return args
 
 

@@ -80,9 +80,11 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     if pool:
         from rq.serializers import JSONSerializer
 
-        wp = _named_pool(base)([rq_queue_name(client.keys.prefix, q) for q in names],
-                               connection=rq_connection(client), num_workers=pool, worker_class=WORKER_CLASSES[kind],
-                               serializer=JSONSerializer, job_class=McqJob)
+        from ..worker.pool import McqWorkerPool
+
+        wp = McqWorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], base=base,
+                           connection=rq_connection(client), num_workers=pool, worker_class=WORKER_CLASSES[kind],
+                           serializer=JSONSerializer, job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
         codes = wp.exit_codes + [d.process.exitcode for d in wp.worker_dict.values()]
         if EXIT_STOPPED_MIDWAY in codes:  # as a single worker says: a worker stopped before its Attempt finished
@@ -152,38 +154,6 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         except (Stop, StopRequested):
             return
         delay = min(delay * 2, 10.0) if not worked else 0.5
-
-
-def _named_pool(base: str) -> Any:
-    """RQ's WorkerPool whose workers are named ``<base>-1`` .. ``<base>-N`` (RQ names them by uuid and has
-    no option for it); a respawned worker takes the next number, since RQ may still hold a dead one's name."""
-    from rq.worker import SimpleWorker
-    from rq.worker_pool import WorkerData, WorkerPool
-
-    from ..worker.runner import worker_died
-
-    class NamedWorkerPool(WorkerPool):
-        spawned = 0
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.exit_codes: list[int | None] = []  # of the workers that ended, for the pool's own exit code
-
-        def handle_dead_worker(self, worker_data: WorkerData) -> None:
-            self.exit_codes.append(worker_data.process.exitcode)
-            super().handle_dead_worker(worker_data)
-            if issubclass(self.worker_class, SimpleWorker):  # it ran its Attempts in its own process
-                worker_died(worker_data.name, worker_data.pid, worker_data.process.exitcode)
-
-        def start_worker(self, count: int | None = None, burst: bool = True, _sleep: float = 0,
-                         logging_level: str = "INFO") -> None:
-            self.spawned += 1
-            worker_name = f"{base}-{self.spawned}"
-            process = self.get_worker_process(worker_name, burst=burst, _sleep=_sleep, logging_level=logging_level)
-            process.start()
-            self.worker_dict[worker_name] = WorkerData(name=worker_name, pid=process.pid or 0, process=process)
-
-    return NamedWorkerPool
 
 
 @main.command()

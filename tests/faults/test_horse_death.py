@@ -77,7 +77,7 @@ def test_a_worker_voids_only_a_lease_it_holds(h: Harness, tmp_path: Path) -> Non
 
 def test_a_killed_pool_worker_has_its_leases_voided_by_the_pool(h: Harness) -> None:
     """A pool of SimpleWorkers runs each Attempt in the pool worker's own process: when one is killed, the
-    pool sees it at its next check (about a second) and voids what it held, by holder, then reconciles."""
+    pool's watch sees it at once and voids what it held, by holder, then reconciles."""
     task = h.basic.enqueue("long-first", {"seconds": 60})
     pool = h.start_worker("simple", BASIC, "--pool", "2", "--name", "w-pool")
     claimed = wait_for(lambda: events(h.task(task.id), "attempt_claimed"), 20, "a pool worker to claim Attempt 1")
@@ -97,3 +97,47 @@ def test_a_killed_pool_worker_has_its_leases_voided_by_the_pool(h: Harness) -> N
     assert took < 8, f"took {took:.1f} s"  # the lease is 1.5 s, but no sweeper runs here: the pool did it
     pool.kill()
     pool.wait(10)
+
+
+def _sleep_forever() -> None:
+    time.sleep(3600)
+
+
+def test_the_pools_watch_alone_sees_a_worker_die_and_leaves_the_live_one_alone(h: Harness) -> None:
+    """The watch thread, with RQ's pool loop not running at all (so nothing else can notice): a worker
+    started after the watch began is watched (the wake pipe), its death is handled within a second,
+    once, and the worker that lives on is not handled."""
+    import multiprocessing
+    import threading
+
+    from rq.worker import SimpleWorker
+
+    from mc_queue.worker.pool import McqWorkerPool
+
+    class Sleepers(McqWorkerPool):
+        def get_worker_process(self, name: str, burst: bool, _sleep: float = 0,
+                               logging_level: str = "INFO") -> multiprocessing.process.BaseProcess:
+            return multiprocessing.get_context("fork").Process(target=_sleep_forever, name=name, daemon=True)
+
+    pool = Sleepers(["jobs"], base="w-watch", connection=h.client.redis, num_workers=2, worker_class=SimpleWorker)
+    watch = threading.Thread(target=pool.watch, daemon=True)
+    watch.start()
+    try:
+        pool.start_worker()
+        pool.start_worker()
+        first, second = pool.worker_dict["w-watch-1"], pool.worker_dict["w-watch-2"]
+        time.sleep(0.2)
+        assert pool.voided_for == set()
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: first.pid in pool.voided_for, 1.0, "the watch to see worker 1 die")
+        time.sleep(0.2)
+        assert pool.voided_for == {first.pid} and second.process.is_alive()
+        assert first.process.exitcode == -signal.SIGKILL
+    finally:
+        pool.ended.set()
+        os.write(pool.wake_w, b"x")
+        watch.join(5)
+        for d in pool.worker_dict.values():
+            d.process.kill()
+            d.process.join(5)
+    assert not watch.is_alive()
