@@ -16,6 +16,7 @@ not cost more than 10%). ``--callgrind N`` counts the server's instructions per 
 (valgrind, slow): by default only inside ``lua_pcall`` (the scripts, which is what the guards
 change; repeatable, since nothing there depends on wall time), or with ``--callgrind-scope all``
 the whole server (its event loop and cron too, which a loaded machine moves by several percent).
+``--callgrind-what enqueue`` counts an enqueue's instructions instead of a claim+complete cycle's.
 ``--head REF`` measures a commit instead of the working tree.
 """
 
@@ -158,6 +159,9 @@ def main() -> int:
     ap.add_argument("--callgrind-scope", choices=("lua", "all"), default="lua",
                     help="lua: only inside lua_pcall (the scripts, what the guards change; the default, not "
                          "moved by wall time); all: the whole server, event loop and cron included")
+    ap.add_argument("--callgrind-what", choices=("cycle", "enqueue"), default="cycle",
+                    help="cycle: a claim+complete cycle (N enqueues plus N cycles, less N enqueues); enqueue: "
+                         "an enqueue (N enqueues less none)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mcq-guards-"))
     try:
@@ -165,13 +169,18 @@ def main() -> int:
         new_tree = export(args.head, tmp) if args.head else ROOT
         if args.callgrind:
             per = {}
+            enq = args.callgrind_what == "enqueue"
             for label, tree in (("old", old_tree), ("new", new_tree)):
-                base = callgrind_instructions(tree, args.callgrind, False, tmp, args.callgrind_scope)
-                full = callgrind_instructions(tree, args.callgrind, True, tmp, args.callgrind_scope)
+                if enq:
+                    base = callgrind_instructions(tree, 0, False, tmp, args.callgrind_scope)
+                    full = callgrind_instructions(tree, args.callgrind, False, tmp, args.callgrind_scope)
+                else:
+                    base = callgrind_instructions(tree, args.callgrind, False, tmp, args.callgrind_scope)
+                    full = callgrind_instructions(tree, args.callgrind, True, tmp, args.callgrind_scope)
                 per[label] = (full - base) / args.callgrind
                 name = args.baseline if label == "old" else (args.head or "this checkout")
-                print(f"{label} ({name}): {per[label]:,.0f} redis-server instructions per claim+complete cycle",
-                      flush=True)
+                what = "enqueue" if enq else "claim+complete cycle"
+                print(f"{label} ({name}): {per[label]:,.0f} redis-server instructions per {what}", flush=True)
             print(f"ratio new/old: {per['new'] / per['old']:.3f}")
             return 0
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,

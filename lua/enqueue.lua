@@ -32,7 +32,9 @@
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
 --          {'E_OVERLOADED', why} (used memory above 90% of maxmemory: new work refused, nothing written;
---          a resend of work already admitted still answers DUP)
+--          a resend of work already admitted still answers DUP; the reading of INFO memory is kept in
+--          meta for at most a second, or until the enqueues admitted on it may have used its room:
+--          memory_pressure in common.lua)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_created, attempt_created | enqueue_refused (in the task's stream, or the namespace log
 --         when the refused key names another task)
@@ -110,26 +112,29 @@ if tomb then
   end
 end
 
-local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE)
+local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta,
+  enqueue_cost(#A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key))
 if pressure then return {'E_OVERLOADED', pressure} end
 
 if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
+-- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
+local tss = fmt(ts)
 redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
-  'payload_digest', A.payload_digest, 'idem_key', A.idem_key, 'state', 'pending', 'created_at', ts, 'updated_at', ts,
-  'attempts', 1, 'active', 1, 'manifest', A.manifest, 'retry_policy', A.retry_policy, 'budget', A.budget,
-  'lease_ms', A.lease_ms)
+  'payload_digest', A.payload_digest, 'idem_key', A.idem_key, 'state', 'pending', 'created_at', tss,
+  'updated_at', tss, 'attempts', '1', 'active', '1', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
+  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms))
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in).
-aset(K.attempts, 1, {'state', 'pending', 'created_at', ts, 'due_at', ts,
+aset(K.attempts, 1, {'state', 'pending', 'created_at', tss, 'due_at', tss,
   'worktree', A.task_id .. '/1', 'reason', 'first dispatch'})
 if A.idem_key ~= '' then
   redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)
 end
 redis.call('SADD', K.queues, A.queue)
-redis.call('ZADD', K.pending, ts, A.task_id)
-redis.call('ZADD', K.outbox, ts, A.task_id .. '/1')
+redis.call('ZADD', K.pending, tss, A.task_id)
+redis.call('ZADD', K.outbox, tss, A.task_id .. '/1')
 move_count(K.counts, A.queue, '', 'pending')
 emit(K.events, 'task_created', {'actor', A.actor, 'handler', A.handler, 'payload_digest', A.payload_digest,
   'idem_key', A.idem_key})
-emit(K.events, 'attempt_created', {'attempt', 1, 'actor', A.actor, 'reason', 'first dispatch'})
+emit(K.events, 'attempt_created', {'attempt', '1', 'actor', A.actor, 'reason', 'first dispatch'})
 return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts),
   redis.call('LRANGE', K.events, 0, -1)}

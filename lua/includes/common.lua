@@ -369,17 +369,44 @@ end
 -- refuses every write script at 100% (noeviction).
 local ENQUEUE_MEMORY_SHARE = 0.9  -- mc_queue.client.reads.ENQUEUE_MEMORY_SHARE reports the headroom to it
 
--- nil when Redis has no maxmemory or is below the share, else why new work is refused.
-local function memory_pressure(share)
+-- INFO memory costs an enqueue more than all its writes (Redis builds the whole section as text). So a
+-- reading is kept in the namespace meta and reused for at most MEM_READING_MS: 'mem_at' (when, Redis's
+-- clock, ms) and 'mem_room' (the bytes then left below the share, less the estimated cost of each
+-- enqueue admitted on that reading since). A reading is taken again when it is older, or when the room
+-- it left is smaller than this enqueue's cost: near the mark every enqueue reads INFO, as before. A new
+-- maxmemory (CONFIG SET) is seen within MEM_READING_MS. A refusal writes nothing.
+local MEM_READING_MS = 1000
+
+-- The bytes an enqueue of these argument sizes may add, over-estimated: a queued task's records take
+-- about 1.7 KB besides its payload and manifests, which a hash of long values may hold twice.
+local function enqueue_cost(bytes)
+  return 4096 + 2 * bytes
+end
+
+-- nil when Redis has no maxmemory or is below the share, else why new work is refused. m: meta_read's
+-- table (its mem_at and mem_room); an admission records its cost on the reading, or a new reading.
+local function memory_pressure(share, m, k_meta, cost)
+  local ts = now_ms()
+  local at, room = tonumber(m.mem_at or ''), tonumber(m.mem_room or '')
+  if at and room and ts >= at and ts - at < MEM_READING_MS and room >= cost then
+    redis.call('HSET', k_meta, 'mem_room', fmt(room - cost))
+    return nil
+  end
   local info = redis.pcall('INFO', 'memory')
-  if type(info) ~= 'string' then return nil end
+  if type(info) ~= 'string' then return nil end  -- INFO not allowed (an ACL): no shedding, as Redis has none
   local maxm = tonumber(string.match(info, '\nmaxmemory:(%d+)'))
-  if not maxm or maxm == 0 then return nil end
   local used = tonumber(string.match(info, 'used_memory:(%d+)'))
-  if not used or used <= maxm * share then return nil end
-  return 'Redis uses ' .. fmt(used) .. ' of its maxmemory of ' .. fmt(maxm) .. ' bytes (above ' ..
+  if not maxm or maxm == 0 or not used then
+    room = MAX_INT
+  elseif used <= maxm * share then
+    room = math.floor(maxm * share) - used
+  else
+    return 'Redis uses ' .. fmt(used) .. ' of its maxmemory of ' .. fmt(maxm) .. ' bytes (above ' ..
     fmt(share * 100) .. '%): new work is refused until memory is freed (finished tasks purged, maxmemory ' ..
     'raised); work already admitted goes on'
+  end
+  redis.call('HSET', k_meta, 'mem_at', fmt(ts), 'mem_room', fmt(room - cost))
+  return nil
 end
 
 -- ----------------------------------------------------------------------------------- namespace
@@ -431,9 +458,9 @@ end
 
 -- The namespace meta the checks below need (one read).
 local function meta_read(k_meta)
-  local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq', 'recovered_at', 'max_lease_ms')
+  local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq', 'recovered_at', 'max_lease_ms', 'mem_at', 'mem_room')
   return {state = m[1], epoch = m[2], seq = tonumber(m[3] or '0') or 0, recovered_at = m[4],
-          max_lease = tonumber(m[5] or '') or DEFAULT_MAX_LEASE_MS}
+          max_lease = tonumber(m[5] or '') or DEFAULT_MAX_LEASE_MS, mem_at = m[6], mem_room = m[7]}
 end
 
 -- Is the namespace usable? nil when yes, else an error reply. A missing meta, an unknown epoch or

@@ -3,6 +3,7 @@ enqueue sheds load above 90% of maxmemory while work already admitted goes on.""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 import mc_queue
 from mc_queue.testing import RedisServer, unique_prefix
 from tests.integration.test_cli import APP, mcq
+
+MEM_READING_S = 1.0  # lua/includes/common.lua MEM_READING_MS
 
 
 def namespace_keys(server: RedisServer, prefix: str) -> dict[str, Any]:
@@ -66,9 +69,11 @@ def crowded(own_redis: RedisServer) -> Iterator[tuple[RedisServer, mc_queue.Clie
 
 
 def squeeze(r: Any, share: float) -> None:
-    """Set maxmemory so that what Redis uses now is ``share`` of it."""
+    """Set maxmemory so that what Redis uses now is ``share`` of it, and wait until enqueue's last reading
+    of INFO memory (kept in meta for at most a second: lua/includes/common.lua) has aged out."""
     used = int(r.info("memory")["used_memory"])
     r.config_set("maxmemory", int(used / share))
+    time.sleep(MEM_READING_S)
 
 
 def test_enqueue_sheds_load_above_the_high_water_mark_and_admitted_work_goes_on(crowded: Any) -> None:
@@ -112,3 +117,50 @@ def test_below_the_mark_and_without_maxmemory_enqueue_is_admitted(crowded: Any) 
     assert q.producer.enqueue("jobs", "h", {"n": 1}).state is mc_queue.TaskState.PENDING  # maxmemory 0: no limit
     squeeze(r, 0.8)
     assert q.producer.enqueue("jobs", "h", {"n": 2}).state is mc_queue.TaskState.PENDING
+
+
+def info_calls(r: Any) -> int:
+    """INFO commands the server ran so far (the scripts' own included), from INFO commandstats."""
+    return int(r.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+
+
+def test_enqueue_reads_info_memory_at_most_once_a_second_with_room_to_spare(crowded: Any) -> None:
+    _server, q, r = crowded
+    squeeze(r, 0.5)  # a mark far away: every enqueue's cost fits in the reading's room
+    q.producer.enqueue("jobs", "h", {"n": 0})  # the first reading
+    calls, started = info_calls(r), time.monotonic()
+    for n in range(50):
+        q.producer.enqueue("jobs", "h", {"n": n + 1})
+    elapsed = time.monotonic() - started
+    took = info_calls(r) - calls - 1  # (this read itself is one INFO)
+    assert took <= 1 + int(elapsed / MEM_READING_S), (took, elapsed)
+    meta = r.hgetall(q.keys.meta)
+    assert int(meta["mem_room"]) > 0 and int(meta["mem_at"]) > 0
+
+
+def test_a_reading_is_not_trusted_past_its_room_and_the_mark_is_not_overrun(crowded: Any) -> None:
+    """Big payloads on a short headroom: the enqueues admitted on one reading use up its room long
+    before the second is over, and then each one reads INFO again; the refusal comes while a reading is
+    still young, and no enqueue was admitted far past the mark (at most one enqueue's own size)."""
+    _server, q, r = crowded
+    payload = {"blob": "x" * 200_000}
+    cost = 4096 + 2 * len('{"blob":"' + "x" * 200_000 + '"}')  # an over-estimate of what one enqueue adds
+    for _ in range(3):  # a loaded machine may let a reading age out on the way: then try again
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory", int((used + 2_500_000) / 0.9))  # ~2.5 MB below the mark
+        time.sleep(MEM_READING_S)
+        admitted = 0
+        with pytest.raises(mc_queue.Overloaded):
+            for _ in range(40):
+                q.producer.enqueue("jobs", "h", payload)
+                admitted += 1
+        now_s, now_us = r.time()
+        mem_at = int(r.hget(q.keys.meta, "mem_at"))
+        info = r.info("memory")
+        assert info["used_memory"] <= 0.9 * info["maxmemory"] + cost, "admitted past the mark"
+        assert admitted >= 3
+        if now_s * 1000 + now_us // 1000 - mem_at < 1000 * MEM_READING_S:
+            return  # refused on a young reading: its room was used up, so INFO was read again
+        r.config_set("maxmemory", 0)
+        q.reads.memory()
+    pytest.fail("every try outlived a reading's second: the room check was not shown")
