@@ -6,7 +6,8 @@ namespaces). Every key a script touches is passed to it in KEYS; no script build
 
 Key schema (``P`` = ``{prefix}``)::
 
-    P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq
+    P:meta                 hash   namespace epoch, state (ok | lost | recovering), fence floor, claim seq,
+                                  enqueue's last reading of INFO memory (mem_at, mem_room)
     P:nslog                stream namespace events: creation, state loss detected, recovery, refusals
                                   without a task, orphans; capped at about 100,000 (XADD MAXLEN ~)
     P:refused              stream what workers refused to act on (forged or misrouted transport messages),
