@@ -54,7 +54,7 @@ end
 local ts = now_ms()
 local m = tonumber(t[4]) + 1
 aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'prev', t[4], 'reason', reason,
-  'hypothesis', A.hypothesis, 'worktree', t[1] .. '/' .. m, 'retry_by', A.actor,
+  'hypothesis', A.hypothesis, 'retry_by', A.actor,
   'create_req', A.request_id})
 redis.call('HSET', K.task, 'state', 'pending', 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, ts, t[1])

@@ -120,13 +120,14 @@ if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 -- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
 local tss = fmt(ts)
 redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
-  'payload_digest', A.payload_digest, 'idem_key', A.idem_key, 'state', 'pending', 'created_at', tss,
+  'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss,
   'updated_at', tss, 'attempts', '1', 'active', '1', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
   'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms))
--- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in).
-aset(K.attempts, 1, {'state', 'pending', 'created_at', tss, 'due_at', tss,
-  'worktree', A.task_id .. '/1', 'reason', 'first dispatch'})
+-- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
+-- worktree is its id and Attempt 1's reason is 'first dispatch' (readers fill them in: not stored).
+aset(K.attempts, 1, {'state', 'pending', 'created_at', tss, 'due_at', tss})
 if A.idem_key ~= '' then
+  redis.call('HSET', K.task, 'idem_key', A.idem_key)
   redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)
 end
 redis.call('SADD', K.queues, A.queue)

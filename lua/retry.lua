@@ -68,7 +68,7 @@ local m = n + 1
 local due = ts + A.delay_ms
 local new_state = (A.delay_ms > 0) and 'backoff' or 'pending'
 aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', reason,
-  'hypothesis', A.hypothesis, 'worktree', task_id .. '/' .. m, 'create_req', A.request_id,
+  'hypothesis', A.hypothesis, 'create_req', A.request_id,
   'retry_by', A.actor})
 redis.call('HSET', K.task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, due, task_id)

@@ -63,7 +63,7 @@ local function apply_decision(K, task_id, queue, n, from_state, d, actor, ts)
     if d.delay_ms <= 0 then state = 'pending' end
     local _, reason = chars(d.next_reason)
     aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev', n, 'reason', reason,
-      'hypothesis', d.next_hypothesis, 'worktree', task_id .. '/' .. m, 'retry_by', actor})
+      'hypothesis', d.next_hypothesis, 'retry_by', actor})
     redis.call('HSET', K.task, 'state', state, 'attempts', m, 'active', m, 'updated_at', ts)
     redis.call('ZADD', K.pending, due, task_id)
     redis.call('ZADD', K.outbox, due, task_id .. '/' .. m)

@@ -40,6 +40,9 @@ class AttemptState(StrEnum):
 
 
 TERMINAL_ATTEMPT_STATES = frozenset({AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELED})
+# Attempt 1's reason (lua/enqueue.lua makes every Attempt 1 and does not store it: from_fields fills it in,
+# as it fills in every Attempt's worktree, its id).
+FIRST_DISPATCH = "first dispatch"
 
 
 class FailureClass(StrEnum):
@@ -142,11 +145,11 @@ class Attempt(_Record):
             number=number,
             state=AttemptState(f.get("state", "pending")),
             previous=attempt_id(task_id, int(prev)) if prev else None,
-            reason=f.get("reason") or None,
+            reason=f.get("reason") or (FIRST_DISPATCH if number == 1 else None),
             hypothesis=f.get("hypothesis") or None,
             manifest=Manifest.model_validate_json(expand("manifest", f.get("manifest") or manifest or ""))
             if f.get("manifest") or manifest else None,
-            worktree=f.get("worktree") or None,
+            worktree=f.get("worktree") or attempt_id(task_id, number),
             worker_id=f.get("worker") or None,
             fence=int(f["fence"]) if f.get("fence") else None,
             lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
