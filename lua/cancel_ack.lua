@@ -53,7 +53,7 @@ if not redis.call('HGET', K.task, 'cancel_requested') then
     {'attempt', n, 'worker', A.worker, 'reason', 'no cancellation was requested'})
 end
 local id = redis.call('HGET', K.task, 'id')
-local new_fence = fmt(next_fence(K.meta, K.fence))
+local new_fence = fmt(next_fence(K.meta, K.fence, K.task, redis.call('HGET', K.task, 'fence')))
 redis.call('HSET', K.task, 'updated_at', ts)
 aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 'cancel_ack_req', A.request_id,
   'cancel_ack_fence', new_fence})

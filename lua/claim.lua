@@ -1,5 +1,5 @@
 -- mc_queue: claim
--- Take the task's pending Attempt: issue the next fence (INCR of the task's fence counter, raised
+-- Take the task's pending Attempt: issue the next fence (HINCRBY of the task's fence counter, raised
 -- above the namespace floor), and take the lease: a key of its own set with PX from Redis's clock
 -- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
 -- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
@@ -67,7 +67,7 @@ end
 local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, false)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler')
+local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -102,7 +102,7 @@ if why then
     {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
 end
 
-local fence = fmt(next_fence(K.meta, K.fence))
+local fence = fmt(next_fence(K.meta, K.fence, K.task, t[7]))
 local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
 local ts_s, exp_s = fmt(ts), fmt(exp)

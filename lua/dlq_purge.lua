@@ -63,7 +63,7 @@ if t[3] ~= 'quarantined' then
 end
 local ts = now_ms()
 local until_ms = ts + A.tombstone_ms
-local fence = tonumber(redis.call('GET', K.fence) or '0') or 0
+local fence = tonumber(fence_of(K.task, K.fence)) or 0
 local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
 if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
 redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)

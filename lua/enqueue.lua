@@ -121,7 +121,7 @@ if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 local tss = fmt(ts)
 redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
   'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss,
-  'updated_at', tss, 'attempts', '1', 'active', '1', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
+  'updated_at', tss, 'attempts', '1', 'active', '1', 'fence', '0', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
   'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms))
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id and Attempt 1's reason is 'first dispatch' (readers fill them in: not stored).

@@ -48,7 +48,7 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A
   A.force == '1' and A.epoch or nil)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'id', 'attempts')
+local t = redis.call('HMGET', K.task, 'id', 'attempts', 'fence')
 if t[1] and t[1] .. '/' .. n ~= A.member then return {'E_BADARG', 'member names another task than the keys'} end
 if not t[1] then
   drop_orphan(K.cancels, K.nslog, A.member, 'no such task', A.actor)
@@ -69,7 +69,7 @@ if A.force ~= '1' and redis.call('GET', K.lease) == lease_value(n, a[4]) then
   return {'NOOP', 'lease is live for ' .. fmt(redis.call('PTTL', K.lease)) .. ' ms'}
 end
 local ts = now_ms()
-local fence = next_fence(K.meta, K.fence)
+local fence = next_fence(K.meta, K.fence, K.task, t[3])
 redis.call('HSET', K.task, 'updated_at', ts)
 aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts})
 redis.call('DEL', K.lease)

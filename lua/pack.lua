@@ -4,7 +4,7 @@
 -- the document in only if nothing was recorded since that read (the same state and updated_at, the
 -- same last event, the same number of Attempt fields and effects), so nothing written in between is
 -- lost: it answers E_CHANGED and the sweeper reads again. After it the task is one small hash: the
--- fields the scripts read, its fence counter (field 'fence', the fence key is gone), and the
+-- fields the scripts read, its fence counter (field 'fence', where it is counted), and the
 -- document in chunks of at most 64 bytes (fields z0, z1, ...: Redis keeps a hash of short values as
 -- one compact listpack). Its Attempts hash, event stream and effects hash are gone. Every other
 -- script refuses a write to it as before; the refusal's event goes to the namespace log rather than
@@ -69,7 +69,7 @@ if t[8] ~= A.raw.updated_at or last_id ~= A.last_event or redis.call('HLEN', K.a
    or redis.call('HLEN', K.effects) ~= A.effects then
   return {'E_CHANGED', 'the task changed since it was read (last event ' .. last_id .. ')'}
 end
-local fence = redis.call('GET', K.fence) or '0'
+local fence = fence_of(K.task, K.fence)
 -- The hash is written anew (Redis never turns a hash table back into a listpack): the same state and
 -- the fields the scripts read, then the fence and the document's chunks.
 redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)

@@ -99,7 +99,7 @@ end
 local idem_key = t[5]
 local ts = now_ms()
 local until_ms = ts + A.tombstone_ms
-local fence = tonumber(redis.call('GET', K.fence) or redis.call('HGET', K.task, 'fence') or '0') or 0
+local fence = tonumber(fence_of(K.task, K.fence)) or 0
 local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
 if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
 redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)

@@ -419,12 +419,20 @@ local function run_id()
   return i and string.sub(info, i + 7, i + 46) or nil
 end
 
--- The next fence for a task: INCR of the task's fence counter, raised (INCRBY) above the namespace
--- floor. The floor is raised to Redis TIME in microseconds by `mcq recover`, and also by the first
+-- The next fence for a task: HINCRBY of the task's fence counter (field 'fence' of the task hash,
+-- '0' from enqueue on; a task written before the counter moved there keeps a key of its own, moved
+-- into the hash here, at its next fence), raised above the namespace floor. The floor is raised to Redis TIME in microseconds by `mcq recover`, and also by the first
 -- fence issued by a redis-server process that did not issue the previous one (a restart, a
 -- failover): its data may be an older copy whose counters are behind, but the clock is not, so no
 -- fence handed out before the restart can come again, even if nobody noticed a loss yet.
-local function next_fence(k_meta, k_fence)
+-- The task's current fence as stored ('0' before its first), wherever it is kept.
+local function fence_of(k_task, k_fence)
+  return redis.call('HGET', k_task, 'fence') or redis.call('GET', k_fence) or '0'
+end
+
+-- held: the task hash's 'fence' field as the caller read it (nil when it has none: only then can a
+-- key of the old kind exist, and it is looked for).
+local function next_fence(k_meta, k_fence, k_task, held)
   local m = redis.call('HMGET', k_meta, 'floor', 'run_id')
   local floor = tonumber(m[1] or '0') or 0
   local rid = run_id()
@@ -433,8 +441,13 @@ local function next_fence(k_meta, k_fence)
     if t > floor then floor = t end
     redis.call('HSET', k_meta, 'floor', fmt(floor), 'run_id', rid or '', 'restart_seen_at', now_ms())
   end
-  local f = redis.call('INCR', k_fence)
-  if f <= floor then f = redis.call('INCRBY', k_fence, floor + 1 - f) end
+  local old = not held and redis.call('GET', k_fence)
+  if old then
+    redis.call('DEL', k_fence)
+    redis.call('HSET', k_task, 'fence', old)
+  end
+  local f = redis.call('HINCRBY', k_task, 'fence', '1')
+  if f <= floor then f = redis.call('HINCRBY', k_task, 'fence', fmt(floor + 1 - f)) end
   return f
 end
 

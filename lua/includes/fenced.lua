@@ -18,8 +18,7 @@ local function fence_check(K, A, who, digest, op, check_cancel)
   local ts = now_ms()
   local latest = redis.call('HGET', K.task, 'attempts')
   if not latest then return {'E_NOTASK', 'no such task'} end
-  -- A packed task keeps its fence counter in its hash (pack.lua).
-  local cur_s = redis.call('GET', K.fence) or redis.call('HGET', K.task, 'fence') or '0'
+  local cur_s = fence_of(K.task, K.fence)
   local n, presented = A.raw.n, A.fence
   local cur = (cur_s == A.raw.fence) and presented or tonumber(cur_s)
   local state = aget(K.attempts, n, 'state') or (redis.call('HEXISTS', K.task, 'packed') == 1 and

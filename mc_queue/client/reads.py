@@ -78,15 +78,16 @@ class Reads(Role):
         pipe.hgetall(tk.attempts)
         pipe.lrange(tk.events, 0, -1)
         pipe.hgetall(tk.effects)
-        pipe.get(tk.fence)
+        pipe.get(tk.fence)  # (a task written before its fence counter moved into its hash)
         pipe.pttl(tk.lease)
         fields, att, history, fx, fence, pttl = raised(pipe.execute(raise_on_error=False), but=2)
         events = self._history(history, tk.events)
         if not fields:
             return None, None, int(pttl), ""
         version = f"{fields.get('updated_at') or 0} {events[-1][0] if events else '0-0'} {len(att)} {len(fx)}"
-        if fields.get("packed"):  # a packed task keeps its fence counter in its hash (pack.lua)
-            return self._unpacked(task_id, fields), fields.get("fence"), int(pttl), version
+        fence = fields.get("fence") or fence  # the counter lives in the task hash (lua/includes/common.lua)
+        if fields.get("packed"):
+            return self._unpacked(task_id, fields), fence, int(pttl), version
         return (Packed(fields=fields, attempts=att, events=events, effects=fx),
                 fence, int(pttl), version)
 

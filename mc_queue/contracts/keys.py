@@ -42,13 +42,16 @@ Key schema (``P`` = ``{prefix}``)::
     P:retention            hash   "<queue>" -> the operator's retention policy JSON, "app:<queue>" -> the App's
     P:q:<queue>:samples    stream the operator console's samples of the queue (age, depth, finished and failed
                                   totals), written by ``mcq dashboard``, capped (XADD MAXLEN): its charts
-    P:t:<task id>          hash   the Task; once finished and packed (lua/pack.lua), only the fields the scripts
-                                  read, its fence counter, and its whole history as one compressed document
-                                  in fields z0, z1, ... of at most 64 bytes (:a, :ev, :fx, :fence are gone)
+    P:t:<task id>          hash   the Task, its fence counter in field 'fence' (HINCRBY at every claim, expiry
+                                  and cancel acknowledgement); once finished and packed (lua/pack.lua), only
+                                  the fields the scripts read, the fence, and its whole history as one
+                                  compressed document in fields z0, z1, ... of at most 64 bytes (:a, :ev, :fx
+                                  are gone)
     P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
     P:t:<task id>:ev       stream its append-only event history
     P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
-    P:t:<task id>:fence    string its fence counter (INCR at every claim, expiry and cancel acknowledgement)
+    P:t:<task id>:fence    string a task's fence counter as versions before 2026-12 kept it: still read, and moved
+                                  into the task hash at the task's next fence
     P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PXAT at claim, PEXPIREAT at renew)
     P:tomb:<task id>       string a purged task's tombstone (JSON), PX the retention the operator chose
 

@@ -148,7 +148,7 @@ def test_one_winner_per_round_across_processes(redis_server: RedisServer, prefix
         for tid in task_ids:
             tk = Keys(prefix).task(tid)
             pipe.hget(tk.task, "state")
-            pipe.get(tk.fence)
+            pipe.hget(tk.task, "fence")
             pipe.hmget(tk.attempts, "1.state", "1.worker", "1.fence", "1.seq")
             pipe.lrange(tk.events, 0, -1)
         replies = pipe.execute()

@@ -77,7 +77,7 @@ def test_dropped_claim_reply_runs_once_and_resend_returns_same_lease(rig: Rig) -
     assert (lease.fence, lease.number) == (1, 1)
     assert a1["state"] == "running" and a1["worker"] == "w1" and a1["fence"] == "1"
     assert int(a1["lease_exp"]) == lease.expires_at_ms
-    assert rig.direct.get(Keys(rig.prefix).task(tid).fence) == "1"
+    assert rig.direct.hget(Keys(rig.prefix).task(tid).task, "fence") == "1"
     assert len(events_of(rig.direct, rig.prefix, tid, "attempt_claimed")) == 1
     assert events_of(rig.direct, rig.prefix, tid, "claim_refused") == []
     assert int(meta(rig.direct, rig.prefix)["seq"]) == seq_before + 1  # one claim sequence number used

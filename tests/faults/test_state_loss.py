@@ -197,7 +197,7 @@ def _older_snapshot(server: RedisServer, prefix: str, made: list[mc_queue.Client
     restore_data(server, copy)
     server.start()
     r = server.client()
-    assert r.get(Keys(prefix).task(s.ta).fence) == "1"  # Redis went back in time
+    assert r.hget(Keys(prefix).task(s.ta).task, "fence") == "1"  # Redis went back in time
     assert r.exists(Keys(prefix).task(s.td).task) == 0
     assert meta(r, prefix)["state"] == "ok"  # nothing noticed yet
     r.close()
@@ -214,7 +214,7 @@ def _recover_and_check_no_reuse(s: Snapshot) -> None:
     assert out["voided_leases"] == [s.lease_a1.attempt_id]  # A/1 was running in the older copy
     assert out["fence_floor"] > s.max_issued()
     r = s.server.client()
-    voided_to = int(r.get(Keys(s.prefix).task(s.ta).fence) or 0)
+    voided_to = int(r.hget(Keys(s.prefix).task(s.ta).task, "fence") or 0)
     assert voided_to > s.max_issued()
 
     # Writes with any fence issued before the recovery are refused (recorded, not applied).
@@ -398,7 +398,7 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_claim(
     for tid, _, _ in acked:
         tk = Keys(prefix).task(tid)
         pipe.hget(tk.task, "state")
-        pipe.get(tk.fence)
+        pipe.hget(tk.task, "fence")
         pipe.hmget(tk.attempts, "1.state", "1.fence", "1.lease_exp", "1.worker")
     replies = pipe.execute()
     for i, (_, fence, exp) in enumerate(acked):

@@ -108,8 +108,8 @@ def task_hash(q: mc_queue.Client, task_id: str) -> dict[str, str]:
 
 
 def fence_of(q: mc_queue.Client, task_id: str) -> str:
-    """The task's fence counter (INCR at each claim, expiry and cancel acknowledgement)."""
-    return str(q.redis.get(q.keys.task(task_id).fence) or "0")
+    """The task's fence counter (field fence of its hash: HINCRBY at each claim, expiry and cancel ack)."""
+    return str(q.redis.hget(q.keys.task(task_id).task, "fence") or "0")  # (no key of its own: checked below)
 
 
 def attempts_hash(q: mc_queue.Client, task_id: str) -> dict[str, str]:
@@ -950,7 +950,7 @@ def test_a_fence_above_the_current_one_without_a_claim_record_is_refused_not_a_l
 
 def test_a_fence_this_client_was_issued_and_redis_forgot_marks_the_namespace_lost(q: mc_queue.Client) -> None:
     task, lease = claimed(q)
-    q.redis.set(q.keys.task(task.id).fence, lease.fence - 1)  # Redis went back to before the claim
+    q.redis.hset(q.keys.task(task.id).task, "fence", lease.fence - 1)  # Redis went back to before the claim
     frozen = (task_hash(q, task.id), attempts_hash(q, task.id))
     with pytest.raises(NamespaceLost):
         q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id=WORKER)

@@ -104,7 +104,8 @@ def test_2_a_claim_takes_the_lease_frozen_in_the_task_and_the_key_expires_with_i
     assert lease.lease_ms == 5_000 and lease.expires_at_ms - started_ms == pytest.approx(5_000, abs=2)
     pttl = q.redis.pttl(q.keys.task(task.id).lease)
     assert 4_000 < pttl <= 5_000, "the lease is a key with a PX TTL"
-    assert q.redis.get(q.keys.task(task.id).fence) == str(lease.fence), "the fence is an INCR counter key"
+    assert q.redis.hget(q.keys.task(task.id).task, "fence") == str(lease.fence), "the fence counts in the task hash"
+    assert not q.redis.exists(q.keys.task(task.id).fence), "no key of its own"
 
 
 def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.Client,
@@ -123,7 +124,7 @@ def test_2_the_fence_is_incr_and_the_lease_is_pexpired_on_the_wire(q: mc_queue.C
             if cmd["command"] == "PING":
                 break
     mon_conn.close()
-    assert f"INCR {tk.fence}" in seen, seen
+    assert f"HINCRBY {tk.task} fence 1" in seen, seen  # the counter lives in the task hash
     # The key's expiry is the absolute one the lease index holds (one clock reading, never a second one).
     assert f"SET {tk.lease} 1:{lease.fence} PXAT {lease.expires_at_ms}" in seen, seen
     assert f"PEXPIREAT {tk.lease} {renewed}" in seen, seen
@@ -207,7 +208,7 @@ def test_4_a_suspect_entry_whose_task_is_gone_is_dropped_by_the_sweeper(q: mc_qu
 
 def _lose(q: mc_queue.Client) -> tuple[mc_queue.Task, mc_queue.Lease]:
     task, lease = running(q)
-    q.redis.set(q.keys.task(task.id).fence, 0)  # Redis went back to before the claim this client saw
+    q.redis.hset(q.keys.task(task.id).task, "fence", 0)  # Redis went back to before the claim this client saw
     with pytest.raises(mc_queue.NamespaceLost):
         q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
     assert q.reads.namespace().state == "lost"
@@ -388,3 +389,21 @@ def test_the_namespace_log_is_capped_and_keeps_its_newest_entries(q: mc_queue.Cl
     assert 100_000 <= length <= 100_200, length  # trimmed to the cap (whole stream nodes of 100 entries)
     newest = q.reads.namespace_events(count=None)[-1]
     assert newest["type"] == "enqueue_refused" and newest["idem_key"] == "the-key"
+
+
+def test_a_fence_counter_kept_as_a_key_of_its_own_is_honoured_and_moved_into_the_task_hash(q: mc_queue.Client) -> None:
+    """A task written before the fence counter moved into the task hash has a key ':fence': its fence is
+    checked from there (current passes, stale is refused), and the next fence issued moves it into the
+    hash and goes on from it, never back to 1."""
+    task, lease = running(q)
+    tk = q.keys.task(task.id)
+    q.redis.hdel(tk.task, "fence")
+    q.redis.set(tk.fence, lease.fence)  # as an earlier version left it
+    assert q.reads.get_task(task.id).fence == lease.fence
+    with pytest.raises(mc_queue.StaleFence):
+        q.leases.renew_lease(lease.attempt_id, lease.fence - 1 if lease.fence > 1 else 0, worker_id="w1")
+    q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")  # current: accepted
+    voided = q.operator.void_leases([lease.attempt_id], actor="test", reason="the next fence moves the counter")
+    assert [v.new_fence for v in voided] == [lease.fence + 1]
+    assert not q.redis.exists(tk.fence) and q.redis.hget(tk.task, "fence") == str(lease.fence + 1)
+    assert q.reads.get_task(task.id).fence == lease.fence + 1
