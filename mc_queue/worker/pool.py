@@ -46,6 +46,7 @@ class McqWorkerPool(WorkerPool):
         self.lock = threading.Lock()  # a death handled, or a worker forked: never both at once
         self.watching = issubclass(self.worker_class, SimpleWorker)
         self.wake_r, self.wake_w = os.pipe()  # a new worker to watch, or the end
+        os.set_blocking(self.wake_w, False)  # a wake never blocks: one byte waiting is enough to wake the watch
         self.ended = threading.Event()
 
     # -- RQ's pool, overridden through its public methods
@@ -58,7 +59,7 @@ class McqWorkerPool(WorkerPool):
             super().start(burst=burst, logging_level=logging_level)
         finally:
             self.ended.set()
-            os.write(self.wake_w, b"x")
+            self.wake()
             if watch is not None:
                 watch.join(5)
             os.close(self.wake_r)
@@ -74,7 +75,7 @@ class McqWorkerPool(WorkerPool):
             process = self.get_worker_process(name, burst=burst, _sleep=_sleep, logging_level=logging_level)
             process.start()
             self.worker_dict[name] = WorkerData(name=name, pid=process.pid or 0, process=process)
-        os.write(self.wake_w, b"x")
+        self.wake()
 
     def handle_dead_worker(self, worker_data: WorkerData) -> None:
         self.exit_codes.append(worker_data.process.exitcode)
@@ -83,6 +84,13 @@ class McqWorkerPool(WorkerPool):
             self.died(worker_data)
 
     # -- the death watch
+
+    def wake(self) -> None:
+        """Have the watch look at the workers again (a full pipe already will)."""
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:
+            pass
 
     def died(self, data: WorkerData) -> None:
         """Void what a dead SimpleWorker held, once (the watch and RQ's loop may both see it)."""

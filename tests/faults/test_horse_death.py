@@ -135,7 +135,7 @@ def test_the_pools_watch_alone_sees_a_worker_die_and_leaves_the_live_one_alone(h
         assert first.process.exitcode == -signal.SIGKILL
     finally:
         pool.ended.set()
-        os.write(pool.wake_w, b"x")
+        pool.wake()
         watch.join(5)
         for d in pool.worker_dict.values():
             d.process.kill()
