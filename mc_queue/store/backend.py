@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -62,6 +63,16 @@ def quiet_connection_kwargs() -> dict[str, Any]:
     if "driver_info" in inspect.signature(redis.Redis.__init__).parameters:
         return {"driver_info": None}
     return {"lib_name": None, "lib_version": None}
+
+
+def fresh_connection(conn: Any) -> None:
+    """redis-py's handshake on a new connection, and no health-check PING right after it: redis-py would
+    PING before the first command of every new connection (its next check is due at 0), a round trip that a
+    forked work horse pays on each of its connections for every Attempt. A connection just made is alive;
+    the check runs from then on, once the connection was idle for the interval."""
+    if conn.health_check_interval:  # (before the handshake: its first command would PING first)
+        conn.next_health_check = time.monotonic() + conn.health_check_interval
+    conn.on_connect()
 
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
@@ -141,7 +152,8 @@ class Backend:
                                       socket_timeout=socket_timeout,
                                       socket_connect_timeout=socket_timeout, health_check_interval=30,
                                       **quiet_connection_kwargs())
-        self.redis: redis.Redis = make_redis(self.target, redis_class=redis_class, **common)
+        self.redis: redis.Redis = make_redis(self.target, redis_class=redis_class, redis_connect_func=fresh_connection,
+                                             **common)
         self.writer: redis.Redis = make_redis(self.target, redis_class=redis_class, retry=Retry(NoBackoff(), 0),
                                               redis_connect_func=self._writer_connected, **common)
         # INFO as the server wrote it: redis-py's parser turns an all-digit replication id into a number
@@ -218,7 +230,7 @@ class Backend:
         is still that primary's history; else refuse the connection (the runner then checks the lineage
         before it resends). redis-py reconnects silently to a closed socket's server (a sentinel client
         to the new primary), so a failover must be caught here, before the next script is sent."""
-        conn.on_connect()
+        fresh_connection(conn)
         if self._replid is None or self._checking or not self.runner.track:
             return
         conn.send_command("INFO", "replication")
