@@ -134,8 +134,9 @@ redis.call('SADD', K.queues, A.queue)
 redis.call('ZADD', K.pending, tss, A.task_id)
 redis.call('ZADD', K.outbox, tss, A.task_id .. '/1')
 move_count(K.counts, A.queue, '', 'pending')
-emit(K.events, 'task_created', {'actor', A.actor, 'handler', A.handler, 'payload_digest', A.payload_digest,
-  'idem_key', A.idem_key})
-emit(K.events, 'attempt_created', {'attempt', '1', 'actor', A.actor, 'reason', 'first dispatch'})
+-- The task's handler and payload digest are not repeated in task_created, nor Attempt 1's reason in
+-- attempt_created: readers fill them in (mc_queue.contracts.models.filled_in).
+emit(K.events, 'task_created', {'actor', A.actor, 'idem_key', A.idem_key})
+emit(K.events, 'attempt_created', {'attempt', '1', 'actor', A.actor})
 return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts),
   redis.call('LRANGE', K.events, 0, -1)}

@@ -191,6 +191,18 @@ class Event(_Record):
                    attempt=int(att) if att else None, fields=f)
 
 
+def filled_in(event: dict[str, str], task: dict[str, str]) -> dict[str, str]:
+    """An event's fields with what lua/enqueue.lua does not store twice filled in from the task hash:
+    task_created's handler and payload digest (the task's, which never change), Attempt 1's reason in
+    attempt_created ('first dispatch'). An event written before keeps its own."""
+    typ = event.get("type")
+    if typ == "task_created" and "payload_digest" not in event:
+        return {**event, "handler": task.get("handler", ""), "payload_digest": task.get("payload_digest", "")}
+    if typ == "attempt_created" and "reason" not in event and event.get("attempt") == "1":
+        return {**event, "reason": FIRST_DISPATCH}
+    return event
+
+
 class Task(_Record):
     id: str
     queue: str
@@ -251,7 +263,7 @@ class Task(_Record):
             result=json.loads(f["result"]) if f.get("result") else None,
             cancel_requested=f.get("cancel_requested") or None,
             attempts=attempts,
-            events=[Event.from_stream(i, e) for i, e in events],
+            events=[Event.from_stream(i, filled_in(e, f)) for i, e in events],
         )
 
 

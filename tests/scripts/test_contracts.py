@@ -223,6 +223,10 @@ def test_enqueue_creates_task_with_one_pending_first_dispatch_attempt(q: mc_queu
     assert [e.type for e in task.events] == ["task_created", "attempt_created"]
     assert task.events[1].attempt == 1 and task.events[1].fields["reason"] == "first dispatch"
     assert task.events[0].fields["payload_digest"] == task.payload_digest
+    assert task.events[0].fields["handler"] == HANDLER
+    stored = q.redis.lrange(q.keys.task(task.id).events, 0, -1)  # what the reader filled in is not stored
+    assert "payload_digest" not in stored[0] and "handler" not in stored[0] and "reason" not in stored[1]
+    assert q.reads.get_task(task.id).events == task.events
     score = q.redis.zscore(q.keys.pending(QUEUE), task.id)
     assert score is not None and t0 <= score <= t1
     assert counts(q) == {"pending": 1}
