@@ -461,6 +461,16 @@ class SelectExplained(AbstractConnection):
     def on_connect_check_health(self, check_health: bool = True) -> None:
         try:
             super().on_connect_check_health(check_health=check_health)
+        except redis.AuthenticationError as exc:
+            # A server with a password refuses HELLO, the handshake's first command, with a message about
+            # HELLO's own options: say what is wrong, as Redis says it to any other first command.
+            if not str(exc).startswith("HELLO must be called with the client already authenticated"):
+                raise
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise redis.AuthenticationError(
+                f"Authentication required: the server asks for a password and {self.url_where!r} gives none "
+                "(put it in the URL, redis://[user]:password@host, or in the file $MCQ_REDIS_PASSWORD_FILE "
+                "names)") from None
         except redis.ResponseError as exc:
             if "DB index" not in str(exc):
                 raise
