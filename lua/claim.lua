@@ -67,7 +67,7 @@ end
 local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, false)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence')
+local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -80,6 +80,7 @@ local aid = task_id .. '/' .. n
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
   n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms')
 local ts = now_ms()
+local due = tonumber(a[6] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
 
 if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
   return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or ''})
@@ -92,8 +93,8 @@ elseif state ~= 'pending' and state ~= 'backoff' then
   why = 'task is ' .. state
 elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])
-elseif (tonumber(a[6]) or 0) > ts then
-  why = 'attempt ' .. n .. ' is not due for ' .. fmt(tonumber(a[6]) - ts) .. ' ms'
+elseif due > ts then
+  why = 'attempt ' .. n .. ' is not due for ' .. fmt(due - ts) .. ' ms'
 elseif redis.call('HEXISTS', K.paused, queue) == 1 then
   why = 'queue ' .. queue .. ' is paused'
 end
@@ -116,5 +117,5 @@ redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
 emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'lease_ms', lease_s})
-observe(K.stats, t[6], 'wait', queue, nil, ts - (tonumber(a[6]) or ts))
+observe(K.stats, t[6], 'wait', queue, nil, ts - (due > 0 and due or ts))
 return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''})

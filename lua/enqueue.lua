@@ -124,8 +124,9 @@ redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handl
   'updated_at', tss, 'attempts', '1', 'active', '1', 'fence', '0', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
   'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms))
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
--- worktree is its id and Attempt 1's reason is 'first dispatch' (readers fill them in: not stored).
-aset(K.attempts, 1, {'state', 'pending', 'created_at', tss, 'due_at', tss})
+-- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
+-- task's created_at (readers fill them in: not stored).
+aset(K.attempts, 1, {'state', 'pending'})
 if A.idem_key ~= '' then
   redis.call('HSET', K.task, 'idem_key', A.idem_key)
   redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)

@@ -300,7 +300,7 @@ end
 -- The client keeps the fields of Attempt n (cheaper there than a string loop here).
 local function attempt_snapshot(k_att, k_task)
   local flat = redis.call('HGETALL', k_att)
-  local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest')
+  local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest', 'created_at')
   if t[1] then
     flat[#flat + 1] = 'manifest'
     flat[#flat + 1] = t[1]
@@ -308,6 +308,10 @@ local function attempt_snapshot(k_att, k_task)
     flat[#flat + 1] = t[2] or ''
     flat[#flat + 1] = 'payload_digest'
     flat[#flat + 1] = t[3] or ''
+  end
+  if t[4] then  -- Attempt 1's created_at and due_at, when it keeps none of its own (enqueue.lua)
+    flat[#flat + 1] = 'created_at'
+    flat[#flat + 1] = t[4]
   end
   return flat
 end

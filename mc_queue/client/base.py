@@ -137,13 +137,13 @@ def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
         name = str(flat[i])
         if name.startswith(prefix):
             fields[name[cut:]] = str(flat[i + 1])
-        elif name in ("manifest", "handler", "payload_digest"):
+        elif name in ("manifest", "handler", "payload_digest", "created_at"):
             task[name] = str(flat[i + 1])
     manifest = task.get("manifest")
     if manifest:
         manifest = expand("manifest", manifest, handler=task.get("handler") or None,
                           payload_digest=task.get("payload_digest") or None)
-    return Attempt.from_fields(task_id, n, fields, manifest=manifest)
+    return Attempt.from_fields(task_id, n, fields, manifest=manifest, task_created=task.get("created_at"))
 
 
 def printable(text: str, limit: int) -> str:

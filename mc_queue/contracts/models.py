@@ -127,9 +127,13 @@ class Attempt(_Record):
         return self.state in TERMINAL_ATTEMPT_STATES
 
     @classmethod
-    def from_fields(cls, task_id: str, number: int, f: dict[str, str], *, manifest: str | None = None) -> Attempt:
+    def from_fields(cls, task_id: str, number: int, f: dict[str, str], *, manifest: str | None = None,
+                    task_created: str | None = None) -> Attempt:
         """An Attempt from its fields in the attempts hash; ``manifest``: the task's, for an Attempt that
-        keeps none of its own."""
+        keeps none of its own; ``task_created``: the task's created_at, Attempt 1's created_at and due_at
+        when it keeps none of its own (lua/enqueue.lua does not store them twice)."""
+        if number == 1 and task_created and "created_at" not in f:
+            f = {**f, "created_at": task_created, "due_at": f.get("due_at") or task_created}
         def ms(name: str) -> datetime | None:
             v = f.get(name)
             return ms_to_dt(int(v)) if v else None
@@ -241,7 +245,8 @@ class Task(_Record):
         # that, or one with a manifest of its own, keeps its field).
         manifest = expand("manifest", f["manifest"], handler=f.get("handler"), payload_digest=f.get("payload_digest")) \
             if f.get("manifest") else None
-        attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=manifest) for n in sorted(by_n)]
+        attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=manifest, task_created=f.get("created_at"))
+                    for n in sorted(by_n)]
         return cls(
             id=f["id"],
             queue=f["queue"],
