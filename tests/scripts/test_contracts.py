@@ -215,7 +215,9 @@ def test_enqueue_creates_task_with_one_pending_first_dispatch_attempt(q: mc_queu
     assert a.number == 1 and a.id == f"{task.id}/1"
     assert a.state == AttemptState.PENDING
     assert a.reason == "first dispatch" and a.worktree == a.id  # (filled in by the reader: not stored)
-    assert not {"1.reason", "1.worktree"} & set(q.redis.hkeys(q.keys.task(task.id).attempts))
+    stored = set(q.redis.hkeys(q.keys.task(task.id).attempts))
+    assert not {"1.reason", "1.worktree", "1.created_at", "1.due_at"} & stored
+    assert a.created_at == a.due_at == task.created_at  # the task's, filled in by the reader
     assert task.idempotency_key is None and not q.redis.hexists(q.keys.task(task.id).task, "idem_key")
     assert a.previous is None and a.fence is None and a.worker_id is None
     assert a.manifest == task.manifest and a.manifest is not None
