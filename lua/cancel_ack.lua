@@ -48,12 +48,13 @@ end
 local ts
 err, ts = fence_check(K, A, A.worker, 'cancel_ack', 'cancel_ack', false)
 if err then return err end
-if not redis.call('HGET', K.task, 'cancel_requested') then
+local t = redis.call('HMGET', K.task, 'cancel_requested', 'id', 'fence')
+if not t[1] then
   return refuse(K.events, K.stats, 'cancel_ack_refused', {'E_CANCEL', 'no cancellation was requested'},
     {'attempt', n, 'worker', A.worker, 'reason', 'no cancellation was requested'})
 end
-local id = redis.call('HGET', K.task, 'id')
-local new_fence = fmt(next_fence(K.meta, K.fence, K.task, redis.call('HGET', K.task, 'fence')))
+local id = t[2]
+local new_fence = fmt(next_fence(K.meta, K.fence, K.task, t[3]))
 redis.call('HSET', K.task, 'updated_at', ts)
 aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 'cancel_ack_req', A.request_id,
   'cancel_ack_fence', new_fence})

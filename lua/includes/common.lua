@@ -423,17 +423,18 @@ local function run_id()
   return i and string.sub(info, i + 7, i + 46) or nil
 end
 
--- The next fence for a task: HINCRBY of the task's fence counter (field 'fence' of the task hash,
--- '0' from enqueue on; a task written before the counter moved there keeps a key of its own, moved
--- into the hash here, at its next fence), raised above the namespace floor. The floor is raised to Redis TIME in microseconds by `mcq recover`, and also by the first
--- fence issued by a redis-server process that did not issue the previous one (a restart, a
--- failover): its data may be an older copy whose counters are behind, but the clock is not, so no
--- fence handed out before the restart can come again, even if nobody noticed a loss yet.
 -- The task's current fence as stored ('0' before its first), wherever it is kept.
 local function fence_of(k_task, k_fence)
   return redis.call('HGET', k_task, 'fence') or redis.call('GET', k_fence) or '0'
 end
 
+-- The next fence for a task: HINCRBY of the task's fence counter (field 'fence' of the task hash,
+-- '0' from enqueue on; a task written before the counter moved there keeps a key of its own, moved
+-- into the hash here, at its next fence), raised above the namespace floor. The floor is raised to
+-- Redis TIME in microseconds by `mcq recover`, and also by the first
+-- fence issued by a redis-server process that did not issue the previous one (a restart, a
+-- failover): its data may be an older copy whose counters are behind, but the clock is not, so no
+-- fence handed out before the restart can come again, even if nobody noticed a loss yet.
 -- held: the task hash's 'fence' field as the caller read it (nil when it has none: only then can a
 -- key of the old kind exist, and it is looked for).
 local function next_fence(k_meta, k_fence, k_task, held)
