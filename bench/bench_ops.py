@@ -52,7 +52,7 @@ import mc_queue
 from mc_queue.client import Client
 from mc_queue.contracts.codec import encode_payload
 from mc_queue.contracts.config import Budget, RetryPolicy
-from mc_queue.contracts.history import decode_events
+from mc_queue.contracts.history import history
 from mc_queue.contracts.keys import new_task_id
 from mc_queue.contracts.models import Manifest
 from mc_queue.ops.sweeper import Sweeper
@@ -114,8 +114,9 @@ class IdleLoader:
 
     def _read(self, tid: str) -> dict[str, Any]:
         tk = self.q.keys.task(tid)
-        return {"id": tid, "task": self.admin.hgetall(tk.task), "attempts": self.admin.hgetall(tk.attempts),
-                "events": [f for _, f in decode_events(self.admin.lrange(tk.events, 0, -1))]}
+        fields = self.admin.hgetall(tk.task)
+        return {"id": tid, "task": fields, "attempts": self.admin.hgetall(tk.attempts),
+                "events": [f for _, f in history(fields, self.admin.lrange(tk.events, 0, -1))]}
 
     def load(self, n: int, batch: int = 1000) -> None:
         keys = self.q.keys

@@ -68,7 +68,7 @@ if str(ROOT) not in sys.path:  # so that `bench.recovery_app` imports when run a
     sys.path.insert(0, str(ROOT))
 
 from mc_queue.client import DEFAULT_LEASE_MS  # noqa: E402
-from mc_queue.contracts.history import decode_events  # noqa: E402
+from mc_queue.contracts.history import history  # noqa: E402
 from mc_queue.testing import ForgeServer, RedisServer, unique_prefix  # noqa: E402
 
 APP_SPEC = "bench.recovery_app:app"
@@ -262,7 +262,8 @@ class Bench:
     # -- one mc_queue run
 
     def events(self, task_id: str) -> list[tuple[str, dict[str, str]]]:
-        return decode_events(self.client.redis.lrange(self.client.keys.task(task_id).events, 0, -1))  # type: ignore[arg-type]
+        tk = self.client.keys.task(task_id)
+        return history(self.client.redis.hgetall(tk.task), self.client.redis.lrange(tk.events, 0, -1))  # type: ignore[arg-type]
 
     def wait_event(self, task_id: str, typ: str, attempt: int, timeout: float) -> tuple[str, dict[str, str]]:
         deadline = time.monotonic() + timeout

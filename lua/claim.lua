@@ -41,6 +41,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
   stats = KEYS[11], fence = KEYS[12], lease = KEYS[13], paused = KEYS[14]}
+history_of(K.events, K.task)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
   'lease_ms', 'int?', 1, MAX_INT,

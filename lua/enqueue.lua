@@ -26,8 +26,8 @@
 -- ARGV[10] lease_ms        lease length every claim of this task gets (at most the namespace ceiling)
 -- ARGV[11] epoch           namespace epoch the client knows
 -- ARGV[12] actor
--- Returns: {'OK', task_id, task, attempts, events} (task and attempts: HGETALL of each, events: LRANGE of the
---          history, as this call left them: what the producer returns without reading the task again)
+-- Returns: {'OK', task_id, task, attempts, events} (task and attempts: HGETALL of each, events: the
+--          stored history, empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
@@ -36,14 +36,16 @@
 --          meta for at most a second, or until the enqueues admitted on it may have used its room:
 --          memory_pressure in common.lua)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
--- Events: task_created, attempt_created | enqueue_refused (in the task's stream, or the namespace log
---         when the refused key names another task)
+-- Events: enqueue_refused (in the task's history, or the namespace log when the refused key names
+--         another task). The task's creation and its first Attempt's are not stored: the task hash
+--         implies them (mc_queue.contracts.history.whole_history).
 -- Idempotent: yes (task id and idempotency key)
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
   outbox = KEYS[11], tomb = KEYS[12]}
+history_of(K.events, K.task)
 local A, bad = args(ARGV, {
   'task_id', 'id', 100, false,
   'queue', 'id', 64, false,
@@ -122,7 +124,7 @@ local tss = fmt(ts)
 redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
   'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss,
   'updated_at', tss, 'attempts', '1', 'active', '1', 'fence', '0', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
-  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms))
+  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor)
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
 -- task's created_at (readers fill them in: not stored).
@@ -135,9 +137,9 @@ redis.call('SADD', K.queues, A.queue)
 redis.call('ZADD', K.pending, tss, A.task_id)
 redis.call('ZADD', K.outbox, tss, A.task_id .. '/1')
 move_count(K.counts, A.queue, '', 'pending')
--- The task's handler and payload digest are not repeated in task_created, nor Attempt 1's reason in
--- attempt_created: readers fill them in (mc_queue.contracts.models.filled_in).
-emit(K.events, 'task_created', {'actor', A.actor, 'idem_key', A.idem_key})
-emit(K.events, 'attempt_created', {'attempt', '1', 'actor', A.actor})
-return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts),
-  redis.call('LRANGE', K.events, 0, -1)}
+-- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
+-- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,
+-- which gives them the ids '<created_at>-0' and '-1'; emit starts the list after them), with the
+-- handler, payload digest and 'first dispatch' filled in (mc_queue.contracts.models.filled_in). A
+-- queued task has no history key.
+return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts), {}}

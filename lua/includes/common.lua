@@ -223,6 +223,24 @@ local function event_id(ms, last)
   return fmt(ms) .. '-0'
 end
 
+-- The history this call writes and its task hash, as the script declared them (history_of, right
+-- after its KEYS): what emit and emit_task read of the task hash.
+local HISTORY, HISTORY_TASK = nil, nil
+
+local function history_of(k_ev, k_task)
+  HISTORY, HISTORY_TASK = k_ev, k_task
+end
+
+-- What a task's first stored event comes after: enqueue stores no event of its own (task_created and
+-- attempt_created, ids '<created_at>-0' and '-1', are implied by the task hash's created_at and
+-- actor: mc_queue.contracts.history.whole_history). False for a task written before that (its list
+-- holds both) and for any other key.
+local function implied_last(key)
+  if key ~= HISTORY then return false end
+  local t = redis.call('HMGET', HISTORY_TASK, 'created_at', 'actor')
+  return t[1] and t[2] and ('["' .. t[1] .. '-1"') or false
+end
+
 local function emit(key, typ, fields)
   local flat = {'type', typ}
   for i = 1, #fields, 2 do
@@ -238,7 +256,7 @@ local function emit(key, typ, fields)
     if nslog then return redis.call('XADD', key, 'MAXLEN', '~', NSLOG_MAX, '*', unpack(flat)) end
     return redis.call('XADD', key, '*', unpack(flat))
   end
-  local id = event_id(now_ms(), last)
+  local id = event_id(now_ms(), last or implied_last(key))
   table.insert(flat, 1, id)
   redis.call('RPUSH', key, cjson.encode(flat))
   return id
@@ -258,15 +276,19 @@ end
 -- the namespace first): where an event about a task whose history is packed goes.
 local NSLOG = nil
 
--- An event about a task after its checks: into the task's stream, or, when the task's history has
--- been packed (its stream is gone; see pack.lua), into the namespace log with the task id, so that a
--- late write to a finished task is recorded without growing its history back.
+-- An event about a task after its checks: into the task's history, or, when there is no such task or
+-- its history has been packed (its list is gone; see pack.lua), into the namespace log with the task
+-- id, so that a late write to a finished task is recorded without growing its history back. (A queued
+-- task has no list either, until its first event after enqueue's: that one starts it.)
 local function emit_task(k_ev, typ, fields)
   local tid = string.match(k_ev, ':t:(.+):ev$')
   if tid and NSLOG and redis.call('EXISTS', k_ev) == 0 then
-    fields[#fields + 1] = 'task'
-    fields[#fields + 1] = tid
-    return emit(NSLOG, typ, fields)
+    local t = k_ev == HISTORY and redis.call('HMGET', HISTORY_TASK, 'state', 'packed') or {}
+    if not t[1] or t[2] then
+      fields[#fields + 1] = 'task'
+      fields[#fields + 1] = tid
+      return emit(NSLOG, typ, fields)
+    end
   end
   return emit(k_ev, typ, fields)
 end

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from ..contracts.codec import check_int, check_text
 from ..contracts.errors import Code, InvalidArgument, McqError, NamespaceLost, raise_for_reply
+from ..contracts.history import whole_history
 from ..contracts.keys import TaskKeys, check_queue
 from ..contracts.models import ExpiredLease
 from ..contracts.packing import pack
@@ -198,9 +199,10 @@ class Maintenance(Role):
         calls = []
         for i, tk in enumerate(keys):
             fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
-            events = self._history(history, tk.events)
+            stored = self._history(history, tk.events)
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
-            blob = pack(fields, att, events, fx) if fields and not fields.get("packed") else b"mcz1-placeholder"
+            blob = pack(fields, att, whole_history(fields, stored), fx) if fields and not fields.get("packed") \
+                else b"mcz1-placeholder"
             if len(blob) > PACK_MAX_BYTES:
                 log.warning("task %s: its packed history would be %d bytes (above %d): left unpacked",
                             fields.get("id"), len(blob), PACK_MAX_BYTES)
@@ -209,7 +211,7 @@ class Maintenance(Role):
             calls.append(({**self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events,
                            "effects": tk.effects, "fence": tk.fence, "topack": self.keys.topack},
                           {"blob": blob, "updated_at": int(fields.get("updated_at") or 0) if fields else 0,
-                           "last_event": events[-1][0] if events else "0-0", "fields": len(att), "effects": len(fx),
+                           "last_event": stored[-1][0] if stored else "0-0", "fields": len(att), "effects": len(fx),
                            "epoch": self.ns.epoch or "", "actor": self.actor}))
         packed = 0
         for reply in self.runner.run_many("pack", calls):

@@ -9,6 +9,7 @@ from ..contracts.codec import check_text, encode_payload
 from ..contracts.config import Budget, RetryPolicy
 from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.frozen import compact
+from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, new_task_id
 from ..contracts.models import Manifest, Task
 from ..store.backend import DEFAULT_LEASE_MS, Backend
@@ -90,5 +91,6 @@ class Producer(Role):
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="enqueue", task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
-            return Task.from_redis(pairs(reply[2]), pairs(reply[3]), self._history(reply[4], tk.events))
+            fields = pairs(reply[2])
+            return Task.from_redis(fields, pairs(reply[3]), whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since

@@ -13,6 +13,7 @@ import redis
 from ..contracts.codec import check_int
 from ..contracts.config import Retention
 from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
+from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task
 from ..contracts.packing import Packed, join_chunks, unpack
@@ -81,10 +82,11 @@ class Reads(Role):
         pipe.get(tk.fence)  # (a task written before its fence counter moved into its hash)
         pipe.pttl(tk.lease)
         fields, att, history, fx, fence, pttl = raised(pipe.execute(raise_on_error=False), but=2)
-        events = self._history(history, tk.events)
+        stored = self._history(history, tk.events)
         if not fields:
             return None, None, int(pttl), ""
-        version = f"{fields.get('updated_at') or 0} {events[-1][0] if events else '0-0'} {len(att)} {len(fx)}"
+        version = f"{fields.get('updated_at') or 0} {stored[-1][0] if stored else '0-0'} {len(att)} {len(fx)}"
+        events = whole_history(fields, stored)
         fence = fields.get("fence") or fence  # the counter lives in the task hash (lua/includes/common.lua)
         if fields.get("packed"):
             return self._unpacked(task_id, fields), fence, int(pttl), version

@@ -10,7 +10,7 @@ stream, before histories became lists, is still read as one (:data:`WRONGTYPE`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 Event = tuple[str, dict[str, str]]
 WRONGTYPE = "WRONGTYPE"  # what Redis answers LRANGE on a stream: the history of an older task
@@ -23,3 +23,28 @@ def decode_events(entries: Sequence[str]) -> list[Event]:
         flat = json.loads(entry)
         out.append((str(flat[0]), {str(flat[i]): str(flat[i + 1]) for i in range(1, len(flat) - 1, 2)}))
     return out
+
+
+def whole_history(fields: Mapping[str, str], stored: list[Event]) -> list[Event]:
+    """A live task's whole history: the two events its enqueue implies, then what its list stores.
+
+    ``lua/enqueue.lua`` stores no event: ``task_created`` and Attempt 1's ``attempt_created`` say only
+    what the task hash holds (its ``created_at``, ``actor`` and ``idem_key``), so a queued task has no
+    history key at all. Their ids are ``<created_at>-0`` and ``<created_at>-1``; the first stored event
+    is later (``emit`` in ``lua/includes/common.lua``). A task written before that, with no ``actor``
+    field, stored both events itself and is returned as stored."""
+    actor = fields.get("actor")
+    created = fields.get("created_at")
+    if actor is None or not created:
+        return stored
+    first: dict[str, str] = {"type": "task_created", "actor": actor}
+    if fields.get("idem_key"):
+        first["idem_key"] = fields["idem_key"]
+    return [(f"{created}-0", first), (f"{created}-1", {"type": "attempt_created", "attempt": "1", "actor": actor}),
+            *stored]
+
+
+def history(fields: Mapping[str, str], entries: Sequence[str]) -> list[Event]:
+    """A live task's whole history from its hash (HGETALL) and its list (LRANGE 0 -1): the one way to
+    read it raw, for tools and tests that read Redis themselves (:func:`whole_history`)."""
+    return whole_history(fields, decode_events(entries))

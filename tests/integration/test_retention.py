@@ -16,7 +16,7 @@ import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
 from mc_queue.contracts.config import Retention
 from mc_queue.contracts.errors import ClaimRejected, StaleFence, TaskPurged, TransitionRefused, WriteRefused
-from mc_queue.contracts.history import decode_events
+from mc_queue.contracts.history import history
 from mc_queue.ops.archive import FileArchive
 from mc_queue.ops.sweeper import Sweeper
 from tests.harness import Harness, harness_fixture
@@ -87,7 +87,7 @@ def test_a_task_changed_after_the_read_is_not_packed(q: mc_queue.Client) -> None
     tid = finish(q)
     tk = q.keys.task(tid)
     fields, att = q.redis.hgetall(tk.task), q.redis.hgetall(tk.attempts)
-    events, fx = decode_events(q.redis.lrange(tk.events, 0, -1)), q.redis.hgetall(tk.effects)
+    events, fx = history(fields, q.redis.lrange(tk.events, 0, -1)), q.redis.hgetall(tk.effects)
     from mc_queue.contracts.packing import pack
 
     blob = pack(fields, att, events, fx)

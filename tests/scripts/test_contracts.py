@@ -41,7 +41,7 @@ from mc_queue import (
     recover,
 )
 from mc_queue.contracts.codec import MAX_PAYLOAD_BYTES, canonical_json, digest, model_json
-from mc_queue.contracts.history import decode_events
+from mc_queue.contracts.history import history
 from mc_queue.testing import RedisServer
 
 QUEUE = "jobs"
@@ -96,7 +96,8 @@ def snapshot(q: mc_queue.Client) -> dict[str, Any]:
 
 
 def events(q: mc_queue.Client, task_id: str) -> list[dict[str, str]]:
-    return [dict(f, id=i) for i, f in decode_events(q.redis.lrange(q.keys.task(task_id).events, 0, -1))]
+    tk = q.keys.task(task_id)
+    return [dict(f, id=i) for i, f in history(q.redis.hgetall(tk.task), q.redis.lrange(tk.events, 0, -1))]
 
 
 def event_types(q: mc_queue.Client, task_id: str) -> list[str]:
@@ -226,12 +227,50 @@ def test_enqueue_creates_task_with_one_pending_first_dispatch_attempt(q: mc_queu
     assert task.events[1].attempt == 1 and task.events[1].fields["reason"] == "first dispatch"
     assert task.events[0].fields["payload_digest"] == task.payload_digest
     assert task.events[0].fields["handler"] == HANDLER
-    stored = q.redis.lrange(q.keys.task(task.id).events, 0, -1)  # what the reader filled in is not stored
-    assert "payload_digest" not in stored[0] and "handler" not in stored[0] and "reason" not in stored[1]
+    # Nothing of it is stored: the task hash implies both events (and has no history key yet).
+    assert not q.redis.exists(q.keys.task(task.id).events)
+    assert [e.id for e in task.events] == [f"{task_hash(q, task.id)['created_at']}-{n}" for n in (0, 1)]
     assert q.reads.get_task(task.id).events == task.events
     score = q.redis.zscore(q.keys.pending(QUEUE), task.id)
     assert score is not None and t0 <= score <= t1
     assert counts(q) == {"pending": 1}
+
+
+def test_the_first_stored_event_comes_after_the_two_enqueue_implies_even_with_the_clock_behind(
+        q: mc_queue.Client) -> None:
+    """Enqueue stores no event (the task hash implies task_created and attempt_created, ids
+    '<created_at>-0' and '-1'): the first one stored must come after them, in the same millisecond and
+    when Redis's clock is behind the task's created_at (a failover to a server whose clock is late)."""
+    now = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    late = q.producer.enqueue(QUEUE, HANDLER, {"n": 2})
+    ahead = redis_now_ms(q) + 3_600_000
+    q.redis.hset(q.keys.task(late.id).task, "created_at", str(ahead))  # Redis's clock is an hour behind it
+    q.redis.hset(q.keys.task(late.id).attempts, "1.due_at", str(ahead - 7_200_000))  # (due all the same)
+    for t in (now, late):
+        q.leases.claim_attempt(t.id, "w1")
+        ids = [e.id for e in q.reads.get_task(t.id).events]
+        order = [tuple(int(x) for x in i.split("-")) for i in ids]
+        assert order == sorted(order) and len(set(ids)) == len(ids) == 3, ids
+    assert q.reads.get_task(late.id).events[2].id == f"{ahead}-2"
+    # A refusal about a queued task (no history key yet) starts its history: it is not sent to the log.
+    third = q.producer.enqueue(QUEUE, HANDLER, {"n": 3})
+    with pytest.raises(mc_queue.IdempotencyConflict):
+        q.producer.enqueue(QUEUE, HANDLER, {"n": 4}, task_id=third.id)
+    assert [e.type for e in q.reads.get_task(third.id).events] == ["task_created", "attempt_created", "enqueue_refused"]
+
+
+def test_a_task_written_before_enqueue_stopped_storing_its_events_is_read_as_stored(q: mc_queue.Client) -> None:
+    """A task hash without 'actor' (an earlier version's) stored both events itself: nothing is implied."""
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    tk = q.keys.task(t.id)
+    c = task_hash(q, t.id)["created_at"]
+    q.redis.hdel(tk.task, "actor")
+    q.redis.rpush(tk.events, f'["{c}-0","type","task_created","actor","old"]',
+                  f'["{c}-1","type","attempt_created","attempt","1","actor","old"]')
+    q.leases.claim_attempt(t.id, "w1")
+    events = q.reads.get_task(t.id).events
+    assert [(e.type, e.fields.get("actor")) for e in events[:2]] == [("task_created", "old"), ("attempt_created", "old")]
+    assert [e.type for e in events[2:]] == ["attempt_claimed"] and events[2].id > events[1].id
 
 
 def test_enqueue_same_idempotency_key_same_payload_returns_same_task(q: mc_queue.Client) -> None:

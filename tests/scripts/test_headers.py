@@ -434,6 +434,8 @@ def test_the_helpers_touch_only_keys_they_are_given() -> None:
         allowed = {p for p in params if KEY_PARAM_RE.match(p)}
         if helper == "emit_task":
             allowed.add("NSLOG")  # the namespace log key ns_check was given by the script (its k_nslog)
+        if helper in ("emit_task", "implied_last"):
+            allowed.add("HISTORY_TASK")  # the task hash the script declared with history_of (its K.task)
         if "K" in params:
             allowed |= {f"K.{k}" for k in re.findall(r"\bK\.(\w+)", body)}
         for args in redis_calls(body):
