@@ -36,7 +36,6 @@ from redis.connection import AbstractConnection
 from redis.retry import Retry
 
 import mc_queue
-from mc_queue.contracts.history import history
 from mc_queue.contracts.models import Attempt
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -334,8 +333,7 @@ def measure_memory(base: Path, n: int, settle: float, extra: list[str] | None = 
                   for name, key in (("counts", q.keys.counts), ("leases", q.keys.leases),
                                     ("pending", q.keys.pending(QUEUE)), ("meta", q.keys.meta))
                   if admin.exists(key)}
-        entries: Any = history(admin.hgetall(q.keys.task(ids[0]).task), admin.lrange(q.keys.task(ids[0]).events, 0, -1))
-        event_types = sorted({str(f.get("type")) for _, f in entries})
+        event_types = sorted({e.type for e in q.reads.get_task(ids[0]).events})
         q.close()
         admin.close()
     breakdown = {k: median([float(x) for x in v]) for k, v in parts.items()}

@@ -456,6 +456,15 @@ def test_the_helpers_touch_only_keys_they_are_given() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_script_given_a_task_history_declares_it_with_its_task_hash(name: str) -> None:
+    """emit starts a queued task's list after the events its enqueue implies, and emit_task keeps a
+    refusal about a queued task in its history: both read the task hash history_of declared."""
+    _, body = script(name)
+    if re.search(r"\bevents = KEYS\[", body):
+        assert "history_of(K.events, K.task)" in body, f"{name}.lua is given a task history without history_of"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_no_key_name_is_built_inside_a_redis_call(name: str) -> None:
     """The brief's simple check: no key argument concatenated with '{' or ':'."""
     _, body = script(name)
