@@ -83,7 +83,7 @@ aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(t
 -- Nothing to add is not written (an Attempt without the field was charged 0, as renew leaves it).
 if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost) end
 if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
-redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s, 'result', A.result)
+tset(K.task, {'state', 'succeeded', 'active', '', 'updated_at', ts_s, 'result', A.result})
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')

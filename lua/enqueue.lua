@@ -121,10 +121,10 @@ if pressure then return {'E_OVERLOADED', pressure} end
 if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 -- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
 local tss = fmt(ts)
-redis.call('HSET', K.task, 'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
+tset(K.task, {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
   'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss,
   'updated_at', tss, 'attempts', '1', 'active', '1', 'fence', '0', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
-  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor)
+  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor})
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
 -- task's created_at (readers fill them in: not stored).

@@ -302,6 +302,49 @@ end
 
 -- ----------------------------------------------------------------------------------- attempts
 
+-- A hash stays one compact listpack while every value is at most 64 bytes (Redis's default
+-- hash-max-listpack-value); one longer value turns the whole hash into a hash table of ~60 bytes per
+-- field. The values that may be long and that no script reads back to decide anything (LONG, of the
+-- task or of an Attempt) are written in chunks: the field holds LONG_MARK and the number of chunks,
+-- fields '<field>#<i>' the chunks (mc_queue.contracts.packing.join_long; long_value below). A value
+-- above LONG_CHUNK * LONG_MAX_CHUNKS bytes is kept whole: the hash is a hash table then, its cost
+-- small beside the value's.
+local LONG_CHUNK, LONG_MAX_CHUNKS, LONG_MARK = 64, 32, '\255'
+local LONG = {payload = true, manifest = true, retry_policy = true, budget = true, result = true,
+  failure = true, reason = true, evidence = true, hypothesis = true}
+
+-- Append field name (of kind 'kind') and value v to an HSET argument list, in chunks when long.
+local function put(out, name, kind, v)
+  if LONG[kind] and #v > LONG_CHUNK and #v <= LONG_CHUNK * LONG_MAX_CHUNKS then
+    local k = math.ceil(#v / LONG_CHUNK)
+    out[#out + 1] = name
+    out[#out + 1] = LONG_MARK .. k
+    for i = 0, k - 1 do
+      out[#out + 1] = name .. '#' .. i
+      out[#out + 1] = string.sub(v, i * LONG_CHUNK + 1, (i + 1) * LONG_CHUNK)
+    end
+  else
+    out[#out + 1] = name
+    out[#out + 1] = v
+  end
+end
+
+-- HSET of task fields (name, value, ...), the long ones in chunks.
+local function tset(k_task, fields)
+  local a = {'HSET', k_task}
+  for i = 1, #fields, 2 do put(a, fields[i], fields[i], fields[i + 1]) end
+  redis.call(unpack(a))
+end
+
+-- The value of field name as written, v as HGET/HMGET read it (its chunks joined when it was long).
+local function long_value(key, name, v)
+  if not v or string.sub(v, 1, 1) ~= LONG_MARK then return v end
+  local names = {}
+  for i = 0, (tonumber(string.sub(v, 2)) or 0) - 1 do names[#names + 1] = name .. '#' .. i end
+  if #names == 0 then return '' end
+  return table.concat(redis.call('HMGET', key, unpack(names)))
+end
+
 -- Attempt fields live in one hash per task as "<n>.<field>".
 local function aget(k_att, n, field)
   return redis.call('HGET', k_att, n .. '.' .. field)
@@ -309,10 +352,7 @@ end
 
 local function aset(k_att, n, fields)
   local a = {'HSET', k_att}
-  for i = 1, #fields, 2 do
-    a[#a + 1] = n .. '.' .. fields[i]
-    a[#a + 1] = tostring(fields[i + 1])
-  end
+  for i = 1, #fields, 2 do put(a, n .. '.' .. fields[i], fields[i], tostring(fields[i + 1])) end
   redis.call(unpack(a))
 end
 
@@ -325,7 +365,7 @@ local function attempt_snapshot(k_att, k_task)
   local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest', 'created_at')
   if t[1] then
     flat[#flat + 1] = 'manifest'
-    flat[#flat + 1] = t[1]
+    flat[#flat + 1] = long_value(k_task, 'manifest', t[1])
     flat[#flat + 1] = 'handler'
     flat[#flat + 1] = t[2] or ''
     flat[#flat + 1] = 'payload_digest'

@@ -20,6 +20,7 @@ from ..contracts.frozen import expand
 from ..contracts.history import WRONGTYPE, Event, decode_events
 from ..contracts.keys import TaskKeys, check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import Attempt, Failure
+from ..contracts.packing import join_long
 from ..store.backend import Backend
 
 INDEXES = ("leases", "suspect", "outbox", "cancels")
@@ -139,6 +140,7 @@ def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
             fields[name[cut:]] = str(flat[i + 1])
         elif name in ("manifest", "handler", "payload_digest", "created_at"):
             task[name] = str(flat[i + 1])
+    fields = join_long(fields)
     manifest = task.get("manifest")
     if manifest:
         manifest = expand("manifest", manifest, handler=task.get("handler") or None,

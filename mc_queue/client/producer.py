@@ -12,6 +12,7 @@ from ..contracts.frozen import compact
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, new_task_id
 from ..contracts.models import Manifest, Task
+from ..contracts.packing import join_long
 from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
 from .reads import Reads
@@ -91,6 +92,7 @@ class Producer(Role):
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="enqueue", task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
-            fields = pairs(reply[2])
-            return Task.from_redis(fields, pairs(reply[3]), whole_history(fields, self._history(reply[4], tk.events)))
+            fields = join_long(pairs(reply[2]))
+            return Task.from_redis(fields, join_long(pairs(reply[3])),
+                                   whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since

@@ -111,3 +111,42 @@ def unpack(blob: bytes, hash_fields: Mapping[str, str] | None = None) -> Packed:
                       events=[(str(i), dict(f)) for i, f in doc["e"]], effects=dict(doc["x"]))
     except (zlib.error, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"a packed task document that does not read: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------- long values
+#
+# A hash stays one compact listpack while every value is at most 64 bytes (Redis's default
+# hash-max-listpack-value); a single longer value turns the whole hash into a hash table of ~60 bytes
+# per field. The scripts write the values that may be long and that no script reads back to decide
+# anything (LONG_FIELDS, of the task or of an Attempt: '<n>.<name>') in chunks: the field itself holds
+# the byte 0xFF and the number of chunks, fields '<field>#<i>' hold them (``put`` in
+# lua/includes/common.lua). A value above LONG_CHUNK * LONG_MAX_CHUNKS bytes is kept whole.
+
+LONG_FIELDS = frozenset({"payload", "manifest", "retry_policy", "budget", "result", "failure", "reason", "evidence",
+                         "hypothesis"})
+LONG_CHUNK = 64
+LONG_MAX_CHUNKS = 32
+LONG_MARK = "\udcff"  # the byte 0xFF as the client reads it (surrogateescape): never in UTF-8 text
+
+
+def _long_name(field: str) -> bool:
+    return field.partition(".")[2] in LONG_FIELDS if field[:1].isdigit() else field in LONG_FIELDS
+
+
+def join_long(fields: Mapping[str, str]) -> dict[str, str]:
+    """A task or Attempts hash as stored (HGETALL) with its chunked values joined and their chunk
+    fields left out: what was written. ValueError names a chunk that is missing."""
+    marked = [k for k, v in fields.items() if v[:1] == LONG_MARK and _long_name(k)]
+    if not marked:
+        return dict(fields)
+    out = dict(fields)
+    for k in marked:
+        try:
+            count = int(out[k][1:])
+        except ValueError:
+            raise ValueError(f"field {k!r} is marked as chunked with a count that is not a number") from None
+        parts = [out.pop(f"{k}#{i}", None) for i in range(count)]
+        if any(p is None for p in parts):
+            raise ValueError(f"field {k!r} is missing one of its {count} chunks")
+        out[k] = b"".join(str(p).encode("utf-8", "surrogateescape") for p in parts).decode("utf-8", "surrogateescape")
+    return out

@@ -23,7 +23,7 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from rq import Queue
@@ -36,6 +36,7 @@ from ..contracts.failures import make_failure
 from ..contracts.frozen import expand
 from ..contracts.keys import parse_attempt_id
 from ..contracts.models import Attempt, FailureClass, Manifest, Task
+from ..contracts.packing import LONG_MARK, join_long
 from ..policy.classify import Classified, classify, decision_for
 from ..policy.reconcile import Reconciler
 from ..producer.app import App
@@ -113,6 +114,8 @@ def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
     pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest"])
     pipe.hmget(tk.attempts, [f"{n}.state", f"{n}.manifest"])
     (queue, handler, manifest, payload_digest), (state, attempt_manifest) = pipe.execute()
+    if (manifest or "")[:1] == LONG_MARK:  # a manifest over 64 bytes, kept in chunks (its fields manifest#<i>)
+        manifest = join_long(cast(dict[str, str], rt.client.redis.hgetall(tk.task))).get("manifest")
     if not queue or not handler:
         raise Refusal(f"no task {task_id} in namespace {ns!r}", attempt=attempt_id)
     if handler not in rt.app.handlers:

@@ -269,7 +269,8 @@ def test_a_task_written_before_enqueue_stopped_storing_its_events_is_read_as_sto
                   f'["{c}-1","type","attempt_created","attempt","1","actor","old"]')
     q.leases.claim_attempt(t.id, "w1")
     events = q.reads.get_task(t.id).events
-    assert [(e.type, e.fields.get("actor")) for e in events[:2]] == [("task_created", "old"), ("attempt_created", "old")]
+    assert [(e.type, e.fields.get("actor")) for e in events[:2]] == [("task_created", "old"),
+                                                                      ("attempt_created", "old")]
     assert [e.type for e in events[2:]] == ["attempt_claimed"] and events[2].id > events[1].id
 
 
