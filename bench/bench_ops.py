@@ -114,9 +114,9 @@ class IdleLoader:
 
     def _read(self, tid: str) -> dict[str, Any]:
         tk = self.q.keys.task(tid)
-        fields = self.admin.hgetall(tk.task)
-        return {"id": tid, "task": fields, "attempts": self.admin.hgetall(tk.attempts),
-                "events": [f for _, f in history(fields, self.admin.lrange(tk.events, 0, -1))]}
+        fields, att = self.admin.hgetall(tk.task), self.admin.hgetall(tk.attempts)
+        return {"id": tid, "task": fields, "attempts": att,
+                "events": [f for _, f in history(fields, self.admin.lrange(tk.events, 0, -1), att)]}
 
     def load(self, n: int, batch: int = 1000) -> None:
         keys = self.q.keys

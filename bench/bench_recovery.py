@@ -263,7 +263,8 @@ class Bench:
 
     def events(self, task_id: str) -> list[tuple[str, dict[str, str]]]:
         tk = self.client.keys.task(task_id)
-        return history(self.client.redis.hgetall(tk.task), self.client.redis.lrange(tk.events, 0, -1))  # type: ignore[arg-type]
+        r = self.client.redis
+        return history(r.hgetall(tk.task), r.lrange(tk.events, 0, -1), r.hgetall(tk.attempts))  # type: ignore[arg-type]
 
     def wait_event(self, task_id: str, typ: str, attempt: int, timeout: float) -> tuple[str, dict[str, str]]:
         deadline = time.monotonic() + timeout

@@ -116,7 +116,8 @@ redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
 redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
-emit(K.events, 'attempt_claimed', {'attempt', n, 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
-  'lease_ms', lease_s})
+-- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
+-- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).
+emit(K.events, 'attempt_claimed', {'attempt', n, '~', '1'})
 observe(K.stats, t[6], 'wait', queue, nil, ts - (due > 0 and due or ts))
 return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''})

@@ -63,7 +63,7 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.mi
 if err then return err end
 
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at',
-  n .. '.started_at')
+  n .. '.started_at', n .. '.worker')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
 if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
   if a[3] == A.result_digest then return done('DUP', a[4]) end
@@ -83,11 +83,18 @@ aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(t
 -- Nothing to add is not written (an Attempt without the field was charged 0, as renew leaves it).
 if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost) end
 if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
-tset(K.task, {'state', 'succeeded', 'active', '', 'updated_at', ts_s, 'result', A.result})
+-- The result is the Attempt's, not copied into the task hash: readers take it from there (Task.from_redis).
+redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
-emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
+-- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers
+-- fill them in (mc_queue.contracts.models.filled_in).
+if A.worker == a[6] and A.raw.fence == a[2] then
+  emit(K.events, 'attempt_succeeded', {'attempt', n, '~', '1'})
+else
+  emit(K.events, 'attempt_succeeded', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'result_digest', A.result_digest})
+end
 observe(K.stats, t[3], 'fin', t[1], 'succeeded', ts - started)
 return done('OK', ts_s)

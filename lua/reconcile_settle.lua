@@ -107,7 +107,7 @@ if A.outcome == 'canceled' then
   state = 'canceled'
 elseif A.outcome == 'succeeded' then
   aset(K.attempts, n, {'result', A.result})
-  tset(K.task, {'result', A.result, 'state', 'succeeded', 'active', '', 'updated_at', ts})
+  redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts)  -- (the result is the Attempt's)
   move_count(K.counts, t[2], t[3], 'succeeded')
   index_end(K, t[1], t[3], 'succeeded', ts)
   state = 'succeeded'

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from .models import by_number, filled_in
+
 Event = tuple[str, dict[str, str]]
 WRONGTYPE = "WRONGTYPE"  # what Redis answers LRANGE on a stream: the history of an older task
 
@@ -44,7 +46,11 @@ def whole_history(fields: Mapping[str, str], stored: list[Event]) -> list[Event]
             *stored]
 
 
-def history(fields: Mapping[str, str], entries: Sequence[str]) -> list[Event]:
-    """A live task's whole history from its hash (HGETALL) and its list (LRANGE 0 -1): the one way to
-    read it raw, for tools and tests that read Redis themselves (:func:`whole_history`)."""
-    return whole_history(fields, decode_events(entries))
+def history(fields: Mapping[str, str], entries: Sequence[str],
+            attempts: Mapping[str, str] | None = None) -> list[Event]:
+    """A live task's whole history from its hash (HGETALL), its list (LRANGE 0 -1) and its Attempts
+    hash (HGETALL), each event's fields as a reader gets them (``Task.events``: what the scripts do not
+    store twice filled in, :func:`mc_queue.contracts.models.filled_in`): the one way to read it raw,
+    for tools and tests that read Redis themselves."""
+    by_n = by_number(attempts or {})
+    return [(i, filled_in(f, dict(fields), by_n)) for i, f in whole_history(fields, decode_events(entries))]

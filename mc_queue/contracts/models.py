@@ -7,6 +7,7 @@ in :mod:`mc_queue.contracts.states` (rendered into the README).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -195,11 +196,36 @@ class Event(_Record):
                    attempt=int(att) if att else None, fields=f)
 
 
-def filled_in(event: dict[str, str], task: dict[str, str]) -> dict[str, str]:
-    """An event's fields with what lua/enqueue.lua does not store twice filled in from the task hash:
-    task_created's handler and payload digest (the task's, which never change), Attempt 1's reason in
-    attempt_created ('first dispatch'). An event written before keeps its own."""
+def by_number(att: Mapping[str, str]) -> dict[int, dict[str, str]]:
+    """An Attempts hash ('<n>.<field>': value) as the fields of each Attempt, by number."""
+    by_n: dict[int, dict[str, str]] = {}
+    for key, value in att.items():
+        num, _, name = key.partition(".")
+        by_n.setdefault(int(num), {})[name] = value
+    return by_n
+
+
+# The fields a compact event (marked '~': lua/claim.lua, lua/complete.lua) leaves to its Attempt's.
+SAME_AS_ATTEMPT = {"attempt_claimed": ("worker", "fence", "lease_exp", "lease_ms"),
+                   "attempt_succeeded": ("worker", "fence", "result_digest")}
+
+
+def filled_in(event: dict[str, str], task: dict[str, str],
+              attempts: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, str]:
+    """An event's fields with what the scripts do not store twice filled in: from the task hash,
+    task_created's handler and payload digest (the task's, which never change) and Attempt 1's reason
+    in attempt_created ('first dispatch'); from its Attempt's fields (``attempts``: by number, names
+    without the '<n>.' prefix), what a compact attempt_claimed or attempt_succeeded (marked '~') says
+    only once: the worker, the fence, the result digest, the lease (its first expiry is the Attempt's
+    started_at plus its lease_ms). An event written before keeps its own."""
     typ = event.get("type")
+    if event.get("~") == "1" and typ in SAME_AS_ATTEMPT:
+        a = (attempts or {}).get(int(event.get("attempt") or 0), {})
+        same = {"lease_exp": str(int(a.get("started_at") or 0) + int(a.get("lease_ms") or 0))} \
+            if typ == "attempt_claimed" else {}
+        out = {k: v for k, v in event.items() if k != "~"}
+        out.update({k: same.get(k, a.get(k, "")) for k in SAME_AS_ATTEMPT[typ]})
+        return out
     if typ == "task_created" and "payload_digest" not in event:
         return {**event, "handler": task.get("handler", ""), "payload_digest": task.get("payload_digest", "")}
     if typ == "attempt_created" and "reason" not in event and event.get("attempt") == "1":
@@ -237,10 +263,7 @@ class Task(_Record):
     @classmethod
     def from_redis(cls, f: dict[str, str], att: dict[str, str], events: list[tuple[str, dict[str, str]]], *,
                    fence: str | None = None, lease_pttl_ms: int | None = None) -> Task:
-        by_n: dict[int, dict[str, str]] = {}
-        for key, value in att.items():
-            num, _, name = key.partition(".")
-            by_n.setdefault(int(num), {})[name] = value
+        by_n = by_number(att)
         # An Attempt's frozen manifest is the task's, kept once in the task hash (an Attempt written before
         # that, or one with a manifest of its own, keeps its field).
         manifest = expand("manifest", f["manifest"], handler=f.get("handler"), payload_digest=f.get("payload_digest")) \
@@ -265,10 +288,12 @@ class Task(_Record):
             retry_policy=expand("retry_policy", f["retry_policy"]) if f.get("retry_policy") else None,
             budget=expand("budget", f["budget"]) if f.get("budget") else None,
             manifest=Manifest.model_validate_json(manifest) if manifest else None,
-            result=json.loads(f["result"]) if f.get("result") else None,
+            # The succeeded Attempt's result (a task written before kept a copy of its own).
+            result=json.loads(f["result"]) if f.get("result") else
+            next((a.result for a in reversed(attempts) if a.state == AttemptState.SUCCEEDED), None),
             cancel_requested=f.get("cancel_requested") or None,
             attempts=attempts,
-            events=[Event.from_stream(i, filled_in(e, f)) for i, e in events],
+            events=[Event.from_stream(i, filled_in(e, f, by_n)) for i, e in events],
         )
 
 

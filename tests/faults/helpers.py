@@ -26,7 +26,7 @@ def meta(r: redis.Redis, prefix: str) -> dict[str, str]:
 
 def task_events(r: redis.Redis, prefix: str, task_id: str) -> list[dict[str, str]]:
     tk = Keys(prefix).task(task_id)
-    return [dict(f, id=i) for i, f in history(r.hgetall(tk.task), r.lrange(tk.events, 0, -1))]
+    return [dict(f, id=i) for i, f in history(r.hgetall(tk.task), r.lrange(tk.events, 0, -1), r.hgetall(tk.attempts))]
 
 
 def events_of(r: redis.Redis, prefix: str, task_id: str, typ: str) -> list[dict[str, str]]:

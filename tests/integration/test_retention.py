@@ -87,7 +87,7 @@ def test_a_task_changed_after_the_read_is_not_packed(q: mc_queue.Client) -> None
     tid = finish(q)
     tk = q.keys.task(tid)
     fields, att = q.redis.hgetall(tk.task), q.redis.hgetall(tk.attempts)
-    events, fx = history(fields, q.redis.lrange(tk.events, 0, -1)), q.redis.hgetall(tk.effects)
+    events, fx = history(fields, q.redis.lrange(tk.events, 0, -1), att), q.redis.hgetall(tk.effects)
     from mc_queue.contracts.packing import pack
 
     blob = pack(fields, att, events, fx)

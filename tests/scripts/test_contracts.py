@@ -97,7 +97,8 @@ def snapshot(q: mc_queue.Client) -> dict[str, Any]:
 
 def events(q: mc_queue.Client, task_id: str) -> list[dict[str, str]]:
     tk = q.keys.task(task_id)
-    return [dict(f, id=i) for i, f in history(q.redis.hgetall(tk.task), q.redis.lrange(tk.events, 0, -1))]
+    return [dict(f, id=i) for i, f in history(q.redis.hgetall(tk.task), q.redis.lrange(tk.events, 0, -1),
+                                               q.redis.hgetall(tk.attempts))]
 
 
 def event_types(q: mc_queue.Client, task_id: str) -> list[str]:
