@@ -42,6 +42,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
   stats = KEYS[11], fence = KEYS[12], lease = KEYS[13], paused = KEYS[14]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
   'lease_ms', 'int?', 1, MAX_INT,
@@ -55,8 +56,8 @@ if bad then return bad end
 
 local function with_task(reply)
   if A.with_task == '1' then
-    reply[#reply + 1] = redis.call('HGETALL', K.task)
-    reply[#reply + 1] = redis.call('HGETALL', K.attempts)
+    reply[#reply + 1] = redis.call('HGETALL', K.task)  -- (with its Attempts, unless they have a hash of their own)
+    reply[#reply + 1] = K.attempts ~= K.task and redis.call('HGETALL', K.attempts) or {}
   end
   return reply
 end

@@ -43,6 +43,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
   done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,
@@ -56,7 +57,7 @@ if bad then return bad end
 local n = A.raw.n
 
 local function done(code, ended_at)
-  if A.snapshot == '1' then return {code, ended_at, attempt_snapshot(K.attempts, K.task)} end
+  if A.snapshot == '1' then return {code, ended_at, attempt_snapshot(K.attempts, K.task, n)} end
   return {code, ended_at}
 end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)

@@ -31,6 +31,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], dlq = KEYS[10],
   attention = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'hypothesis', 'text', 2000, false,
@@ -46,7 +47,7 @@ if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 if A.request_id ~= '' and aget(K.attempts, t[4], 'create_req') == A.request_id then
-  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts, K.task)}
+  return {'DUP', tonumber(t[4]), attempt_snapshot(K.attempts, K.task, t[4])}
 end
 if t[3] ~= 'quarantined' then
   return refuse(K.events, K.stats, 'replay_refused', {'E_STATE', t[3]},
@@ -67,4 +68,4 @@ index_end(K, t[1], 'quarantined', 'pending', ts)
 emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', ts})
-return {'OK', m, attempt_snapshot(K.attempts, K.task)}
+return {'OK', m, attempt_snapshot(K.attempts, K.task, m)}

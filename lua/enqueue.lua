@@ -46,6 +46,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], qu
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
   outbox = KEYS[11], tomb = KEYS[12]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, {
   'task_id', 'id', 100, false,
   'queue', 'id', 64, false,
@@ -142,4 +143,4 @@ move_count(K.counts, A.queue, '', 'pending')
 -- which gives them the ids '<created_at>-0' and '-1'; emit starts the list after them), with the
 -- handler, payload digest and 'first dispatch' filled in (mc_queue.contracts.models.filled_in). A
 -- queued task has no history key.
-return {'OK', A.task_id, redis.call('HGETALL', K.task), redis.call('HGETALL', K.attempts), {}}
+return {'OK', A.task_id, redis.call('HGETALL', K.task), {}, {}}  -- (its Attempt is in the task hash)

@@ -59,6 +59,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15],
   done = KEYS[16], held = KEYS[17], topack = KEYS[18]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,
@@ -80,7 +81,7 @@ if err then return err end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.failure_digest', n .. '.ended_at')
 -- A replay only when the worker itself recorded this failure with this fence (a reconciled one has no digest).
 if a[1] == 'failed' and a[2] == A.raw.fence and a[3] then
-  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, K.task)} end
+  if a[3] == A.failure_digest then return {'DUP', a[4], attempt_snapshot(K.attempts, K.task, n)} end
   return refuse(K.events, K.stats, 'failure_conflict', {'E_CONFLICT', a[3]},
     {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.failure_digest, 'recorded_digest', a[3]})
 end
@@ -101,4 +102,4 @@ emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.r
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)
 observe(K.stats, t[3], 'fin', t[1], 'failed', ts - started)
-return {'OK', ts, attempt_snapshot(K.attempts, K.task), state}
+return {'OK', ts, attempt_snapshot(K.attempts, K.task, n), state}

@@ -50,6 +50,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
   attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13], done = KEYS[14], held = KEYS[15], topack = KEYS[16]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'actor', 'text', 200, false,
@@ -80,7 +81,7 @@ if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'handler')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.ended_at', n .. '.settled_by')
-if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts, K.task)} end
+if a[1] == A.outcome and a[3] == 'reconcile' then return {'DUP', a[2], attempt_snapshot(K.attempts, K.task, n)} end
 if a[1] ~= 'reconciling' then
   return refuse(K.events, K.stats, 'settle_refused', {'E_STATE', tostring(a[1])},
     {'attempt', n, 'actor', A.actor, 'outcome', A.outcome, 'reason', 'only a reconciling attempt is settled',
@@ -116,4 +117,4 @@ else
   state = apply_decision(K, t[1], t[2], n, t[3], A, A.actor, ts)
 end
 observe(K.stats, t[4], 'fin', t[2], A.outcome, ts - started)
-return {'OK', ts, attempt_snapshot(K.attempts, K.task), state}
+return {'OK', ts, attempt_snapshot(K.attempts, K.task, n), state}

@@ -32,6 +32,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], attention = KEYS[10],
   stats = KEYS[11], done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
 history_of(K.events, K.task)
+K.attempts = attempts_of(K.task, K.attempts)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'hypothesis', 'text', 2000, false,
@@ -47,7 +48,7 @@ local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'activ
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local task_id, queue, state, n = t[1], t[2], t[3], tonumber(t[4])
 local latest = redis.call('HMGET', K.attempts, n .. '.state', n .. '.create_req', n .. '.due_at')
-if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts, K.task)} end
+if A.request_id ~= '' and latest[2] == A.request_id then return {'DUP', n, latest[3], attempt_snapshot(K.attempts, K.task, n)} end
 
 local why = nil
 local count, reason = chars(A.reason)
@@ -79,4 +80,4 @@ move_count(K.counts, queue, state, new_state)
 index_end(K, task_id, state, new_state, ts)
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', due})
-return {'OK', m, due, attempt_snapshot(K.attempts, K.task)}
+return {'OK', m, due, attempt_snapshot(K.attempts, K.task, m)}

@@ -345,7 +345,16 @@ local function long_value(key, name, v)
   return table.concat(redis.call('HMGET', key, unpack(names)))
 end
 
--- Attempt fields live in one hash per task as "<n>.<field>".
+-- Attempt fields live in the task hash as "<n>.<field>" (a task field's name never starts with a
+-- digit). A task written before 2026-12 keeps them in a hash of its own, the 'attempts' key a script
+-- is given: while that exists it is used. Every script given both calls this right after its KEYS
+-- (K.attempts = attempts_of(K.task, K.attempts)): from then on K.attempts is where they are.
+local function attempts_of(k_task, k_att)
+  if redis.call('EXISTS', k_att) == 1 then return k_att end
+  return k_task
+end
+
+-- Attempt fields as "<n>.<field>".
 local function aget(k_att, n, field)
   return redis.call('HGET', k_att, n .. '.' .. field)
 end
@@ -356,12 +365,24 @@ local function aset(k_att, n, fields)
   redis.call(unpack(a))
 end
 
--- The fields of every Attempt of the task as a flat list ("<n>.<field>", value, ...), and the task's
--- manifest as one more pair ('manifest', json) with the task fields a compact manifest leaves out
--- ('handler', 'payload_digest'): an Attempt's frozen manifest is the task's, kept once.
--- The client keeps the fields of Attempt n (cheaper there than a string loop here).
-local function attempt_snapshot(k_att, k_task)
-  local flat = redis.call('HGETALL', k_att)
+-- The fields of Attempt n (or, in a hash of their own, of every Attempt) as a flat list
+-- ("<n>.<field>", value, ...), and the task's manifest as one more pair ('manifest', json) with the
+-- task fields a compact manifest leaves out ('handler', 'payload_digest'): an Attempt's frozen
+-- manifest is the task's, kept once. The client keeps the fields of Attempt n. In the task hash
+-- they are found by HSCAN MATCH (the payload and the other Attempts' fields stay in Redis).
+local function attempt_snapshot(k_att, k_task, n)
+  local flat
+  if k_att == k_task then
+    flat = {}
+    local cursor = '0'
+    repeat
+      local page = redis.call('HSCAN', k_task, cursor, 'MATCH', n .. '.*', 'COUNT', 1000)
+      cursor = page[1]
+      for _, v in ipairs(page[2]) do flat[#flat + 1] = v end
+    until cursor == '0'
+  else
+    flat = redis.call('HGETALL', k_att)
+  end
   local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest', 'created_at')
   if t[1] then
     flat[#flat + 1] = 'manifest'

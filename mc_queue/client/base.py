@@ -104,7 +104,7 @@ class Role:
         return {**self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem,
                 "idem_until": self.keys.idem_until, "dlq": self.keys.dlq, "attention": self.keys.attention,
                 "done": tk.done, "held": tk.held, "topack": self.keys.topack, "task": tk.task,
-                "attempts": tk.attempts, "events": tk.events, "effects": tk.effects, "fence": tk.fence,
+                "attempts": tk.attempts_v1, "events": tk.events, "effects": tk.effects, "fence": tk.fence,
                 "tomb": tk.tomb}
 
     def _retire_argv(self, states: Sequence[str], reason: str, actor: str | None, tombstone_s: float,

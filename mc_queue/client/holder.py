@@ -11,7 +11,7 @@ from ..contracts.codec import MAX_TOKENS, canonical_json, check_int, check_text,
 from ..contracts.config import Decision
 from ..contracts.errors import Code, InvalidArgument, raise_for_reply
 from ..contracts.keys import attempt_id
-from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task
+from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task, split_attempts
 from ..contracts.packing import join_long
 from ..store.backend import DEFAULT_LEASE_MS
 from .base import Role, as_failure, attempt_from_snapshot, decision_args, pairs, printable
@@ -63,7 +63,7 @@ class LeaseHolder(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("claim", {
                 **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
-                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
             }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
                 "request_id": req, "expect_n": expect_attempt, "with_task": "1" if with_task else ""})
@@ -75,7 +75,8 @@ class LeaseHolder(Role):
         self.ns.note_claim(aid, fence, seq)
         task = None
         if with_task:
-            task = Task.from_redis(join_long(pairs(reply[8])), join_long(pairs(reply[9])), [], fence=str(fence),
+            own, att = split_attempts(join_long(pairs(reply[8])), join_long(pairs(reply[9])))
+            task = Task.from_redis(own, att, [], fence=str(fence),
                                    lease_pttl_ms=max(0, int(reply[3]) - int(reply[5])))
         return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,
                      number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0), task=task)
@@ -94,7 +95,7 @@ class LeaseHolder(Role):
         lease = None if lease_ms is None else self._lease_ms(lease_ms)
         charging = cost > 0 or tokens > 0
         reply = self._run("renew", {
-            **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts,
+            **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts_v1,
             "stats": self.keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease,
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "lease_ms": lease, "cost": charge,
             "tokens": tokens, "request_id": (request_id or uuid.uuid4().hex) if charging else ""})
@@ -116,7 +117,7 @@ class LeaseHolder(Role):
         text = canonical_json(result, what="result")
         reply = self._run("complete", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
-            "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "fence": tk.fence,
+            "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "fence": tk.fence,
             "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "result": text, "result_digest": digest(text),
             "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
@@ -137,7 +138,7 @@ class LeaseHolder(Role):
         text = model_json(f)
         reply = self._run("fail", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
-            "stats": self.keys.stats, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+            "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
             "attention": self.keys.attention, "dlq": self.keys.dlq, "outbox": self.keys.outbox, "fence": tk.fence,
             "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "failure": text,
@@ -155,8 +156,8 @@ class LeaseHolder(Role):
         check_int(phase_index, what="phase_index", high=1000)
         text = canonical_json(dict(record), what="checkpoint")
         reply = self._run("checkpoint", {
-            **self._ns_keys(), "stats": self.keys.stats, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
-            "fence": tk.fence, "lease": tk.lease,
+            **self._ns_keys(), "stats": self.keys.stats, "task": tk.task, "attempts": tk.attempts_v1,
+            "events": tk.events, "fence": tk.fence, "lease": tk.lease,
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "phase": phase, "phase_index": phase_index,
             "record": text, "digest": digest(text)})
         raise_for_reply(reply, script="checkpoint", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
@@ -170,7 +171,7 @@ class LeaseHolder(Role):
         check_text(key, what="effect key", max_bytes=512, spaces=False)
         check_effect_record(record)
         reply = self._run("effect_begin", {
-            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "effects": tk.effects,
             "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease,
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key,
             "record": canonical_json(dict(record), what="effect record")})
@@ -195,7 +196,7 @@ class LeaseHolder(Role):
             fenced = self._fenced_args(attempt_id, fence, who)
         fenced["actor"] = fenced.pop("worker")
         reply = self._run("effect_done", {
-            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events, "effects": tk.effects,
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "effects": tk.effects,
             "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease,
         }, {"n": n, **fenced, "key": key, "outcome": outcome, "receipt": text, "source": source})
         raise_for_reply(reply, script="effect_done", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
@@ -207,7 +208,7 @@ class LeaseHolder(Role):
         task_id, n, tk = self._attempt(attempt_id)
         reply = self._run("cancel_ack", {
             **self._ns_keys(), "stats": self.keys.stats, "leases": self.keys.leases, "suspect": self.keys.suspect,
-            "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
             "fence": tk.fence, "lease": tk.lease,
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "request_id": request_id or uuid.uuid4().hex})
         raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)

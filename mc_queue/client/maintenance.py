@@ -12,7 +12,7 @@ from ..contracts.codec import check_int, check_text
 from ..contracts.errors import Code, InvalidArgument, McqError, NamespaceLost, raise_for_reply
 from ..contracts.history import whole_history
 from ..contracts.keys import TaskKeys, check_queue
-from ..contracts.models import ExpiredLease
+from ..contracts.models import ExpiredLease, split_attempts
 from ..contracts.packing import join_long, pack
 from .base import INDEXES, Role, printable, raised
 
@@ -67,7 +67,7 @@ class Maintenance(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("mark_dispatched", {**self._ns_keys(), "outbox": self.keys.outbox, "task": tk.task,
-                                                 "attempts": tk.attempts},
+                                                 "attempts": tk.attempts_v1},
                              {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch})
 
         reply = self._with_epoch(call)
@@ -117,7 +117,7 @@ class Maintenance(Role):
             readable.append(member)
             calls.append(({"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog,
                            "leases": self.keys.leases, "stats": self.keys.stats, "suspect": self.keys.suspect,
-                           "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+                           "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
                            "cancels": self.keys.cancels, "fence": tk.fence, "lease": tk.lease},
                           {"member": member, "actor": actor, "force": force, "reason": reason, "epoch": epoch,
                            "holder": holder}))
@@ -162,7 +162,7 @@ class Maintenance(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("index_drop", {**self._ns_keys(), "index": getattr(self.keys, index), "task": tk.task,
-                                            "attempts": tk.attempts},
+                                            "attempts": tk.attempts_v1},
                              {"kind": index, "member": member.encode("utf-8", "surrogateescape"),
                               "actor": actor or self.actor, "reason": printable(reason, 2000), "epoch": epoch})
 
@@ -192,7 +192,7 @@ class Maintenance(Role):
                 continue
             keys.append(tk)
             read.hgetall(tk.task)
-            read.hgetall(tk.attempts)
+            read.hgetall(tk.attempts_v1)
             read.lrange(tk.events, 0, -1)
             read.hgetall(tk.effects)
         raw = read.execute(raise_on_error=False)
@@ -200,6 +200,8 @@ class Maintenance(Role):
         for i, tk in enumerate(keys):
             fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
             stored = self._history(history, tk.events)
+            held = len(att or fields or {})  # the fields of the hash that holds the Attempts, as pack.lua counts them
+            fields, att = split_attempts(fields or {}, att)
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
             blob = pack(join_long(fields), join_long(att), whole_history(fields, stored), fx) \
                 if fields and not fields.get("packed") \
@@ -209,10 +211,10 @@ class Maintenance(Role):
                             fields.get("id"), len(blob), PACK_MAX_BYTES)
                 self.redis.zrem(self.keys.topack, str(fields.get("id")))
                 continue
-            calls.append(({**self._ns_keys(), "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+            calls.append(({**self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
                            "effects": tk.effects, "fence": tk.fence, "topack": self.keys.topack},
                           {"blob": blob, "updated_at": int(fields.get("updated_at") or 0) if fields else 0,
-                           "last_event": stored[-1][0] if stored else "0-0", "fields": len(att), "effects": len(fx),
+                           "last_event": stored[-1][0] if stored else "0-0", "fields": held, "effects": len(fx),
                            "epoch": self.ns.epoch or "", "actor": self.actor}))
         packed = 0
         for reply in self.runner.run_many("pack", calls):

@@ -39,7 +39,7 @@ class Operator(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("retry", {
-                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
                 "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
@@ -59,7 +59,7 @@ class Operator(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("cancel", {
-                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "cancels": self.keys.cancels,
                 "stats": self.keys.stats, "attention": self.keys.attention, **self._end_keys(tk),
             }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": ack_timeout_ms, "epoch": epoch})
@@ -78,7 +78,7 @@ class Operator(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("dlq_replay", {
-                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts,
+                **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
                 "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
@@ -105,7 +105,7 @@ class Operator(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("dlq_purge", {
                 **self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
-                "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts, "events": tk.events,
+                "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
                 "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats, "held": tk.held,
                 "idem_until": self.keys.idem_until, "fence": tk.fence,
             }, {"actor": actor or self.actor, "reason": reason, "tombstone_ms": int(keep_key_s * 1000),
@@ -180,7 +180,7 @@ class Operator(Role):
         task_id, n, tk = self._attempt(attempt_id)
 
         def call(epoch: str) -> list[Any]:
-            return self._run("reconcile_begin", {**self._ns_keys(), "task": tk.task, "attempts": tk.attempts,
+            return self._run("reconcile_begin", {**self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1,
                                                  "events": tk.events, "stats": self.keys.stats},
                              {"n": n, "actor": actor or self.actor, "epoch": epoch})
 
@@ -204,7 +204,7 @@ class Operator(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("reconcile_settle", {
                 **self._ns_keys(), "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task,
-                "attempts": tk.attempts, "stats": self.keys.stats, "events": tk.events, "pending": tk.pending,
+                "attempts": tk.attempts_v1, "stats": self.keys.stats, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox, "attention": self.keys.attention, "dlq": self.keys.dlq,
                 **self._end_keys(tk),
             }, {**argv, "epoch": epoch})

@@ -11,7 +11,7 @@ from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.frozen import compact
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, new_task_id
-from ..contracts.models import Manifest, Task
+from ..contracts.models import Manifest, Task, split_attempts
 from ..contracts.packing import join_long
 from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
@@ -85,14 +85,14 @@ class Producer(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue", {
                 **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
-                "task": tk.task, "attempts": tk.attempts, "events": tk.events, "pending": tk.pending,
+                "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
                 "outbox": self.keys.outbox, "tomb": tk.tomb,
             }, {**argv, "epoch": epoch})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="enqueue", task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
-            fields = join_long(pairs(reply[2]))
-            return Task.from_redis(fields, join_long(pairs(reply[3])),
+            fields, att = split_attempts(join_long(pairs(reply[2])), join_long(pairs(reply[3])))
+            return Task.from_redis(fields, att,
                                    whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since

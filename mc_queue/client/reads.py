@@ -15,7 +15,7 @@ from ..contracts.config import Retention
 from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
-from ..contracts.models import EffectRecord, NamespaceInfo, Task
+from ..contracts.models import EffectRecord, NamespaceInfo, Task, split_attempts
 from ..contracts.packing import Packed, join_chunks, join_long, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .base import ENDED_STATES, INDEXES, Role, raised
@@ -76,7 +76,7 @@ class Reads(Role):
         tk = self._task_keys(task_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(tk.task)
-        pipe.hgetall(tk.attempts)
+        pipe.hgetall(tk.attempts_v1)
         pipe.lrange(tk.events, 0, -1)
         pipe.hgetall(tk.effects)
         pipe.get(tk.fence)  # (a task written before its fence counter moved into its hash)
@@ -85,7 +85,9 @@ class Reads(Role):
         stored = self._history(history, tk.events)
         if not fields:
             return None, None, int(pttl), ""
-        version = f"{fields.get('updated_at') or 0} {stored[-1][0] if stored else '0-0'} {len(att)} {len(fx)}"
+        # As retire.lua counts them: the fields of the hash that holds the Attempts.
+        version = f"{fields.get('updated_at') or 0} {stored[-1][0] if stored else '0-0'} {len(att or fields)} {len(fx)}"
+        fields, att = split_attempts(fields, att)
         events = whole_history(fields, stored)
         fields, att = self._joined(task_id, fields), self._joined(task_id, att)
         fence = fields.get("fence") or fence  # the counter lives in the task hash (lua/includes/common.lua)
@@ -228,9 +230,12 @@ class Reads(Role):
                 tid, n = parse_attempt_id(member)
             except ValueError:
                 continue  # an unreadable index member: the sweeper drops those
-            pipe.hget(self.keys.task(tid).attempts, f"{n}.worker")
+            tk = self.keys.task(tid)
+            pipe.hget(tk.attempts, f"{n}.worker")
+            pipe.hget(tk.attempts_v1, f"{n}.worker")  # (a task written before 2026-12)
             kept.append(member)
-        return [m for m, holder in zip(kept, pipe.execute(), strict=True) if holder == worker]
+        got = pipe.execute()
+        return [m for m, new, old in zip(kept, got[::2], got[1::2], strict=True) if (new or old) == worker]
 
     def task_ids_of(self, index: str, *, limit: int = 1000) -> list[str]:
         """Members of one of the namespace's time indexes (leases, suspect, outbox, cancels), oldest first."""
@@ -326,10 +331,13 @@ class Reads(Role):
             pipe.hget(self._task_keys(tid).task, "attempts")
         numbers = pipe.execute()
         for tid, n in zip(ids, numbers, strict=True):
-            pipe.hget(self._task_keys(tid).attempts, f"{n or 0}.fingerprint")
+            tk = self._task_keys(tid)
+            pipe.hget(tk.attempts, f"{n or 0}.fingerprint")
+            pipe.hget(tk.attempts_v1, f"{n or 0}.fingerprint")  # (a task written before 2026-12)
         out: dict[str, list[str]] = {}
-        for tid, fp in zip(ids, pipe.execute(), strict=True):
-            out.setdefault(str(fp or ""), []).append(tid)
+        got = pipe.execute()
+        for tid, new, old in zip(ids, got[::2], got[1::2], strict=True):
+            out.setdefault(str(new or old or ""), []).append(tid)
         return out
 
     def retention(self, queue: str) -> tuple[Retention, str]:

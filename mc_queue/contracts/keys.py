@@ -47,7 +47,10 @@ Key schema (``P`` = ``{prefix}``)::
                                   the fields the scripts read, the fence, and its whole history as one
                                   compressed document in fields z0, z1, ... of at most 64 bytes (:a, :ev, :fx
                                   are gone)
-    P:t:<task id>:a        hash   its Attempts, fields "<n>.<field>"
+                                  Its Attempts are fields of the same hash, "<n>.<field>" (a name that
+                                  starts with a digit; no task field does)
+    P:t:<task id>:a        hash   a task's Attempts as versions before 2026-12 kept them (TaskKeys.attempts_v1):
+                                  the scripts are given this key and use it while it exists
     P:t:<task id>:ev       stream its append-only event history
     P:t:<task id>:fx       hash   its side effects: operation key -> intent / receipt record
     P:t:<task id>:fence    string a task's fence counter as versions before 2026-12 kept it: still read, and moved
@@ -122,7 +125,8 @@ def parse_attempt_id(value: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class TaskKeys:
     task: str
-    attempts: str
+    attempts: str  # the hash of its Attempt fields: the task hash itself
+    attempts_v1: str  # where a task written before 2026-12 keeps them (the scripts' 'attempts' key)
     events: str
     pending: str
     effects: str
@@ -182,7 +186,8 @@ class Keys:
     def task(self, task_id: str) -> TaskKeys:
         queue = parse_task_id(task_id)
         base = f"{self.tag}:t:{task_id}"
-        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=self.pending(queue),
+        return TaskKeys(task=base, attempts=base, attempts_v1=f"{base}:a", events=f"{base}:ev",
+                        pending=self.pending(queue),
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
                         tomb=f"{self.tag}:tomb:{task_id}", done=self.done(queue),
                         held=self.held(queue))
@@ -190,6 +195,7 @@ class Keys:
     def nowhere(self) -> TaskKeys:
         """Per-task keys that name no task (``{prefix}:t:-``): for an index member that is unreadable."""
         base = f"{self.tag}:t:-"
-        return TaskKeys(task=base, attempts=f"{base}:a", events=f"{base}:ev", pending=f"{base}:pending",
+        return TaskKeys(task=base, attempts=base, attempts_v1=f"{base}:a", events=f"{base}:ev",
+                        pending=f"{base}:pending",
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb",
                         done=f"{base}:done", held=f"{base}:held")

@@ -196,11 +196,25 @@ class Event(_Record):
                    attempt=int(att) if att else None, fields=f)
 
 
+def split_attempts(fields: Mapping[str, str],
+                   v1: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """A task hash as stored (HGETALL) as its own fields and its Attempts' ('<n>.<field>', the names
+    that start with a digit), or with ``v1``, the Attempts hash of a task written before 2026-12 that
+    keeps them apart (``TaskKeys.attempts_v1``)."""
+    own = {k: v for k, v in fields.items() if not k[:1].isdigit()}
+    if v1:
+        return own, dict(v1)
+    return own, {k: v for k, v in fields.items() if k[:1].isdigit()}
+
+
 def by_number(att: Mapping[str, str]) -> dict[int, dict[str, str]]:
-    """An Attempts hash ('<n>.<field>': value) as the fields of each Attempt, by number."""
+    """An Attempts hash ('<n>.<field>': value) as the fields of each Attempt, by number (the task's own
+    fields, when given the task hash, are left out)."""
     by_n: dict[int, dict[str, str]] = {}
     for key, value in att.items():
         num, _, name = key.partition(".")
+        if not num.isdigit():
+            continue
         by_n.setdefault(int(num), {})[name] = value
     return by_n
 

@@ -164,12 +164,13 @@ def settled(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
     for aid in found.values():
         task_id, n = parse_attempt_id(aid)
         tk = keys.task(task_id)
-        pipe.hmget(tk.task, "state", "packed")
-        pipe.hget(tk.attempts, f"{n}.state")
+        pipe.hmget(tk.task, "state", "packed", f"{n}.state")  # (its Attempts are in the task hash)
+        pipe.hget(tk.attempts_v1, f"{n}.state")  # (or, written before 2026-12, in a hash of their own)
     replies = pipe.execute()
     terminal = {s.value.encode() for s in TERMINAL_ATTEMPT_STATES}
     out = []
-    for jid, (task_state, packed), state in zip(found, replies[::2], replies[1::2], strict=True):
+    for jid, (task_state, packed, new), old in zip(found, replies[::2], replies[1::2], strict=True):
+        state = new or old
         if task_state is None or packed or state is None or state in terminal:
             out.append(jid)
     return out

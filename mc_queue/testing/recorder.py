@@ -7,6 +7,7 @@ from typing import Any
 
 import redis
 
+from ..contracts.models import split_attempts
 from ..contracts.packing import join_chunks, unpack
 
 
@@ -29,6 +30,8 @@ class TransitionRecorder:
         fields, att = pipe.execute()
         if fields.get("packed"):  # a packed task: its Attempts are in the document (lua/pack.lua)
             att = unpack(join_chunks(fields), fields).attempts
+        else:  # in the task hash, or (written before 2026-12) the hash of their own the script was given
+            att = split_attempts(fields, att)[1]
         return fields.get("state") or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
 
     def before(self, name: str, keys: Any, argv: Any) -> Any:

@@ -79,7 +79,9 @@ class RedisServer:
         raise RuntimeError(f"redis-server on port {self.port} did not start within {timeout}s")
 
     def client(self, **kw: Any) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, decode_responses=True, **kw)
+        # surrogateescape: a packed task's chunks and a long value's mark are bytes that are not UTF-8
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, decode_responses=True,
+                           **{"encoding_errors": "surrogateescape", **kw})
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.proc and self.proc.poll() is None:
@@ -160,7 +162,8 @@ class SentinelServer:
         raise RuntimeError(f"redis-sentinel on port {self.port} did not start within {timeout}s")
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2,
+                           encoding_errors="surrogateescape")
 
     def master(self) -> dict[str, Any]:
         c = self.client()

@@ -111,9 +111,10 @@ def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
         raise Refusal(str(exc), attempt=attempt_id) from None
     tk = rt.client.keys.task(task_id)
     pipe = rt.client.redis.pipeline(transaction=False)
-    pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest"])
-    pipe.hmget(tk.attempts, [f"{n}.state", f"{n}.manifest"])
-    (queue, handler, manifest, payload_digest), (state, attempt_manifest) = pipe.execute()
+    pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest", f"{n}.state"])
+    pipe.hmget(tk.attempts_v1, [f"{n}.state", f"{n}.manifest"])  # (a task written before 2026-12)
+    (queue, handler, manifest, payload_digest, state), (old_state, attempt_manifest) = pipe.execute()
+    state = state or old_state
     if (manifest or "")[:1] == LONG_MARK:  # a manifest over 64 bytes, kept in chunks (its fields manifest#<i>)
         manifest = join_long(cast(dict[str, str], rt.client.redis.hgetall(tk.task))).get("manifest")
     if not queue or not handler:

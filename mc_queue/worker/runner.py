@@ -438,7 +438,8 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
         held = cast(list[tuple[str, float]], client.redis.zrange(client.keys.leases, 0, -1, withscores=True))
         for aid, exp in held:
             task_id, n = parse_attempt_id(str(aid))
-            worker = client.redis.hget(client.keys.task(task_id).attempts, f"{n}.worker")
+            tk = client.keys.task(task_id)
+            worker = client.redis.hget(tk.attempts, f"{n}.worker") or client.redis.hget(tk.attempts_v1, f"{n}.worker")
             holders.setdefault(str(worker), []).append({"attempt": str(aid), "lease_expires_ms": int(exp)})
         now = time.time()
         out = []

@@ -82,3 +82,36 @@ def test_an_old_full_claim_event_is_read_as_stored(q: mc_queue.Client) -> None:
     q.redis.lset(k, 0, json.dumps(full))
     fields = q.reads.get_task(t.id).events[2].fields
     assert fields == {"worker": "old-w", "fence": "7", "lease_exp": "5", "lease_ms": "9"}
+
+
+def test_a_task_keeps_its_attempts_in_its_own_hash_and_one_written_before_keeps_its_attempts_hash(
+        q: mc_queue.Client) -> None:
+    """A task is one hash: its Attempts are fields "<n>.<field>" of it. A task written before 2026-12
+    keeps them in a hash of their own (TaskKeys.attempts_v1): every script uses that one while it
+    exists, and every read finds them there."""
+    new = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    old = q.producer.enqueue(QUEUE, HANDLER, {"n": 2})
+    tk_new, tk_old = q.keys.task(new.id), q.keys.task(old.id)
+    assert q.redis.hget(tk_new.task, "1.state") == "pending" and not q.redis.exists(tk_new.attempts_v1)
+    moved = {k: v for k, v in q.redis.hgetall(tk_old.task).items() if k[:1].isdigit()}
+    q.redis.hdel(tk_old.task, *moved)
+    q.redis.hset(tk_old.attempts_v1, mapping=moved)  # as an earlier version wrote it
+    for t in (new, old):
+        lease = q.leases.claim_attempt(t.id, "w1")
+        assert q.reads.leases_held_by("w1").count(lease.attempt_id) == 1
+        q.leases.fail_attempt(lease.attempt_id, lease.fence, {"type": "Boom", "failure_class": "provider",
+                                                              "message": "down"}, worker_id="w1")
+        q.operator.retry_task(t.id, "the provider is back up")
+        lease = q.leases.claim_attempt(t.id, "w1")
+        done = q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": t.payload["n"]}, worker_id="w1")
+        assert done.number == 2 and done.result == {"ok": t.payload["n"]}
+        task = q.reads.get_task(t.id)
+        assert [a.state.value for a in task.attempts] == ["failed", "succeeded"] and task.result == done.result
+        assert task.attempts[0].failure is not None and task.attempts[0].failure.message == "down"
+    assert not q.redis.exists(tk_new.attempts_v1) and not any(k[:1].isdigit() for k in q.redis.hgetall(tk_old.task))
+    assert q.redis.hget(tk_old.attempts_v1, "2.state") == "succeeded"
+    while q.maintenance.pack_due(limit=10, min_age_ms=0):
+        pass
+    for t in (new, old):
+        assert q.reads.is_packed(t.id) and q.reads.get_task(t.id).result == {"ok": t.payload["n"]}
+    assert not q.redis.exists(tk_old.attempts_v1)  # packed: its Attempts are in the document

@@ -29,6 +29,7 @@ COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions"))  # ev
 SINGLE_KEY_COMMANDS = frozenset({
     "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PEXPIREAT", "PTTL", "TYPE",
     "HGET", "HSET", "HSETNX", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HINCRBYFLOAT", "HLEN", "HKEYS",
+    "HSCAN",
     "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
     "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "RPUSH", "LINDEX", "LRANGE", "LLEN",
