@@ -31,7 +31,8 @@
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at[, task, attempts]} | {'DUP', ...same...}
 --          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
 --          have lost effect records, so its worker asks the provider before each first call; task and
---          attempts: HGETALL of each, as they are after the claim, with with_task)
+--          attempts: HGETALL of each, as they are after the claim, with with_task; attempts is empty
+--          when the task hash holds them, as every task written since 2026-12 does)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
 -- Events: attempt_claimed | claim_refused

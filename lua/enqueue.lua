@@ -26,8 +26,8 @@
 -- ARGV[10] lease_ms        lease length every claim of this task gets (at most the namespace ceiling)
 -- ARGV[11] epoch           namespace epoch the client knows
 -- ARGV[12] actor
--- Returns: {'OK', task_id, task, attempts, events} (task and attempts: HGETALL of each, events: the
---          stored history, empty: what the producer returns without reading the task again)
+-- Returns: {'OK', task_id, task, attempts, events} (task: HGETALL of the task hash, which holds its
+--          Attempt; attempts and events empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
