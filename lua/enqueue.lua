@@ -46,7 +46,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], qu
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
   outbox = KEYS[11], tomb = KEYS[12]}
 history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 local A, bad = args(ARGV, {
   'task_id', 'id', 100, false,
   'queue', 'id', 64, false,

@@ -346,12 +346,14 @@ local function long_value(key, name, v)
 end
 
 -- Attempt fields live in the task hash as "<n>.<field>" (a task field's name never starts with a
--- digit). A task written before 2026-12 keeps them in a hash of its own, the 'attempts' key a script
--- is given: while that exists it is used. Every script given both calls this right after its KEYS
--- (K.attempts = attempts_of(K.task, K.attempts)): from then on K.attempts is where they are.
+-- digit); enqueue writes Attempt 1's state there. A task written before 2026-12 keeps them in a hash of
+-- its own, the 'attempts' key a script is given, and its task hash has no '1.state'. Every script
+-- given both calls this right after its KEYS (K.attempts = attempts_of(K.task, K.attempts)): from
+-- then on K.attempts is where they are (for a task that does not exist, or is packed, the key given,
+-- which holds nothing either). enqueue, which creates the task, uses the task hash.
 local function attempts_of(k_task, k_att)
-  if redis.call('EXISTS', k_att) == 1 then return k_att end
-  return k_task
+  if redis.call('HEXISTS', k_task, '1.state') == 1 then return k_task end
+  return k_att
 end
 
 -- Attempt fields as "<n>.<field>".

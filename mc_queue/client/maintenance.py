@@ -12,7 +12,7 @@ from ..contracts.codec import check_int, check_text
 from ..contracts.errors import Code, InvalidArgument, McqError, NamespaceLost, raise_for_reply
 from ..contracts.history import whole_history
 from ..contracts.keys import TaskKeys, check_queue
-from ..contracts.models import ExpiredLease, split_attempts
+from ..contracts.models import ExpiredLease, attempt_fields, split_attempts
 from ..contracts.packing import join_long, pack
 from .base import INDEXES, Role, printable, raised
 
@@ -200,7 +200,7 @@ class Maintenance(Role):
         for i, tk in enumerate(keys):
             fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
             stored = self._history(history, tk.events)
-            held = len(att or fields or {})  # the fields of the hash that holds the Attempts, as pack.lua counts them
+            held = attempt_fields(fields or {}, att)  # as pack.lua counts them
             fields, att = split_attempts(fields or {}, att)
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
             blob = pack(join_long(fields), join_long(att), whole_history(fields, stored), fx) \

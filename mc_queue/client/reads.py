@@ -15,7 +15,7 @@ from ..contracts.config import Retention
 from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
-from ..contracts.models import EffectRecord, NamespaceInfo, Task, split_attempts
+from ..contracts.models import EffectRecord, NamespaceInfo, Task, attempt_fields, split_attempts
 from ..contracts.packing import Packed, join_chunks, join_long, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .base import ENDED_STATES, INDEXES, Role, raised
@@ -85,8 +85,9 @@ class Reads(Role):
         stored = self._history(history, tk.events)
         if not fields:
             return None, None, int(pttl), ""
-        # As retire.lua counts them: the fields of the hash that holds the Attempts.
-        version = f"{fields.get('updated_at') or 0} {stored[-1][0] if stored else '0-0'} {len(att or fields)} {len(fx)}"
+        # As retire.lua counts them: the fields of the hash that holds the Attempts (attempts_of).
+        last = stored[-1][0] if stored else "0-0"
+        version = f"{fields.get('updated_at') or 0} {last} {attempt_fields(fields, att)} {len(fx)}"
         fields, att = split_attempts(fields, att)
         events = whole_history(fields, stored)
         fields, att = self._joined(task_id, fields), self._joined(task_id, att)

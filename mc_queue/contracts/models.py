@@ -207,6 +207,13 @@ def split_attempts(fields: Mapping[str, str],
     return own, {k: v for k, v in fields.items() if k[:1].isdigit()}
 
 
+def attempt_fields(fields: Mapping[str, str], v1: Mapping[str, str]) -> int:
+    """How many fields the hash that holds a task's Attempts has, as the scripts count it (HLEN after
+    attempts_of in lua/includes/common.lua): the task hash when it has Attempt 1's state, else the
+    Attempts hash of its own (``v1``, empty for a packed task)."""
+    return len(fields) if "1.state" in fields else len(v1)
+
+
 def by_number(att: Mapping[str, str]) -> dict[int, dict[str, str]]:
     """An Attempts hash ('<n>.<field>': value) as the fields of each Attempt, by number (the task's own
     fields, when given the task hash, are left out)."""

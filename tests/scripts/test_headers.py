@@ -466,6 +466,15 @@ def test_every_script_given_a_task_history_declares_it_with_its_task_hash(name: 
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_every_script_given_an_attempts_hash_finds_where_the_task_keeps_its_attempts(name: str) -> None:
+    """A task keeps its Attempts in its own hash, one written before 2026-12 in the key given."""
+    _, body = script(name)
+    if re.search(r"\battempts = KEYS\[", body):
+        assert re.search(r"K\.attempts = (attempts_of\(K\.task, K\.attempts\)|K\.task)", body), (
+            f"{name}.lua is given an attempts hash without attempts_of")
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_no_key_name_is_built_inside_a_redis_call(name: str) -> None:
     """The brief's simple check: no key argument concatenated with '{' or ':'."""
     _, body = script(name)
