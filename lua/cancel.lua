@@ -33,8 +33,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], cancels = KEYS[10],
   stats = KEYS[11], attention = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'actor', 'id', 200, false,

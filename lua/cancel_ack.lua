@@ -31,8 +31,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
   cancels = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], stats = KEYS[10],
   fence = KEYS[11], lease = KEYS[12]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,

@@ -42,8 +42,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
   stats = KEYS[11], fence = KEYS[12], lease = KEYS[13], paused = KEYS[14]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
   'lease_ms', 'int?', 1, MAX_INT,

@@ -42,8 +42,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
   done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,

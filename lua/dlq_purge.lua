@@ -36,8 +36,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
   effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15], fence = KEYS[16]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
   'reason', 'text', 2000, false,

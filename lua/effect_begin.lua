@@ -34,8 +34,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
   events = KEYS[6], effects = KEYS[7], stats = KEYS[8], fence = KEYS[9], lease = KEYS[10]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,

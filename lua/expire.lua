@@ -33,8 +33,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], cancels = KEYS[9], stats = KEYS[10],
   fence = KEYS[11], lease = KEYS[12]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'member', 'id', 200, false,
   'actor', 'text', 200, false,

@@ -58,8 +58,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], 
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
   dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15],
   done = KEYS[16], held = KEYS[17], topack = KEYS[18]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'fence', 'int', 0, MAX_INT,

@@ -22,7 +22,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], index = KEYS[4], task = KEYS[5],
   attempts = KEYS[6]}
-K.attempts = attempts_of(K.task, K.attempts)
+K.attempts = attempts_of(K.task, K.attempts)  -- (no history: bind_task's other half)
 local A, bad = args(ARGV, {
   'kind', 'enum', '|leases|suspect|outbox|cancels|', false,
   'member', 'raw', 1000, false,

@@ -19,8 +19,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
   events = KEYS[6], stats = KEYS[7]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'n', 'int', 1, MAX_N,
   'actor', 'text', 200, false,

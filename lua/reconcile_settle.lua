@@ -49,8 +49,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
   attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13], done = KEYS[14], held = KEYS[15], topack = KEYS[16]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
   'actor', 'text', 200, false,

@@ -48,8 +48,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   idem_until = KEYS[6], dlq = KEYS[7], attention = KEYS[8], done = KEYS[9], held = KEYS[10], topack = KEYS[11],
   task = KEYS[12], attempts = KEYS[13], events = KEYS[14], effects = KEYS[15], fence = KEYS[16], tomb = KEYS[17]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'states', 'text', 64, false,
   'score', 'int?', 0, MAX_INT,

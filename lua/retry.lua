@@ -31,8 +31,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], attention = KEYS[10],
   stats = KEYS[11], done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
-history_of(K.events, K.task)
-K.attempts = attempts_of(K.task, K.attempts)
+bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'hypothesis', 'text', 2000, false,

@@ -356,6 +356,12 @@ local function attempts_of(k_task, k_att)
   return k_att
 end
 
+-- What every script given a task's history and Attempts hash calls right after its KEYS.
+local function bind_task(K)
+  history_of(K.events, K.task)
+  K.attempts = attempts_of(K.task, K.attempts)
+end
+
 -- Attempt fields as "<n>.<field>".
 local function aget(k_att, n, field)
   return redis.call('HGET', k_att, n .. '.' .. field)
@@ -376,7 +382,9 @@ end
 local function attempt_snapshot(k_att, k_task, n)
   local flat
   local payload = k_att == k_task and redis.call('HGET', k_task, 'payload')
-  if k_att == k_task and not (payload and #payload <= LONG_CHUNK and string.sub(payload, 1, 1) ~= LONG_MARK) then
+  if not payload or (#payload <= LONG_CHUNK and string.sub(payload, 1, 1) ~= LONG_MARK) then
+    flat = redis.call('HGETALL', k_att)
+  else
     flat = {}
     local cursor = '0'
     repeat
@@ -384,8 +392,6 @@ local function attempt_snapshot(k_att, k_task, n)
       cursor = page[1]
       for _, v in ipairs(page[2]) do flat[#flat + 1] = v end
     until cursor == '0'
-  else
-    flat = redis.call('HGETALL', k_att)
   end
   local t = redis.call('HMGET', k_task, 'manifest', 'handler', 'payload_digest', 'created_at')
   if t[1] then

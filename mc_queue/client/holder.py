@@ -12,7 +12,6 @@ from ..contracts.config import Decision
 from ..contracts.errors import Code, InvalidArgument, raise_for_reply
 from ..contracts.keys import attempt_id
 from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task, split_attempts
-from ..contracts.packing import join_long
 from ..store.backend import DEFAULT_LEASE_MS
 from .base import Role, as_failure, attempt_from_snapshot, decision_args, pairs, printable
 
@@ -75,7 +74,7 @@ class LeaseHolder(Role):
         self.ns.note_claim(aid, fence, seq)
         task = None
         if with_task:
-            own, att = split_attempts(join_long(pairs(reply[8])), join_long(pairs(reply[9])))
+            own, att = split_attempts(pairs(reply[8]), pairs(reply[9]))
             task = Task.from_redis(own, att, [], fence=str(fence),
                                    lease_pttl_ms=max(0, int(reply[3]) - int(reply[5])))
         return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,

@@ -13,7 +13,7 @@ from ..contracts.errors import Code, InvalidArgument, McqError, NamespaceLost, r
 from ..contracts.history import whole_history
 from ..contracts.keys import TaskKeys, check_queue
 from ..contracts.models import ExpiredLease, attempt_fields, split_attempts
-from ..contracts.packing import join_long, pack
+from ..contracts.packing import pack
 from .base import INDEXES, Role, printable, raised
 
 log = logging.getLogger("mc_queue.client")
@@ -201,10 +201,14 @@ class Maintenance(Role):
             fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
             stored = self._history(history, tk.events)
             held = attempt_fields(fields or {}, att)  # as pack.lua counts them
-            fields, att = split_attempts(fields or {}, att)
+            try:
+                fields, att = split_attempts(fields or {}, att)
+            except ValueError as exc:  # a long value missing a chunk: left unpacked, every read names it
+                log.warning("task %s: left unpacked: %s", tk.task, exc)
+                self.redis.zrem(self.keys.topack, str((fields or {}).get("id")))
+                continue
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
-            blob = pack(join_long(fields), join_long(att), whole_history(fields, stored), fx) \
-                if fields and not fields.get("packed") \
+            blob = pack(fields, att, whole_history(fields, stored), fx) if fields and not fields.get("packed") \
                 else b"mcz1-placeholder"
             if len(blob) > PACK_MAX_BYTES:
                 log.warning("task %s: its packed history would be %d bytes (above %d): left unpacked",

@@ -12,7 +12,6 @@ from ..contracts.frozen import compact
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, new_task_id
 from ..contracts.models import Manifest, Task, split_attempts
-from ..contracts.packing import join_long
 from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
 from .reads import Reads
@@ -92,7 +91,7 @@ class Producer(Role):
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="enqueue", task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
-            fields, att = split_attempts(join_long(pairs(reply[2])), join_long(pairs(reply[3])))
+            fields, att = split_attempts(pairs(reply[2]), pairs(reply[3]))
             return Task.from_redis(fields, att,
                                    whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since

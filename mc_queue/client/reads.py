@@ -16,7 +16,7 @@ from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
 from ..contracts.history import whole_history
 from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task, attempt_fields, split_attempts
-from ..contracts.packing import Packed, join_chunks, join_long, unpack
+from ..contracts.packing import Packed, join_chunks, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .base import ENDED_STATES, INDEXES, Role, raised
 
@@ -88,21 +88,16 @@ class Reads(Role):
         # As retire.lua counts them: the fields of the hash that holds the Attempts (attempts_of).
         last = stored[-1][0] if stored else "0-0"
         version = f"{fields.get('updated_at') or 0} {last} {attempt_fields(fields, att)} {len(fx)}"
-        fields, att = split_attempts(fields, att)
+        try:
+            fields, att = split_attempts(fields, att)
+        except ValueError as exc:
+            raise McqError(f"task {task_id}: {exc}") from None
         events = whole_history(fields, stored)
-        fields, att = self._joined(task_id, fields), self._joined(task_id, att)
         fence = fields.get("fence") or fence  # the counter lives in the task hash (lua/includes/common.lua)
         if fields.get("packed"):
             return self._unpacked(task_id, fields), fence, int(pttl), version
         return (Packed(fields=fields, attempts=att, events=events, effects=fx),
                 fence, int(pttl), version)
-
-    @staticmethod
-    def _joined(task_id: str, fields: Mapping[str, str]) -> dict[str, str]:
-        try:
-            return join_long(fields)
-        except ValueError as exc:
-            raise McqError(f"task {task_id}: {exc}") from None
 
     @staticmethod
     def _unpacked(task_id: str, fields: Mapping[str, str]) -> Packed:

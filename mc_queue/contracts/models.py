@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .frozen import expand
 from .keys import attempt_id
+from .packing import join_long
 
 
 class TaskState(StrEnum):
@@ -200,11 +201,12 @@ def split_attempts(fields: Mapping[str, str],
                    v1: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """A task hash as stored (HGETALL) as its own fields and its Attempts' ('<n>.<field>', the names
     that start with a digit), or with ``v1``, the Attempts hash of a task written before 2026-12 that
-    keeps them apart (``TaskKeys.attempts_v1``)."""
-    own = {k: v for k, v in fields.items() if not k[:1].isdigit()}
+    keeps them apart (``TaskKeys.attempts_v1``); each with its long values joined (:func:`join_long`,
+    whose ValueError names a missing chunk)."""
+    own = join_long({k: v for k, v in fields.items() if not k[:1].isdigit()})
     if v1:
-        return own, dict(v1)
-    return own, {k: v for k, v in fields.items() if k[:1].isdigit()}
+        return own, join_long(v1)
+    return own, join_long({k: v for k, v in fields.items() if k[:1].isdigit()})
 
 
 def attempt_fields(fields: Mapping[str, str], v1: Mapping[str, str]) -> int:

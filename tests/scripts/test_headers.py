@@ -462,7 +462,8 @@ def test_every_script_given_a_task_history_declares_it_with_its_task_hash(name: 
     refusal about a queued task in its history: both read the task hash history_of declared."""
     _, body = script(name)
     if re.search(r"\bevents = KEYS\[", body):
-        assert "history_of(K.events, K.task)" in body, f"{name}.lua is given a task history without history_of"
+        assert re.search(r"^(bind_task\(K\)|history_of\(K\.events, K\.task\))$", body, re.M), (
+            f"{name}.lua is given a task history without bind_task")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -470,8 +471,9 @@ def test_every_script_given_an_attempts_hash_finds_where_the_task_keeps_its_atte
     """A task keeps its Attempts in its own hash, one written before 2026-12 in the key given."""
     _, body = script(name)
     if re.search(r"\battempts = KEYS\[", body):
-        assert re.search(r"K\.attempts = (attempts_of\(K\.task, K\.attempts\)|K\.task)", body), (
-            f"{name}.lua is given an attempts hash without attempts_of")
+        assert re.search(r"^(bind_task\(K\)|K\.attempts = (K\.task|attempts_of\(K\.task, K\.attempts\)))", body,
+                         re.M), (
+            f"{name}.lua is given an attempts hash without bind_task")
 
 
 @pytest.mark.parametrize("name", NAMES)

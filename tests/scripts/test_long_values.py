@@ -89,3 +89,17 @@ def test_join_long_leaves_alone_what_is_not_a_long_field() -> None:
     # A packed document's chunk may start with the byte 0xFF: it is not a long value's mark.
     raw = {"z0": "\udcff3", "payload": '{"a":1}', "1.result": "\udcff2", "1.result#0": "[1,", "1.result#1": "2]"}
     assert join_long(raw) == {"z0": "\udcff3", "payload": '{"a":1}', "1.result": "[1,2]"}
+
+
+def test_the_sweeper_leaves_a_task_missing_a_chunk_unpacked_and_packs_the_others(q: mc_queue.Client) -> None:
+    ids = []
+    for n in range(2):
+        t = q.producer.enqueue(QUEUE, HANDLER, payload_of(200 + 8 * n))
+        lease = q.leases.claim_attempt(t.id, "w1")
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": n}, worker_id="w1")
+        ids.append(t.id)
+    q.redis.hdel(q.keys.task(ids[0]).task, "payload#1")
+    while q.maintenance.pack_due(limit=10, min_age_ms=0):
+        pass
+    assert not q.reads.is_packed(ids[0]) and q.reads.is_packed(ids[1])
+    assert q.redis.zscore(q.keys.topack, ids[0]) is None  # not tried again at every pass
