@@ -248,7 +248,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             scripts.call("enqueue", {
                 **q.backend.ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "tomb": tk.tomb,
+                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, **tk.tomb_keys(),
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench"}, client=pipe)

@@ -17,11 +17,14 @@
 -- KEYS[9] attempts   attempts hash
 -- KEYS[10] events    task event stream
 -- KEYS[11] effects   the task's effects
--- KEYS[12] tomb      the task's tombstone (JSON, PX the retention window)
+-- KEYS[12] tomb      the task's tombstone as versions before 2026-12 kept it (deleted)
 -- KEYS[13] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[14] held      the queue's tasks waiting for a person
 -- KEYS[15] idem_until retired producer keys -> when their entry may go (ms)
 -- KEYS[16] fence     the task's fence counter (deleted; the namespace floor keeps its value)
+-- KEYS[17] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
+-- KEYS[18] tombs1
+-- KEYS[19] tombs2
 -- ARGV[1] actor
 -- ARGV[2] reason       why its history may go (>= 10 characters)
 -- ARGV[3] tombstone_ms how long enqueue refuses the task id and its producer key (0: not at all)
@@ -35,7 +38,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   dlq = KEYS[6], attention = KEYS[7], task = KEYS[8], attempts = KEYS[9], events = KEYS[10],
-  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15], fence = KEYS[16]}
+  effects = KEYS[11], tomb = KEYS[12], stats = KEYS[13], held = KEYS[14], idem_until = KEYS[15], fence = KEYS[16],
+  tombs0 = KEYS[17], tombs1 = KEYS[18], tombs2 = KEYS[19]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
@@ -51,11 +55,8 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A
 if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler')
 if not t[1] then
-  local tomb = redis.call('GET', K.tomb)
-  if tomb and A.request_id ~= '' then
-    local ok, rec = pcall(cjson.decode, tomb)
-    if ok and type(rec) == 'table' and rec.request_id == A.request_id then return {'DUP', rec.attempts} end
-  end
+  local tomb = tomb_get(K.tombs0, K.tombs1, K.tombs2, K.tomb, string.match(K.task, ':t:(.+)$') or '')
+  if tomb and A.request_id ~= '' and tomb.request_id == A.request_id then return {'DUP', tomb.attempts} end
   return {'E_NOTASK', 'no such task'}
 end
 if t[3] ~= 'quarantined' then
@@ -67,7 +68,7 @@ local until_ms = ts + A.tombstone_ms
 local fence = tonumber(fence_of(K.task, K.fence)) or 0
 local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
 if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
-redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
+redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence, K.tomb)
 redis.call('ZREM', K.dlq, t[1])
 redis.call('ZREM', K.held, t[1])
 redis.call('HDEL', K.attention, t[1])
@@ -81,9 +82,9 @@ if t[5] and t[5] ~= '' then
 end
 -- The tombstone lives at least a minute even with no retention window, so that a resent purge is
 -- recognised; enqueue refuses the task id only until until_ms.
-redis.call('SET', K.tomb, cjson.encode({task = t[1], idem_key = t[5] or '', reason = reason, actor = A.actor,
-  purged_at = ts, until_ms = until_ms, attempts = tonumber(t[4]), request_id = A.request_id}), 'PX',
-  math.max(A.tombstone_ms, 60000))
+tomb_put(K.tombs0, K.tombs1, K.tombs2, t[1], until_ms, tonumber(t[4]) or 0, 'quarantined', fence, t[5] or '', A.request_id,
+  cjson.encode({kind = 'purged', actor = A.actor, reason = reason, window_ms = A.tombstone_ms}),
+  ts + math.max(A.tombstone_ms, 60000))
 move_count(K.counts, t[2], 'quarantined', '')
 emit(K.nslog, 'task_purged', {'task', t[1], 'actor', A.actor, 'reason', reason, 'attempts', t[4],
   'idem_key', t[5] or '', 'tombstone_until', A.tombstone_ms > 0 and fmt(until_ms) or ''})

@@ -13,7 +13,10 @@
 -- KEYS[9] events     task event stream
 -- KEYS[10] pending   the queue's pending index
 -- KEYS[11] outbox    attempts waiting to be dispatched to the transport
--- KEYS[12] tomb      tombstone of this task id (exists while a purge of it is remembered)
+-- KEYS[12] tomb      tombstone of this task id as versions before 2026-12 kept it (still read)
+-- KEYS[13] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
+-- KEYS[14] tombs1
+-- KEYS[15] tombs2
 -- ARGV[1] task_id
 -- ARGV[2] queue
 -- ARGV[3] handler
@@ -44,9 +47,11 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
-  outbox = KEYS[11], tomb = KEYS[12]}
+  outbox = KEYS[11], tomb = KEYS[12], tombs0 = KEYS[13], tombs1 = KEYS[14], tombs2 = KEYS[15]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
+-- A retry policy or budget at version 1's base: not stored (mc_queue.contracts.frozen.OMITTED).
+local DEFAULT_DOC = '{"$v":1}'
 local A, bad = args(ARGV, {
   'task_id', 'id', 100, false,
   'queue', 'id', 64, false,
@@ -105,10 +110,9 @@ if redis.call('EXISTS', K.task) == 1 then
   return refuse(K.events, nil, 'enqueue_refused', {'E_CONFLICT', A.task_id, e[1] or ''},
     {'actor', A.actor, 'reason', 'the task id exists with another payload or handler', 'payload_digest', A.payload_digest})
 end
-local tomb = redis.call('GET', K.tomb)
+local tomb = tomb_get(K.tombs0, K.tombs1, K.tombs2, K.tomb, A.task_id)
 if tomb then
-  local ok, rec = pcall(cjson.decode, tomb)
-  local until_ms = (ok and type(rec) == 'table' and tonumber(rec.until_ms)) or 0
+  local until_ms = tomb.until_ms
   if until_ms > ts then
     return refuse(K.nslog, nil, 'enqueue_refused', {'E_PURGED', A.task_id, fmt(until_ms)},
       {'task', A.task_id, 'reason', 'this task id was purged', 'actor', A.actor})
@@ -122,10 +126,14 @@ if pressure then return {'E_OVERLOADED', pressure} end
 if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 -- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
 local tss = fmt(ts)
-tset(K.task, {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
-  'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss,
-  'updated_at', tss, 'attempts', '1', 'active', '1', 'fence', '0', 'manifest', A.manifest, 'retry_policy', A.retry_policy,
-  'budget', A.budget, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor})
+-- Left out until they say something (readers fill them in): updated_at while it is created_at, the
+-- fence counter while no fence was issued ('0'), a retry policy or budget that is the default ('{"$v":1}').
+local fields = {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
+  'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss, 'attempts', '1', 'active', '1',
+  'manifest', A.manifest, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor}
+if A.retry_policy ~= DEFAULT_DOC then fields[#fields + 1] = 'retry_policy'; fields[#fields + 1] = A.retry_policy end
+if A.budget ~= DEFAULT_DOC then fields[#fields + 1] = 'budget'; fields[#fields + 1] = A.budget end
+tset(K.task, fields)
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
 -- task's created_at (readers fill them in: not stored).

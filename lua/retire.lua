@@ -25,7 +25,10 @@
 -- KEYS[14] events    task event stream
 -- KEYS[15] effects   the task's effects
 -- KEYS[16] fence     the task's fence counter
--- KEYS[17] tomb      the task's tombstone (JSON, PX the idempotency window)
+-- KEYS[17] tomb      the task's tombstone as versions before 2026-12 kept it (deleted)
+-- KEYS[18] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
+-- KEYS[19] tombs1
+-- KEYS[20] tombs2
 -- ARGV[1] states       the states the caller lets go, as '|succeeded|canceled|'
 -- ARGV[2] score        the task's score in its done/held index when read, or '' (an operator's purge)
 -- ARGV[3] actor
@@ -47,7 +50,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], idem = KEYS[5],
   idem_until = KEYS[6], dlq = KEYS[7], attention = KEYS[8], done = KEYS[9], held = KEYS[10], topack = KEYS[11],
-  task = KEYS[12], attempts = KEYS[13], events = KEYS[14], effects = KEYS[15], fence = KEYS[16], tomb = KEYS[17]}
+  task = KEYS[12], attempts = KEYS[13], events = KEYS[14], effects = KEYS[15], fence = KEYS[16], tomb = KEYS[17],
+  tombs0 = KEYS[18], tombs1 = KEYS[19], tombs2 = KEYS[20]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'states', 'text', 64, false,
@@ -103,7 +107,7 @@ local until_ms = ts + A.tombstone_ms
 local fence = tonumber(fence_of(K.task, K.fence)) or 0
 local floor = tonumber(redis.call('HGET', K.meta, 'floor') or '0') or 0
 if fence > floor then redis.call('HSET', K.meta, 'floor', fmt(fence)) end
-redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
+redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence, K.tomb)
 redis.call('ZREM', K.done, t[1])
 redis.call('ZREM', K.held, t[1])
 redis.call('ZREM', K.topack, t[1])
@@ -118,8 +122,8 @@ if idem_key and idem_key ~= '' then
   end
 end
 if A.tombstone_ms > 0 then
-  redis.call('SET', K.tomb, cjson.encode({task = t[1], state = t[3], idem_key = idem_key or '', reason = reason,
-    actor = A.actor, purged_at = ts, until_ms = until_ms, attempts = tonumber(t[4]), fence = fence}), 'PX', A.tombstone_ms)
+  tomb_put(K.tombs0, K.tombs1, K.tombs2, t[1], until_ms, tonumber(t[4]) or 0, t[3], fence, idem_key or '', '',
+    cjson.encode({kind = 'retired', actor = A.actor, reason = reason, window_ms = A.tombstone_ms}), until_ms)
 end
 move_count(K.counts, t[2], t[3], '')
 if A.log == 'task' then

@@ -311,7 +311,7 @@ end
 -- small beside the value's.
 local LONG_CHUNK, LONG_MAX_CHUNKS, LONG_MARK = 64, 32, '\255'
 local LONG = {payload = true, manifest = true, retry_policy = true, budget = true, result = true,
-  failure = true, reason = true, evidence = true, hypothesis = true}
+  failure = true, reason = true, evidence = true, hypothesis = true, tomb = true}
 
 -- Append field name (of kind 'kind') and value v to an HSET argument list, in chunks when long.
 local function put(out, name, kind, v)
@@ -343,6 +343,107 @@ local function long_value(key, name, v)
   for i = 0, (tonumber(string.sub(v, 2)) or 0) - 1 do names[#names + 1] = name .. '#' .. i end
   if #names == 0 then return '' end
   return table.concat(redis.call('HMGET', key, unpack(names)))
+end
+
+-- ----------------------------------------------------------------------------------- tombstones
+
+-- A purged task's tombstone is an entry in a bucket of its queue's tombstones, not a key of its own
+-- (a key each cost ~400 bytes): buckets are the task ids' ULID prefixes of 7, 8 and 9 characters
+-- (mc_queue.contracts.keys.Keys.tomb_buckets, KEYS tombs0-tombs2). An entry goes to the first
+-- bucket that is not full (TOMB_FULL fields, so a bucket stays a compact listpack), or to the one
+-- already holding that id; a lookup (tomb_level) walks the same path and stops at the first bucket that is not
+-- full. Entry: field <the ULID's last 19 characters>, "<until_ms> <attempts> <state> <fence> <ref>"; its
+-- producer key in "<rest>.k", a purge's request id in "<rest>.q"; "r:<ref>" holds who and why and the
+-- window, written once for all the entries of a retention pass. Each bucket on the path expires at the
+-- latest end of the entries at or below it, so a lookup never loses its way to a live entry.
+local TOMB_FULL = 96
+
+local function tomb_rest(task_id) return string.sub(task_id, -19) end
+
+-- Where task_id's tombstone is: (level 1-3, its value), or (nil, the level a new one goes to).
+local function tomb_level(k_t0, k_t1, k_t2, rest)
+  local v = redis.call('HGET', k_t0, rest)
+  if v then return 1, v end
+  if redis.call('HLEN', k_t0) < TOMB_FULL then return nil, 1 end
+  v = redis.call('HGET', k_t1, rest)
+  if v then return 2, v end
+  if redis.call('HLEN', k_t1) < TOMB_FULL then return nil, 2 end
+  v = redis.call('HGET', k_t2, rest)
+  if v then return 3, v end
+  return nil, 3
+end
+
+-- The entry and its fields in bucket key (tomb_put), and the bucket's expiry moved to at least gone_at.
+local function tomb_write(key, rest, entry, ref, record, idem_key, request_id, gone_at)
+  local out = {'HSET', key, rest, entry .. ' ' .. ref}
+  if redis.call('HEXISTS', key, 'r:' .. ref) == 0 then put(out, 'r:' .. ref, 'tomb', record) end
+  local old = redis.call('HGET', key, rest .. '.k')  -- an earlier tombstone of this id: its key's chunks go
+  if old and string.sub(old, 1, 1) == LONG_MARK then
+    for i = 0, (tonumber(string.sub(old, 2)) or 0) - 1 do redis.call('HDEL', key, rest .. '.k#' .. i) end
+  end
+  redis.call('HDEL', key, rest .. '.k', rest .. '.q')
+  if idem_key ~= '' then put(out, rest .. '.k', 'tomb', idem_key) end
+  if request_id ~= '' then put(out, rest .. '.q', 'tomb', request_id) end
+  redis.call(unpack(out))
+end
+
+local function tomb_extend(key, gone_at)
+  local left = redis.call('PTTL', key)
+  if left < 0 or now_ms() + left < gone_at then redis.call('PEXPIREAT', key, fmt(gone_at)) end
+end
+
+-- The ref of a shared record in bucket key: a hash of its text, the next one while another text holds it.
+local function tomb_ref(key, record)
+  local h = #record
+  for i = 1, #record do h = (h * 31 + string.byte(record, i)) % 4294967296 end
+  for _ = 1, 8 do
+    local ref = string.format('%08x', h)
+    local have = redis.call('HGET', key, 'r:' .. ref)
+    if not have or long_value(key, 'r:' .. ref, have) == record then return ref end
+    h = (h + 1) % 4294967296
+  end
+  return string.format('%08x', h)
+end
+
+-- Write task_id's tombstone: the fields a script decides on, its producer key and request id ('' for
+-- none), the shared record (JSON: kind, actor, reason, window_ms), and when the entry may go (ms).
+local function tomb_put(k_t0, k_t1, k_t2, task_id, until_ms, attempts, state, fence, idem_key, request_id, record,
+                        gone_at)
+  local rest = tomb_rest(task_id)
+  local found, d = tomb_level(k_t0, k_t1, k_t2, rest)
+  d = found or d
+  local entry = fmt(until_ms) .. ' ' .. fmt(attempts) .. ' ' .. state .. ' ' .. fmt(fence)
+  if d == 1 then
+    tomb_write(k_t0, rest, entry, tomb_ref(k_t0, record), record, idem_key, request_id, gone_at)
+  elseif d == 2 then
+    tomb_write(k_t1, rest, entry, tomb_ref(k_t1, record), record, idem_key, request_id, gone_at)
+  else
+    tomb_write(k_t2, rest, entry, tomb_ref(k_t2, record), record, idem_key, request_id, gone_at)
+  end
+  tomb_extend(k_t0, gone_at)
+  if d >= 2 then tomb_extend(k_t1, gone_at) end
+  if d == 3 then tomb_extend(k_t2, gone_at) end
+end
+
+-- The tombstone of task_id as {until_ms = n, attempts = n, request_id = s} (what a script decides on),
+-- from its bucket or from a key of the old kind (k_old, JSON); nil when there is none.
+local function tomb_get(k_t0, k_t1, k_t2, k_old, task_id)
+  local rest = tomb_rest(task_id)
+  local found, v = tomb_level(k_t0, k_t1, k_t2, rest)
+  if found then
+    local until_ms, attempts = string.match(v, '^(%d+) (%d+) ')
+    local q
+    if found == 1 then q = long_value(k_t0, rest .. '.q', redis.call('HGET', k_t0, rest .. '.q'))
+    elseif found == 2 then q = long_value(k_t1, rest .. '.q', redis.call('HGET', k_t1, rest .. '.q'))
+    else q = long_value(k_t2, rest .. '.q', redis.call('HGET', k_t2, rest .. '.q')) end
+    return {until_ms = tonumber(until_ms) or 0, attempts = tonumber(attempts) or 0, request_id = q or ''}
+  end
+  local raw = redis.call('GET', k_old)
+  if not raw then return nil end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' then return {until_ms = 0, attempts = 0, request_id = ''} end
+  return {until_ms = tonumber(rec.until_ms) or 0, attempts = tonumber(rec.attempts) or 0,
+    request_id = type(rec.request_id) == 'string' and rec.request_id or ''}
 end
 
 -- Attempt fields live in the task hash as "<n>.<field>" (a task field's name never starts with a
@@ -522,7 +623,7 @@ local function fence_of(k_task, k_fence)
 end
 
 -- The next fence for a task: HINCRBY of the task's fence counter (field 'fence' of the task hash,
--- '0' from enqueue on; a task written before the counter moved there keeps a key of its own, moved
+-- absent until the first fence; a task written before the counter moved there keeps a key of its own, moved
 -- into the hash here, at its next fence), raised above the namespace floor. The floor is raised to
 -- Redis TIME in microseconds by `mcq recover`, and also by the first
 -- fence issued by a redis-server process that did not issue the previous one (a restart, a

@@ -105,7 +105,7 @@ class Role:
                 "idem_until": self.keys.idem_until, "dlq": self.keys.dlq, "attention": self.keys.attention,
                 "done": tk.done, "held": tk.held, "topack": self.keys.topack, "task": tk.task,
                 "attempts": tk.attempts_v1, "events": tk.events, "effects": tk.effects, "fence": tk.fence,
-                "tomb": tk.tomb}
+                **tk.tomb_keys()}
 
     def _retire_argv(self, states: Sequence[str], reason: str, actor: str | None, tombstone_s: float,
                      score: int | None, log_each: bool, seen: str) -> dict[str, Any]:

@@ -106,7 +106,7 @@ class Operator(Role):
             return self._run("dlq_purge", {
                 **self._ns_keys(), "counts": self.keys.counts, "idem": self.keys.idem, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
-                "effects": tk.effects, "tomb": tk.tomb, "stats": self.keys.stats, "held": tk.held,
+                "effects": tk.effects, **tk.tomb_keys(), "stats": self.keys.stats, "held": tk.held,
                 "idem_until": self.keys.idem_until, "fence": tk.fence,
             }, {"actor": actor or self.actor, "reason": reason, "tombstone_ms": int(keep_key_s * 1000),
                 "request_id": req, "epoch": epoch})

@@ -14,9 +14,9 @@ from ..contracts.codec import check_int
 from ..contracts.config import Retention
 from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
 from ..contracts.history import whole_history
-from ..contracts.keys import check_queue, parse_attempt_id, parse_task_id
+from ..contracts.keys import TOMB_FULL, check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task, attempt_fields, split_attempts
-from ..contracts.packing import Packed, join_chunks, unpack
+from ..contracts.packing import LONG_MARK, Packed, join_chunks, tombstone_record, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .base import ENDED_STATES, INDEXES, Role, raised
 
@@ -121,8 +121,35 @@ class Reads(Role):
 
     def tombstone(self, task_id: str) -> dict[str, Any] | None:
         """A purged task's tombstone (who purged it, why, until when its id and key are refused), or None."""
-        raw = self.redis.get(self._task_keys(task_id).tomb)
-        return cast(dict[str, Any], json.loads(cast(str, raw))) if raw else None
+        tk = self._task_keys(task_id)
+        rest = task_id[-19:]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(tk.tomb)  # (one written before tombstones moved into buckets)
+        pipe.time()
+        for b in tk.tombs:
+            pipe.hmget(b, [rest, f"{rest}.k", f"{rest}.q"])
+            pipe.hlen(b)
+        old, (now_s, now_us), *walk = pipe.execute()
+        if old:
+            return cast(dict[str, Any], json.loads(cast(str, old)))
+        for i, b in enumerate(tk.tombs):  # the path tomb_find walks
+            (entry, idem_key, request_id), size = walk[2 * i], walk[2 * i + 1]
+            if entry:
+                ref = f"r:{entry.rsplit(' ', 1)[-1]}"
+                record = self._whole(b, ref, cast("str | None", self.redis.hget(b, ref))) or "{}"
+                return tombstone_record(task_id, entry, record,
+                                        self._whole(b, f"{rest}.k", idem_key), self._whole(b, f"{rest}.q", request_id),
+                                        int(now_s) * 1000 + int(now_us) // 1000)
+            if int(size) < TOMB_FULL:
+                break
+        return None
+
+    def _whole(self, key: str, name: str, value: str | None) -> str | None:
+        """A value written by the scripts' put, its chunks joined when it was long."""
+        if not value or value[:1] != LONG_MARK:
+            return value
+        parts = cast(list[str], self.redis.hmget(key, [f"{name}#{i}" for i in range(int(value[1:]))]))
+        return b"".join(p.encode("utf-8", "surrogateescape") for p in parts if p).decode("utf-8", "surrogateescape")
 
     def task_states(self, task_ids: Sequence[str]) -> dict[str, str | None]:
         """Each task's state now (None: no such task), in one round trip."""
@@ -209,7 +236,7 @@ class Reads(Role):
             if created_after_ms is not None and created_ms < created_after_ms:
                 continue
             rows.append({"task_id": tid, "queue": q, "handler": h, "state": state, "created_at_ms": created_ms,
-                         "updated_at_ms": int(updated or 0), "attempts": int(n or 0)})
+                         "updated_at_ms": int(updated or created or 0), "attempts": int(n or 0)})
             if len(rows) >= limit:
                 break
         return rows, truncated

@@ -49,6 +49,9 @@ BASES: dict[str, dict[int, dict[str, Any]]] = {
     }},
 }
 TASK_OWN = ("handler", "payload_digest")  # manifest fields the task hash holds itself
+# A retry policy or budget at version 1's base is not stored at all (lua/enqueue.lua leaves out exactly
+# this text): an absent record reads as this, version 1's base, whatever CURRENT becomes.
+OMITTED = '{"$v":1}'
 
 
 def compact(kind: str, record: dict[str, Any], *, task: dict[str, str] | None = None) -> str:

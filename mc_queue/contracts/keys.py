@@ -56,7 +56,16 @@ Key schema (``P`` = ``{prefix}``)::
     P:t:<task id>:fence    string a task's fence counter as versions before 2026-12 kept it: still read, and moved
                                   into the task hash at the task's next fence
     P:t:<task id>:lease    string "<attempt>:<fence>" while a lease is live (PXAT at claim, PEXPIREAT at renew)
-    P:tomb:<task id>       string a purged task's tombstone (JSON), PX the retention the operator chose
+    P:tomb:<task id>       string a purged task's tombstone as versions before 2026-12 kept it (JSON, PX the
+                                  window): still read
+    P:tombs:<queue>:<b>    hash   purged tasks' tombstones, many to a bucket: <b> is the first 7 characters of
+                                  their ULIDs (created within ~33 s); a bucket of 96 fields is full, and the
+                                  next go to the bucket of 8 characters (~1 s), then of 9 (32 ms; never full).
+                                  Field <the ULID's last 19 characters>: "<until_ms> <attempts> <state>
+                                  <fence> <ref>"; "<rest>.k": its producer key, "<rest>.q": a purge's request
+                                  id; "r:<ref>": who purged, why, the window (JSON; shared by a retention
+                                  pass). PEXPIREAT the latest end of an entry in it or a deeper bucket
+                                  (lua/includes/common.lua tomb_put)
 
 Ids: a task id is ``<queue>:<ulid>`` (the queue is part of the identity, so a script can be given
 the queue's keys from the id alone); an attempt id is ``<task id>/<n>``.
@@ -122,6 +131,9 @@ def parse_attempt_id(value: str) -> tuple[str, int]:
     return task_id, int(num)
 
 
+TOMB_FULL = 96  # fields (entries and their records) that fill a tombstone bucket (lua/includes/common.lua TOMB_FULL)
+
+
 @dataclass(frozen=True)
 class TaskKeys:
     task: str
@@ -132,9 +144,14 @@ class TaskKeys:
     effects: str
     fence: str
     lease: str
-    tomb: str
+    tomb: str  # a tombstone as versions before 2026-12 kept it (a key each): still read
     done: str
     held: str
+    tombs: tuple[str, str, str]  # the tombstone buckets its id may be in, by level (below)
+
+    def tomb_keys(self) -> dict[str, str]:
+        """The KEYS of a script that reads or writes this task's tombstone (enqueue, retire, dlq_purge)."""
+        return {"tomb": self.tomb, "tombs0": self.tombs[0], "tombs1": self.tombs[1], "tombs2": self.tombs[2]}
 
 
 class Keys:
@@ -190,7 +207,15 @@ class Keys:
                         pending=self.pending(queue),
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
                         tomb=f"{self.tag}:tomb:{task_id}", done=self.done(queue),
-                        held=self.held(queue))
+                        held=self.held(queue), tombs=self.tomb_buckets(task_id))
+
+    def tomb_buckets(self, task_id: str) -> tuple[str, str, str]:
+        """The tombstone buckets a task id's tombstone may be in: its queue's bucket of the first 7, 8
+        and 9 characters of its ULID (tasks created within the same ~33 s, ~1 s, 32 ms)."""
+        queue = parse_task_id(task_id)
+        ulid = task_id[-26:]
+        return (f"{self.tag}:tombs:{queue}:{ulid[:7]}", f"{self.tag}:tombs:{queue}:{ulid[:8]}",
+                f"{self.tag}:tombs:{queue}:{ulid[:9]}")
 
     def nowhere(self) -> TaskKeys:
         """Per-task keys that name no task (``{prefix}:t:-``): for an index member that is unreadable."""
@@ -198,4 +223,5 @@ class Keys:
         return TaskKeys(task=base, attempts=base, attempts_v1=f"{base}:a", events=f"{base}:ev",
                         pending=f"{base}:pending",
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb",
-                        done=f"{base}:done", held=f"{base}:held")
+                        done=f"{base}:done", held=f"{base}:held",
+                        tombs=(f"{base}:tombs0", f"{base}:tombs1", f"{base}:tombs2"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .frozen import expand
+from .frozen import OMITTED, expand
 from .keys import attempt_id
 from .packing import join_long
 
@@ -302,14 +302,15 @@ class Task(_Record):
             idempotency_key=f.get("idem_key") or None,
             state=TaskState(f["state"]),
             created_at=ms_to_dt(int(f["created_at"])),  # type: ignore[arg-type]
-            updated_at=ms_to_dt(int(f["updated_at"])) if f.get("updated_at") else None,
+            # Not stored while it is created_at (lua/enqueue.lua).
+            updated_at=ms_to_dt(int(f.get("updated_at") or f["created_at"])),
             fence=int(fence or 0),
             lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
             lease_pttl_ms=lease_pttl_ms if lease_pttl_ms is not None and lease_pttl_ms >= 0 else None,
             attempt_count=int(f.get("attempts") or 0),
             active_attempt=int(f["active"]) if f.get("active") else None,
-            retry_policy=expand("retry_policy", f["retry_policy"]) if f.get("retry_policy") else None,
-            budget=expand("budget", f["budget"]) if f.get("budget") else None,
+            retry_policy=expand("retry_policy", f.get("retry_policy") or OMITTED),
+            budget=expand("budget", f.get("budget") or OMITTED),
             manifest=Manifest.model_validate_json(manifest) if manifest else None,
             # The succeeded Attempt's result (a task written before kept a copy of its own).
             result=json.loads(f["result"]) if f.get("result") else

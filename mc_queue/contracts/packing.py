@@ -133,6 +133,27 @@ def _long_name(field: str) -> bool:
     return field.partition(".")[2] in LONG_FIELDS if field[:1].isdigit() else field in LONG_FIELDS
 
 
+def tombstone_record(task_id: str, entry: str, record: str, idem_key: str | None,
+                     request_id: str | None, now_ms: int) -> dict[str, Any] | None:
+    """A tombstone as its bucket entry holds it (``lua/includes/common.lua`` tomb_put) in the form a
+    tombstone key held it before (its JSON), or None once it has ended: a retired task's at the end of
+    its window, a purged one's a minute after the purge at the earliest."""
+    until_s, attempts, state, fence, _ref = entry.split(" ")
+    rec = json.loads(record)
+    until_ms, window = int(until_s), int(rec["window_ms"])
+    purged_at = until_ms - window
+    out: dict[str, Any] = {"task": task_id, "idem_key": idem_key or "", "reason": rec["reason"],
+                           "actor": rec["actor"], "purged_at": purged_at, "until_ms": until_ms,
+                           "attempts": int(attempts)}
+    if rec["kind"] == "purged":
+        out["request_id"] = request_id or ""
+        ends = purged_at + max(window, 60_000)
+    else:
+        out["state"], out["fence"] = state, int(fence)
+        ends = until_ms
+    return out if now_ms < ends else None
+
+
 def join_long(fields: Mapping[str, str]) -> dict[str, str]:
     """A task or Attempts hash as stored (HGETALL) with its chunked values joined and their chunk
     fields left out: what was written. ValueError names a chunk that is missing."""

@@ -592,7 +592,8 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "effects": r":t:[^:]+:[0-9A-Z]{26}:fx", "fence": r":t:[^:]+:[0-9A-Z]{26}:fence",
                 "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}",
                 "done": r":q:[^:]+:done", "held": r":q:[^:]+:held",
-                "samples": r":q:[^:]+:samples"}
+                "samples": r":q:[^:]+:samples", "tombs0": r":tombs:[^:]+:[0-9A-Z]{7}",
+                "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
     return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
 

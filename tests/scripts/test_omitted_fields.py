@@ -1,0 +1,67 @@
+"""A queued task stores no field that says nothing: its updated_at while it is its created_at, its fence
+counter before the first fence, a retry policy or budget at version 1's base. Every read returns what
+it returned when they were stored. Both sides of each boundary: the default left out / another value
+stored, before / after the first write that changes it, a task written before (the fields stored)."""
+
+from __future__ import annotations
+
+import mc_queue
+from mc_queue.contracts.config import Backoff, Budget, RetryPolicy
+from mc_queue.contracts.frozen import OMITTED, expand
+
+QUEUE = "jobs"
+HANDLER = "build.run"
+LEFT_OUT = ("updated_at", "fence", "retry_policy", "budget")
+
+
+def raw(q: mc_queue.Client, task_id: str) -> dict[str, str]:
+    return dict(q.redis.hgetall(q.keys.task(task_id).task))
+
+
+def test_a_default_task_stores_none_of_them_and_reads_them_back(q: mc_queue.Client) -> None:
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    assert not set(LEFT_OUT) & set(raw(q, t.id))
+    task = q.reads.get_task(t.id)
+    assert task.updated_at == task.created_at and task.fence == 0
+    assert task.retry_policy == expand("retry_policy", OMITTED) == expand("retry_policy", '{"$v":1}')
+    assert task.budget == expand("budget", OMITTED)
+    assert RetryPolicy.model_validate_json(task.retry_policy or "") == RetryPolicy()
+    assert Budget.model_validate_json(task.budget or "") == Budget()
+    # The first claim writes the fence and the update time.
+    lease = q.leases.claim_attempt(t.id, "w1")
+    fields = raw(q, t.id)
+    assert fields["fence"] == "1" == str(lease.fence) and int(fields["updated_at"]) >= int(fields["created_at"])
+    assert q.reads.get_task(t.id).fence == 1
+
+
+def test_a_policy_or_budget_other_than_the_default_is_stored(q: mc_queue.Client) -> None:
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1}, retry_policy=RetryPolicy(backoff=Backoff(base_s=2.0)),
+                           budget=Budget(max_attempts=2))
+    fields = raw(q, t.id)
+    assert fields["retry_policy"] != OMITTED and fields["budget"] == '{"$v":1,"max_attempts":2}'
+    task = q.reads.get_task(t.id)
+    assert Budget.model_validate_json(task.budget or "").max_attempts == 2
+    assert RetryPolicy.model_validate_json(task.retry_policy or "").backoff.base_s == 2.0
+
+
+def test_a_task_written_with_the_fields_reads_the_same_as_one_without(q: mc_queue.Client) -> None:
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    before = q.reads.get_task(t.id)
+    created = raw(q, t.id)["created_at"]
+    q.redis.hset(q.keys.task(t.id).task, mapping={"updated_at": created, "fence": "0", "retry_policy": OMITTED,
+                                                   "budget": OMITTED})
+    assert q.reads.get_task(t.id) == before
+    lease = q.leases.claim_attempt(t.id, "w1")  # the stored '0' counts up like the missing one
+    assert lease.fence == 1
+
+
+def test_a_packed_default_task_reads_them_back(q: mc_queue.Client) -> None:
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    lease = q.leases.claim_attempt(t.id, "w1")
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    live = q.reads.get_task(t.id)
+    while q.maintenance.pack_due(limit=10, min_age_ms=0):
+        pass
+    assert q.reads.is_packed(t.id)
+    assert q.reads.get_task(t.id) == live
+    assert live.retry_policy == expand("retry_policy", OMITTED) and live.budget == expand("budget", OMITTED)
