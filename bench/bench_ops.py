@@ -8,15 +8,15 @@ Run from the repository root::
    reads, and a multi-GB AOF of loaded data would only slow the load). For each ``--idle`` size
    (ascending, loaded incrementally into the same server) the server holds that many idle tasks:
    half succeeded (one Attempt, claimed and completed), half pending with their first Attempt due in
-   30 days (in the pending index and the outbox, both scored 30 days ahead). Idle tasks are written
+   30 days (in the pending index, scored 30 days ahead). Idle tasks are written
    by cloning two *template* tasks made through the public API (enqueue, claim, complete) with
    pipelined HSET/XADD/ZADD/HINCRBY, 1,000 tasks per pipeline: the same keys, fields and events the
    scripts write, under a new task id (the counts hash is kept consistent). Before every timed pass
    the due work is made fresh, untimed: ``--expired`` (10) tasks enqueued and claimed with a 1 ms
    lease (so they are expired by the pass: expire + reconcile with the default policy), and
    ``--due`` (10) tasks enqueued (first dispatch due now: the pass sends them to RQ in the same Redis).
-   Leftovers of earlier passes (retries in backoff, re-check entries) are removed from the outbox
-   first, so each pass sees exactly the same amount of due work. ``Sweeper(client).run_once()``
+   Leftovers of earlier passes (the due tasks an earlier pass dispatched) are removed from the pending
+   index first, so each pass sees exactly the same amount of due work. ``Sweeper(client).run_once()``
    (no app) is timed ``--passes`` times; empty passes (no due work) are timed too.
 2. **Live leases heartbeating.** A fresh private redis-server (AOF on, appendfsync everysec).
    ``--leases`` tasks are enqueued and claimed with a 10 s lease (pipelined EVALSHA of enqueue.lua and
@@ -62,7 +62,7 @@ QUEUE = "bench"
 HANDLER = "bench.noop"
 WORKER = "bench-worker"
 FAR_MS = 30 * 86_400_000  # idle pending tasks are due in 30 days
-CLEANUP_HORIZON_MS = 86_400_000  # outbox entries due within a day are leftovers of earlier passes
+CLEANUP_HORIZON_MS = 86_400_000  # pending entries due within a day are leftovers of earlier passes
 
 
 def now_ms(r: redis.Redis) -> int:
@@ -109,7 +109,6 @@ class IdleLoader:
         tk = q.keys.task(pend.id)
         admin.hset(tk.attempts, "1.due_at", far)
         admin.zadd(tk.pending, {pend.id: far})
-        admin.zadd(q.keys.outbox, {f"{pend.id}/1": far})
         self.loaded = 0
 
     def _read(self, tid: str) -> dict[str, Any]:
@@ -137,7 +136,6 @@ class IdleLoader:
                 pipe.xadd(tk.events, {k: v.replace(old, tid) for k, v in ev.items()})
             if kind == "pending":
                 pipe.zadd(tk.pending, {tid: far})
-                pipe.zadd(keys.outbox, {f"{tid}/1": far})
             counts[kind] += 1
             if (i + 1) % batch == 0:
                 pipe.execute()
@@ -155,15 +153,14 @@ class DueWork:
         self.q, self.admin, self.expired, self.due = q, admin, expired, due
 
     def clear(self) -> None:
-        """Drop leftovers of earlier passes: outbox entries due within a day (idle ones are 30 days out)."""
-        self.admin.zremrangebyscore(self.q.keys.outbox, "-inf", now_ms(self.admin) + CLEANUP_HORIZON_MS)
+        """Drop leftovers of earlier passes: pending entries due within a day (idle ones are 30 days out)."""
+        self.admin.zremrangebyscore(self.q.keys.pending(QUEUE), "-inf", now_ms(self.admin) + CLEANUP_HORIZON_MS)
 
     def make(self) -> None:
         self.clear()
         for i in range(self.expired):
             t = self.q.producer.enqueue(QUEUE, HANDLER, {"expire": i, "n": uuid.uuid4().hex})
             self.q.leases.claim_attempt(t.id, WORKER, lease_ms=1)
-            self.admin.zrem(self.q.keys.outbox, f"{t.id}/1")  # claim removed it already; be explicit
         for i in range(self.due):
             self.q.producer.enqueue(QUEUE, HANDLER, {"due": i, "n": uuid.uuid4().hex})
         time.sleep(0.005)  # the 1 ms leases are past expiry
@@ -216,7 +213,7 @@ def bench_sweeper(base: Path, sizes: list[int], args: argparse.Namespace) -> lis
                 "idle_tasks": size, "load_s": load_s, "load_tasks": max(need, 0),
                 "load_per_s": max(need, 0) / load_s if load_s > 0 and need > 0 else None,
                 "used_memory": mem, "used_memory_delta": mem - mem0, "dbsize": admin.dbsize(),
-                "outbox_len": admin.zcard(q.keys.outbox), "leases_len": admin.zcard(q.keys.leases),
+                "pending_len": admin.zcard(q.keys.pending(QUEUE)), "leases_len": admin.zcard(q.keys.leases),
                 "pass_ms": {"median": median(busy), "p95": p95(busy), "max": max(busy), "all": busy},
                 "empty_pass_ms": {"median": median(empty), "p95": p95(empty), "max": max(empty), "all": empty},
                 "per_pass": {k: v / args.passes for k, v in seen.items()},
@@ -248,7 +245,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             scripts.call("enqueue", {
                 **q.backend.ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, **tk.tomb_keys(),
+                "events": tk.events, "pending": tk.pending, **tk.tomb_keys(),
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench"}, client=pipe)
@@ -260,7 +257,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             scripts.call("claim", {
                 **q.backend.ns_keys(), "stats": keys.stats,
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
-                "events": tk.events, "pending": tk.pending, "outbox": keys.outbox, "fence": tk.fence,
+                "events": tk.events, "pending": tk.pending, "fence": tk.fence,
                 "lease": tk.lease, "paused": keys.paused,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
                 "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": ""}, client=pipe)

@@ -500,7 +500,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def diagnose_stuck(r: Run) -> list[str]:
-    """For each task not at rest when the settle ended: its outbox entry, its RQ job (status, worker,
+    """For each task not at rest when the settle ended: its last dispatch, its RQ job (status, worker,
     registries) and the worker log lines that name its Attempt, so that a failed run says why."""
     c = r.client
     out: list[str] = []
@@ -515,15 +515,15 @@ def diagnose_stuck(r: Run) -> list[str]:
             if t.state in AT_REST or t.latest is None:
                 continue
             aid = t.latest.id
-            score = c.redis.zscore(c.keys.outbox, aid)
+            at = c.redis.hget(c.keys.task(t.id).task, f"{t.latest.number}.dispatched_at")
             queue = rq_queue(rq, c.keys.prefix, t.queue)
             jid = job_id(c.keys.prefix, aid)
             job = {k.decode(): v.decode(errors="replace")[:80] for k, v in rq.hgetall(Job.key_for(jid)).items()
                    if k.decode() in ("status", "worker_name", "started_at", "enqueued_at", "last_heartbeat")}
             started = [(m.decode(), round(s - time.time())) for m, s in rq.zscan_iter(
                 queue.started_job_registry.key, match=f"{jid}:*")]
-            out.append(f"{aid}: attempt {t.latest.state.value}, dispatches {t.latest.dispatches}, outbox "
-                       f"{'none' if score is None else f'due in {int(score) - now_ms} ms'}; RQ job {job or 'none'}, "
+            out.append(f"{aid}: attempt {t.latest.state.value}, dispatches {t.latest.dispatches}, last dispatch "
+                       f"{'none' if at is None else f'{now_ms - int(at)} ms ago'}; RQ job {job or 'none'}, "
                        f"in list at {rq.lpos(queue.key, jid)}, started registry (member, s left) {started}; "
                        f"events {[e.type for e in t.events]}")
             for log in sorted(r.fleet.log_dir.glob("*.log")):

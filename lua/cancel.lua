@@ -12,13 +12,12 @@
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
 -- KEYS[8] pending    the queue's pending index
--- KEYS[9] outbox     attempts waiting to be dispatched to the transport
--- KEYS[10] cancels   running attempts with a cancel request (attempt id -> deadline ms)
--- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
--- KEYS[12] attention attention items (a blocked task's item is resolved by its cancellation)
--- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
--- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[15] topack    finished tasks whose history the sweeper packs
+-- KEYS[9] cancels    running attempts with a cancel request (attempt id -> deadline ms)
+-- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[11] attention attention items (a blocked task's item is resolved by its cancellation)
+-- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
@@ -31,8 +30,8 @@
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
-  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], cancels = KEYS[10],
-  stats = KEYS[11], attention = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], cancels = KEYS[9],
+  stats = KEYS[10], attention = KEYS[11], done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
@@ -67,7 +66,6 @@ if astate == 'pending' then
   aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts, 'settled_by', 'cancel'})
 end
 redis.call('ZREM', K.pending, task_id)
-redis.call('ZREM', K.outbox, task_id .. '/' .. n)
 redis.call('HSET', K.task, 'state', 'canceled', 'active', '')
 redis.call('HDEL', K.attention, task_id)
 move_count(K.counts, queue, state, 'canceled')

@@ -14,12 +14,11 @@
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
--- KEYS[10] outbox    attempts waiting to be dispatched to the transport
--- KEYS[11] stats     counters for metrics (refusals, expiries, decisions; here also the wait histogram:
+-- KEYS[10] stats     counters for metrics (refusals, expiries, decisions; here also the wait histogram:
 --                    wait|<queue>|<handler>|<bucket>, wait_ms|<queue>|<handler>)
--- KEYS[12] fence     the task's fence counter
--- KEYS[13] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
--- KEYS[14] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
+-- KEYS[11] fence     the task's fence counter
+-- KEYS[12] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
+-- KEYS[13] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
 -- ARGV[1] worker     worker id
 -- ARGV[2] lease_ms   lease length, or '' for the task's own
 -- ARGV[3] epoch      namespace epoch the client knows
@@ -40,8 +39,8 @@
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
-  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
-  stats = KEYS[11], fence = KEYS[12], lease = KEYS[13], paused = KEYS[14]}
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
+  stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
@@ -115,7 +114,6 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
-redis.call('ZREM', K.outbox, aid)
 move_count(K.counts, queue, state, 'running')
 -- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).

@@ -9,13 +9,12 @@
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
 -- KEYS[8] pending    the queue's pending index
--- KEYS[9] outbox     attempts waiting to be dispatched to the transport
--- KEYS[10] dlq       quarantined tasks
--- KEYS[11] attention attention items
--- KEYS[12] stats     counters for metrics (refusals, expiries, decisions)
--- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
--- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[15] topack    finished tasks whose history the sweeper packs
+-- KEYS[9] dlq        quarantined tasks
+-- KEYS[10] attention attention items
+-- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] reason      why it may run again (>= 10 characters)
 -- ARGV[2] hypothesis  what is different now
 -- ARGV[3] actor
@@ -28,8 +27,8 @@
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
-  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], dlq = KEYS[10],
-  attention = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], dlq = KEYS[9],
+  attention = KEYS[10], stats = KEYS[11], done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
@@ -59,7 +58,6 @@ aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', ts, 'prev',
   'create_req', A.request_id})
 redis.call('HSET', K.task, 'state', 'pending', 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, ts, t[1])
-redis.call('ZADD', K.outbox, ts, t[1] .. '/' .. m)
 redis.call('ZREM', K.dlq, t[1])
 redis.call('HDEL', K.attention, t[1])
 move_count(K.counts, t[2], 'quarantined', 'pending')

@@ -12,11 +12,10 @@
 -- KEYS[8] attempts   attempts hash
 -- KEYS[9] events     task event stream
 -- KEYS[10] pending   the queue's pending index
--- KEYS[11] outbox    attempts waiting to be dispatched to the transport
--- KEYS[12] tomb      tombstone of this task id as versions before 2026-12 kept it (still read)
--- KEYS[13] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
--- KEYS[14] tombs1
--- KEYS[15] tombs2
+-- KEYS[11] tomb      tombstone of this task id as versions before 2026-12 kept it (still read)
+-- KEYS[12] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
+-- KEYS[13] tombs1
+-- KEYS[14] tombs2
 -- ARGV[1] task_id
 -- ARGV[2] queue
 -- ARGV[3] handler
@@ -46,8 +45,8 @@
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
-  counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10],
-  outbox = KEYS[11], tomb = KEYS[12], tombs0 = KEYS[13], tombs1 = KEYS[14], tombs2 = KEYS[15]}
+  counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10], tomb = KEYS[11],
+  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 -- A retry policy or budget at version 1's base: not stored (mc_queue.contracts.frozen.OMITTED).
@@ -144,7 +143,6 @@ if A.idem_key ~= '' then
 end
 redis.call('SADD', K.queues, A.queue)
 redis.call('ZADD', K.pending, tss, A.task_id)
-redis.call('ZADD', K.outbox, tss, A.task_id .. '/1')
 move_count(K.counts, A.queue, '', 'pending')
 -- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
 -- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,

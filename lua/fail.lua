@@ -15,14 +15,13 @@
 -- KEYS[9] pending    the queue's pending index
 -- KEYS[10] attention attention items (task id -> JSON)
 -- KEYS[11] dlq       quarantined tasks (task id -> time)
--- KEYS[12] outbox    attempts waiting to be dispatched to the transport
--- KEYS[13] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
+-- KEYS[12] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
 --                    fin|<queue>|<handler>|failed|<bucket>, fin_ms|<queue>|<handler>)
--- KEYS[14] fence     the task's fence counter
--- KEYS[15] lease     the task's lease key
--- KEYS[16] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
--- KEYS[17] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[18] topack    finished tasks whose history the sweeper packs
+-- KEYS[13] fence     the task's fence counter
+-- KEYS[14] lease     the task's lease key
+-- KEYS[15] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[16] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[17] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -56,8 +55,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
-  dlq = KEYS[11], outbox = KEYS[12], stats = KEYS[13], fence = KEYS[14], lease = KEYS[15],
-  done = KEYS[16], held = KEYS[17], topack = KEYS[18]}
+  dlq = KEYS[11], stats = KEYS[12], fence = KEYS[13], lease = KEYS[14],
+  done = KEYS[15], held = KEYS[16], topack = KEYS[17]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

@@ -1,22 +1,24 @@
 -- mc_queue: mark_dispatched
--- After an Attempt was handed to the transport (an RQ job), push its outbox entry to the time it
--- should be checked again. A claim removes the entry; if none comes by then, the sweeper sends the
--- same job again (same job id: a duplicate message is refused by the claim, never run twice). An
--- entry whose Attempt is no longer pending (or whose task is gone) is dropped.
+-- After an Attempt was handed to the transport (an RQ job), or found still waiting there, record it:
+-- its dispatch count and the time (dispatched_at). The sweeper walks each queue's pending index and
+-- sends again the Attempts nobody claimed within its recheck time of that dispatch (same job id: a
+-- duplicate message is refused by the claim, never run twice). An Attempt that is no longer pending
+-- (or whose task is gone) is left alone. Versions before 2026-12 kept a dispatch schedule of its own
+-- (the outbox): its entry for the Attempt is dropped here, so that it drains.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
--- KEYS[4] outbox     attempts waiting to be dispatched
+-- KEYS[4] outbox     the old dispatch schedule (drained)
 -- KEYS[5] task       task hash
 -- KEYS[6] attempts   attempts hash of the task
--- ARGV[1] member     the outbox member: "<task id>/<attempt number>"
--- ARGV[2] recheck_ms when to look again if nobody claimed it
+-- ARGV[1] member     the Attempt: "<task id>/<attempt number>"
+-- ARGV[2] recheck_ms when it is due to be looked at again if nobody claimed it (reported)
 -- ARGV[3] actor
 -- ARGV[4] epoch
--- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, or an orphan dropped)
+-- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, or no such task)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
--- Events: orphan_index_entry (nslog)
--- Idempotent: yes
+-- Events: orphan_index_entry (nslog, an old schedule's entry naming no task)
+-- Idempotent: yes (a resend counts one more dispatch: a count, never a state)
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], outbox = KEYS[4], task = KEYS[5],
@@ -33,22 +35,18 @@ local n = string.match(A.member, '/(%d+)$')
 if not n or #n > 7 then return {'E_BADARG', "member must be '<task id>/<attempt number>'"} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-if not redis.call('ZSCORE', K.outbox, A.member) then return {'NOOP', 'not in the outbox'} end
 local id = redis.call('HGET', K.task, 'id')
 if id and id .. '/' .. n ~= A.member then return {'E_BADARG', 'member names another task than the keys'} end
+local old = redis.call('ZSCORE', K.outbox, A.member)
 if not id then
-  drop_orphan(K.outbox, K.nslog, A.member, 'no such task', A.actor)
-  return {'NOOP', 'no such task: outbox entry dropped'}
+  if old then drop_orphan(K.outbox, K.nslog, A.member, 'no such task', A.actor) end
+  return {'NOOP', 'no such task'}
 end
+if old then redis.call('ZREM', K.outbox, A.member) end
 local state = aget(K.attempts, n, 'state')
-if state ~= 'pending' then
-  redis.call('ZREM', K.outbox, A.member)
-  return {'NOOP', 'attempt is ' .. tostring(state)}
-end
+if state ~= 'pending' then return {'NOOP', 'attempt is ' .. tostring(state)} end
 local ts = now_ms()
 local due = tonumber(aget(K.attempts, n, 'due_at') or '0') or 0
-local at = math.max(ts, due) + A.recheck_ms
-redis.call('ZADD', K.outbox, at, A.member)
 redis.call('HINCRBY', K.attempts, n .. '.dispatches', 1)
 aset(K.attempts, n, {'dispatched_at', ts})
-return {'OK', at}
+return {'OK', math.max(ts, due) + A.recheck_ms}

@@ -13,14 +13,13 @@
 -- KEYS[7] attempts   attempts hash
 -- KEYS[8] events     task event stream
 -- KEYS[9] pending    the queue's pending index
--- KEYS[10] outbox    attempts waiting to be dispatched to the transport
--- KEYS[11] attention attention items (task id -> JSON)
--- KEYS[12] dlq       quarantined tasks (task id -> time)
--- KEYS[13] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
+-- KEYS[10] attention attention items (task id -> JSON)
+-- KEYS[11] dlq       quarantined tasks (task id -> time)
+-- KEYS[12] stats     counters for metrics (refusals, expiries, decisions; here also the finished Attempt:
 --                    fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|<queue>|<handler>)
--- KEYS[14] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
--- KEYS[15] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[16] topack    finished tasks whose history the sweeper packs
+-- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[15] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -47,8 +46,8 @@
 --@include decisions
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
-  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], outbox = KEYS[10],
-  attention = KEYS[11], dlq = KEYS[12], stats = KEYS[13], done = KEYS[14], held = KEYS[15], topack = KEYS[16]}
+  task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
+  attention = KEYS[10], dlq = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

@@ -10,12 +10,11 @@
 -- KEYS[6] attempts   attempts hash
 -- KEYS[7] events     task event stream
 -- KEYS[8] pending    the queue's pending index
--- KEYS[9] outbox     attempts waiting to be dispatched to the transport
--- KEYS[10] attention attention items (resolved by this decision)
--- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
--- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
--- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[14] topack    finished tasks whose history the sweeper packs
+-- KEYS[9] attention  attention items (resolved by this decision)
+-- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
+-- KEYS[11] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
+-- KEYS[12] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[13] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] reason      why another Attempt (>= 10 characters)
 -- ARGV[2] hypothesis  what is different this time, or ''
 -- ARGV[3] actor       who decides (operator, policy)
@@ -29,8 +28,8 @@
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
-  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], outbox = KEYS[9], attention = KEYS[10],
-  stats = KEYS[11], done = KEYS[12], held = KEYS[13], topack = KEYS[14]}
+  attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], attention = KEYS[9],
+  stats = KEYS[10], done = KEYS[11], held = KEYS[12], topack = KEYS[13]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
@@ -73,7 +72,6 @@ aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev'
   'retry_by', A.actor})
 redis.call('HSET', K.task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, due, task_id)
-redis.call('ZADD', K.outbox, due, task_id .. '/' .. m)
 redis.call('HDEL', K.attention, task_id)
 move_count(K.counts, queue, state, new_state)
 index_end(K, task_id, state, new_state, ts)

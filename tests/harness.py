@@ -195,7 +195,7 @@ class Harness(WorkerHarness):
         return Queue(rq_queue_name(self.prefix, queue), connection=self.rq, serializer=JSONSerializer)
 
     def enqueue_undispatched(self, app_client: AppClient, handler: str, payload: Any) -> Task:
-        """A task as AppClient.enqueue makes it, but not yet sent to RQ (its Attempt waits in the outbox)."""
+        """A task as AppClient.enqueue makes it, but not yet sent to RQ (the sweeper's dispatch walk sends it)."""
         spec = app_client.app.spec(handler)
         return self.client.producer.enqueue(spec.queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
                                    lease_ms=spec.lease_ms, timeout_s=spec.timeout_s)

@@ -66,7 +66,6 @@ local function apply_decision(K, task_id, queue, n, from_state, d, actor, ts)
       'hypothesis', d.next_hypothesis, 'retry_by', actor})
     redis.call('HSET', K.task, 'state', state, 'attempts', m, 'active', m, 'updated_at', ts)
     redis.call('ZADD', K.pending, due, task_id)
-    redis.call('ZADD', K.outbox, due, task_id .. '/' .. m)
     emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', actor, 'reason', reason,
       'hypothesis', d.next_hypothesis, 'due_at', due, 'delay_ms', d.delay_ms, 'decision', d.why})
   else

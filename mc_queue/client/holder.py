@@ -63,7 +63,7 @@ class LeaseHolder(Role):
             return self._run("claim", {
                 **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
                 "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                "outbox": self.keys.outbox, "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
+                "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
             }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
                 "request_id": req, "expect_n": expect_attempt, "with_task": "1" if with_task else ""})
 
@@ -138,7 +138,7 @@ class LeaseHolder(Role):
         reply = self._run("fail", {
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
             "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-            "attention": self.keys.attention, "dlq": self.keys.dlq, "outbox": self.keys.outbox, "fence": tk.fence,
+            "attention": self.keys.attention, "dlq": self.keys.dlq, "fence": tk.fence,
             "lease": tk.lease, **self._end_keys(tk),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "failure": text,
             "failure_digest": digest(text), "fclass": f.failure_class.value, "fingerprint": f.fingerprint,

@@ -40,7 +40,7 @@ class Operator(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("retry", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
-                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox,
+                "events": tk.events, "pending": tk.pending,
                 "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
                 "delay_ms": delay_ms, "epoch": epoch})
@@ -60,7 +60,7 @@ class Operator(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("cancel", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
-                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "cancels": self.keys.cancels,
+                "events": tk.events, "pending": tk.pending, "cancels": self.keys.cancels,
                 "stats": self.keys.stats, "attention": self.keys.attention, **self._end_keys(tk),
             }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": ack_timeout_ms, "epoch": epoch})
 
@@ -79,7 +79,7 @@ class Operator(Role):
         def call(epoch: str) -> list[Any]:
             return self._run("dlq_replay", {
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
-                "events": tk.events, "pending": tk.pending, "outbox": self.keys.outbox, "dlq": self.keys.dlq,
+                "events": tk.events, "pending": tk.pending, "dlq": self.keys.dlq,
                 "attention": self.keys.attention, "stats": self.keys.stats, **self._end_keys(tk),
             }, {"reason": reason, "hypothesis": hypothesis or "", "actor": actor or self.actor, "request_id": req,
                 "epoch": epoch})
@@ -205,7 +205,7 @@ class Operator(Role):
             return self._run("reconcile_settle", {
                 **self._ns_keys(), "counts": self.keys.counts, "suspect": self.keys.suspect, "task": tk.task,
                 "attempts": tk.attempts_v1, "stats": self.keys.stats, "events": tk.events, "pending": tk.pending,
-                "outbox": self.keys.outbox, "attention": self.keys.attention, "dlq": self.keys.dlq,
+                "attention": self.keys.attention, "dlq": self.keys.dlq,
                 **self._end_keys(tk),
             }, {**argv, "epoch": epoch})
 

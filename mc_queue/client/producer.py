@@ -85,7 +85,7 @@ class Producer(Role):
             return self._run("enqueue", {
                 **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
                 "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                "outbox": self.keys.outbox, **tk.tomb_keys(),
+                **tk.tomb_keys(),
             }, {**argv, "epoch": epoch})
 
         reply = self._with_epoch(call)

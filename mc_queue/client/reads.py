@@ -288,7 +288,8 @@ class Reads(Role):
 
     def overview(self) -> dict[str, Any]:
         """Namespace-wide figures from the indexes (no scan of tasks): live leases, suspect or
-        reconciling Attempts, attention items, quarantined tasks, dispatches due, namespace state."""
+        reconciling Attempts, attention items, quarantined tasks, Attempts claimable and not claimed
+        (outbox_due), namespace state."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.zcard(self.keys.leases)
         pipe.zcard(self.keys.suspect)
@@ -297,7 +298,11 @@ class Reads(Role):
         pipe.time()
         leases, suspect, attention, dlq, (now_s, now_us) = pipe.execute()
         now = int(now_s) * 1000 + int(now_us) // 1000
-        due = int(self.redis.zcount(self.keys.outbox, "-inf", now))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcount(self.keys.outbox, "-inf", now)  # (an outbox of versions before 2026-12, draining)
+        for q in self.queues():
+            pipe.zcount(self.keys.pending(q), "-inf", now)
+        due = sum(int(c) for c in pipe.execute())  # claimable and not claimed: sent, or due to be
         info = self.namespace()
         return {"leases_live": int(leases), "suspect": int(suspect), "attention": int(attention),
                 "quarantined": int(dlq), "outbox_due": due, "namespace_state": info.state,

@@ -21,7 +21,9 @@ Key schema (``P`` = ``{prefix}``)::
     P:suspect              zset   attempt id -> time it turned suspect (ms)
     P:attention            hash   task id -> attention item JSON (what was tried, why stop)
     P:dlq                  zset   task id -> time it was quarantined
-    P:outbox               zset   attempt id -> when to (re)dispatch it to the transport (ms)
+    P:outbox               zset   attempt id -> when to (re)dispatch it (ms), as versions before 2026-12 kept the
+                                  dispatch schedule: drained by the sweeper (mark_dispatched drops each entry);
+                                  the sweeper walks the pending indexes instead
     P:cancels              zset   attempt id -> deadline for the executor to acknowledge a cancel (ms)
     P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions, and
                                   the Attempt histograms (wait|<queue>|<handler>|<bucket>, wait_ms|..., at
@@ -33,7 +35,9 @@ Key schema (``P`` = ``{prefix}``)::
                                   by a thread of the worker process: gone soon after the process dies
     P:w:<worker id>:seen   string the same value, PX a day, refreshed with it: this worker keeps a liveness key
                                   (so its absence means dead, not a worker that never kept one)
-    P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms)
+    P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms); the sweeper walks it
+                                  to send what was never dispatched or not claimed in time (its Attempt's
+                                  dispatched_at)
     P:q:<queue>:done       zset   finished task (succeeded, canceled) -> when it finished (ms): retention
                                   by age and count, and ``mcq tasks --state succeeded``
     P:q:<queue>:held       zset   task waiting for a person (failed, blocked, quarantined) -> since when (ms);

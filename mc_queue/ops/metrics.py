@@ -45,7 +45,7 @@ mcq_leases_live                            running Attempts holding a lease
 mcq_attempts_suspect                       Attempts suspect or reconciling
 mcq_attention_items                        tasks stopped for a person
 mcq_quarantined_tasks                      tasks in the dead-letter queue
-mcq_outbox_due                             dispatches due now (unclaimed or after backoff)
+mcq_outbox_due                             Attempts claimable now and not claimed (dispatched, or due to be)
 mcq_redis_memory_used_bytes                Redis ``used_memory`` (absent when INFO is not allowed)
 mcq_redis_memory_max_bytes                 Redis ``maxmemory`` (0: no limit)
 mcq_sweeper_last_pass_timestamp_seconds    end of the last sweeper pass, Unix time of the sweeper's
@@ -154,7 +154,7 @@ class NamespaceCollector(Collector):
             ("mcq_attempts_suspect", "Attempts suspect or reconciling", ov["suspect"]),
             ("mcq_attention_items", "Tasks stopped for a person", ov["attention"]),
             ("mcq_quarantined_tasks", "Tasks in the dead-letter queue", ov["quarantined"]),
-            ("mcq_outbox_due", "Dispatches due now", ov["outbox_due"]),
+            ("mcq_outbox_due", "Attempts claimable now and not claimed (dispatched, or due to be)", ov["outbox_due"]),
         ):
             yield GaugeMetricFamily(name, doc, value=float(value))
         yield from self._memory()

@@ -6,9 +6,11 @@ Each pass:
    voids the leases of executors that did not acknowledge a cancel in time;
 2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
    (with no side effect recorded, a vanished worker's Attempt settles as an executor failure);
-3. sends the outbox: Attempts whose dispatch never got claimed, and retries whose backoff is over
-   (a job RQ still holds waiting or running is not pushed again; Attempts of a paused queue stay
-   in the outbox until it is resumed);
+3. walks each queue's pending index (a page a pass, in order of due time) and sends the Attempts
+   that are claimable and were never dispatched (retries whose backoff is over) or whose dispatch
+   was not claimed within ``recheck_ms`` (a job RQ still holds waiting or running is not pushed
+   again; a paused queue's are sent once it is resumed); an outbox of versions before 2026-12 is
+   drained the way it was sent;
 4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
    settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
    longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those);
@@ -93,6 +95,7 @@ class Sweeper:
         self.claim_grace_ms = claim_grace_ms
         self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
+        self._walk: dict[str, int] = {}  # queue -> rank in its pending index where the dispatch walk goes on
         self._tidied_at = float("-inf")
         self.archive = archive
         self.pack_after_ms = pack_after_ms
@@ -195,14 +198,29 @@ class Sweeper:
                 report.errors.append(f"{aid}: {type(exc).__name__}: {exc}")
 
     def _due_unpaused(self, report: SweepReport) -> list[str]:
-        """Up to a batch of due dispatches of queues that are not paused. A paused queue's entries stay
-        in the outbox (dispatched after `mcq queue resume`, listed in ``report.paused``); when they fill
-        the head of the outbox, the page grows past them (up to MAX_DUE_PAGE entries a pass) so that
-        other queues' Attempts are not held back."""
+        """Up to a batch of due dispatches of queues that are not paused: a page of each queue's
+        dispatch walk (``Maintenance.dispatch_walk``), then what is due in an outbox of versions before
+        2026-12. A paused queue's due Attempts are not sent (listed in ``report.paused``; sent after
+        `mcq queue resume`); nor are its old outbox entries, and when they fill the head of the outbox
+        the page grows past them (up to MAX_DUE_PAGE entries a pass) so that other queues' are not held
+        back."""
+        paused = set(self.client.reads.paused_queues())  # read once per pass
+        walked: list[str] = []
+        for queue in sorted(self.client.reads.queues()):
+            if len(walked) >= self.batch:
+                break
+            page, self._walk[queue] = self.client.maintenance.dispatch_walk(
+                queue, offset=self._walk.get(queue, 0), limit=self.batch, recheck_ms=self.recheck_ms)
+            if queue in paused:
+                report.paused.extend(page)  # not sent: after `mcq queue resume`
+            else:
+                walked += page
+        return walked[:self.batch] + self._old_outbox(report, paused)
+
+    def _old_outbox(self, report: SweepReport, paused: set[str]) -> list[str]:
         limit = self.batch
         due = self.client.maintenance.due_dispatches(limit=limit)
-        paused = set(self.client.reads.paused_queues()) if due else set()  # read once per pass
-        if not paused:
+        if not paused or not due:
             return due
 
         def held(aid: str) -> bool:

@@ -20,6 +20,7 @@ from rq.job import Job
 
 from mc_queue import TaskState
 from mc_queue.contracts.models import AttemptState, FailureClass
+from mc_queue.ops.sweeper import Sweeper
 from mc_queue.producer.transport import ENTRY, job_id
 from mc_queue.testing import RedisServer
 from tests.harness import BASIC, FAULTY, Harness, events, harness_fixture, proc_state, redis_ms, wait_for
@@ -102,7 +103,10 @@ def test_late_message_for_an_earlier_attempt_does_not_run_the_next_one(h: Harnes
 
 @pytest.mark.parametrize("loss", ["job-hash", "queue-entry"])
 def test_lost_message_is_sent_again_from_the_outbox(h: Harness, loss: str) -> None:
+    """The outbox is the pending index and each Attempt's dispatch time: the sweeper's walk sends again
+    an Attempt nobody claimed within its recheck time of the last dispatch."""
     recheck_ms = 800
+    sweeper = Sweeper(h.client, recheck_ms=recheck_ms)
     task = h.enqueue_undispatched(h.basic, "noop", {})
     attempt = task.attempts[0]
     h.basic.dispatch(task, attempt, recheck_ms=recheck_ms)
@@ -118,14 +122,15 @@ def test_lost_message_is_sent_again_from_the_outbox(h: Harness, loss: str) -> No
     lost = h.task(task.id)
     assert lost.state is TaskState.PENDING and lost.attempts[0].state is AttemptState.PENDING
     assert events(lost, "attempt_claimed") == []
-    assert h.client.redis.zscore(h.client.keys.outbox, attempt.id) is not None, "the outbox forgot the Attempt"
+    assert h.client.redis.zscore(h.client.keys.pending("jobs"), task.id) is not None, "the index forgot the task"
+    assert lost.attempts[0].dispatches == 1
 
     # Before the recheck time the sweeper leaves it alone; after it, it sends the same job again.
-    recheck_at = int(h.client.redis.zscore(h.client.keys.outbox, attempt.id) or 0)
+    recheck_at = int(h.client.redis.hget(h.client.keys.task(task.id).task, "1.dispatched_at") or 0) + recheck_ms
     if redis_ms(h.client.redis) < recheck_at - 100:
-        assert h.sweeper.run_once().dispatched == []
-    wait_for(lambda: redis_ms(h.client.redis) >= recheck_at, 5, "the outbox recheck time")
-    assert h.sweeper.run_once().dispatched == [attempt.id]
+        assert sweeper.run_once().dispatched == []
+    wait_for(lambda: redis_ms(h.client.redis) >= recheck_at, 5, "the recheck time")
+    assert sweeper.run_once().dispatched == [attempt.id]
     assert q.job_ids == [jid]
     h.run_worker("simple")
 
@@ -133,8 +138,8 @@ def test_lost_message_is_sent_again_from_the_outbox(h: Harness, loss: str) -> No
     assert final.state is TaskState.SUCCEEDED
     assert len(final.attempts) == 1 and final.attempts[0].dispatches == 2
     assert len(events(final, "attempt_claimed")) == 1 and events(final, "claim_refused") == []
-    assert h.client.redis.zscore(h.client.keys.outbox, attempt.id) is None
-    assert h.sweeper.run_once().dispatched == []
+    assert h.client.redis.zscore(h.client.keys.pending("jobs"), task.id) is None
+    assert sweeper.run_once().dispatched == []
 
 
 # --------------------------------------------------------------------------- 5. frozen worker

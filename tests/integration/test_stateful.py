@@ -40,7 +40,7 @@ sleep so that Redis's clock has certainly passed it; the same holds for retry de
 windows. The retry policies frozen into tasks use a backoff below 1 ms, so a policy's retry is due
 at once; nothing else depends on wall-clock time.
 
-Not covered: cost and token charges, the outbox's re-dispatch (mark_dispatched), index_drop, and
+Not covered: cost and token charges, the sweeper's re-dispatch (dispatch_walk, mark_dispatched), index_drop, and
 the state-loss signals other than a vanished meta (a fence ahead with its claim record, a claim
 sequence gone backwards, an epoch Redis never issued, a restart of redis-server).
 
@@ -1644,6 +1644,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _check_indexes(self) -> None:
         """The time indexes, the pending queues, the DLQ and the attention items hold exactly the
         attempts and tasks whose state they are for."""
+        # (the outbox of versions before 2026-12 stays empty: a pending Attempt is in its queue's index only)
         want: dict[str, set[str]] = {"leases": set(), "suspect": set(), "cancels": set(), "outbox": set()}
         pending: dict[str, set[str]] = {q: set() for q in QUEUES}
         for t in self.model.values():
@@ -1655,7 +1656,6 @@ class QueueMachine(RuleBasedStateMachine):
             elif state in ("suspect", "reconciling"):
                 want["suspect"].add(aid)
             elif state == "pending":
-                want["outbox"].add(aid)
                 pending[t.queue].add(t.id)
         for index, members in want.items():
             got = set(self.q.reads.task_ids_of(index, limit=10_000))

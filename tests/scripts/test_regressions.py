@@ -159,7 +159,9 @@ def test_3_a_sweeper_pass_never_stops_on_a_bad_index_entry(q: mc_queue.Client) -
     assert report.errors == []
     for index in ("leases", "suspect", "outbox", "cancels"):
         left = q.redis.zrange(getattr(q.keys, index), 0, -1)
-        assert left == ([f"{dead.task_id}/2"] if index == "outbox" else []), (index, left)  # only real work
+        assert left == [], (index, left)
+    # The real work: the retry waits in the pending index, where the dispatch walk finds it when it is due.
+    assert q.redis.zscore(q.keys.pending("jobs"), dead.task_id) is not None
     orphans = [e for e in q.reads.namespace_events() if e["type"] == "orphan_index_entry"]
     assert len(orphans) == 16 and {e["member"] for e in orphans} >= {"garbage", ghost}
 
