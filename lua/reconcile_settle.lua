@@ -19,7 +19,6 @@
 --                    fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
--- KEYS[15] topack    finished tasks whose history the sweeper packs
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -47,7 +46,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
-  attention = KEYS[10], dlq = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], topack = KEYS[15]}
+  attention = KEYS[10], dlq = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

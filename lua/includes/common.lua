@@ -517,18 +517,17 @@ local TASK_STATES = {'pending', 'running', 'backoff', 'succeeded', 'failed', 'bl
 local HELD = {failed = true, blocked = true, quarantined = true}
 local DONE = {succeeded = true, canceled = true}
 
--- Keep the queue's finished and held indexes in step with a task's move (K.done, K.held, K.topack):
--- a task that finished enters done (retention) and topack (the sweeper packs its history); one that
--- waits for a person enters held, and leaves it when a retry, a replay or a cancel takes it out.
+-- Keep the queue's finished and held indexes in step with a task's move (K.done, K.held): a task
+-- that finished enters done (retention; the sweeper walks it to pack the task's history a minute
+-- later: Maintenance.pack_due); one that waits for a person enters held, and leaves it when a retry,
+-- a replay or a cancel takes it out.
 local function index_end(K, task_id, from, to, ts)
   if from == to then return end
   if HELD[from] and not HELD[to] then redis.call('ZREM', K.held, task_id) end
   if HELD[to] then
     redis.call('ZADD', K.held, fmt(ts), task_id)
   elseif DONE[to] then
-    local ts_s = fmt(ts)  -- a number handed to redis.call is formatted by Lua's '%.14g': dearer, once
-    redis.call('ZADD', K.done, ts_s, task_id)
-    redis.call('ZADD', K.topack, ts_s, task_id)
+    redis.call('ZADD', K.done, fmt(ts), task_id)
   end
 end
 

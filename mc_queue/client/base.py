@@ -49,8 +49,8 @@ class Role:
         return self.backend.epoch()
 
     def _end_keys(self, tk: TaskKeys) -> dict[str, str]:
-        """The indexes a task's end moves (lua index_end): its queue's done and held, and topack."""
-        return {"done": tk.done, "held": tk.held, "topack": self.keys.topack}
+        """The indexes a task's end moves (lua index_end): its queue's done and held."""
+        return {"done": tk.done, "held": tk.held}
 
     def _ns_keys(self) -> dict[str, str]:
         return self.backend.ns_keys()

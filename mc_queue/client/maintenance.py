@@ -208,29 +208,68 @@ class Maintenance(Role):
 
     def pack_due(self, *, limit: int = 200, min_age_ms: int = PACK_AFTER_MS) -> int:
         """Pack the history of up to ``limit`` tasks that finished at least ``min_age_ms`` ago (Redis's
-        clock) into one compressed document each (``lua/pack.lua``). Returns how many were packed."""
+        clock) into one compressed document each (``lua/pack.lua``). Returns how many were packed.
+
+        First the tasks to try again (one that changed between its read and its pack; and what a version
+        before 2026-12 listed in its topack index), then each queue's done index, walked in order of
+        finishing from where the last walk ended (the sweeper hash's ``pack|<queue>``: the score reached
+        and how many entries with that score were walked), at most ten pages of ``limit`` a call."""
         check_int(limit, what="limit", low=1, high=10_000)
         cutoff = self.backend.redis_time_ms() - check_int(min_age_ms, what="min_age_ms", high=365 * 86_400_000)
         ids = [str(m) for m in self.redis.zrangebyscore(self.keys.topack, "-inf", cutoff, start=0, num=limit)]
-        return self.pack_tasks(ids) if ids else 0
+        packed = self.pack_tasks(ids) if ids else 0
+        for queue in sorted(cast(set[str], self.redis.smembers(self.keys.queues))):
+            pages = 0
+            while packed < limit and pages < 10:
+                pages += 1
+                got, more = self._pack_page(queue, cutoff, limit)
+                packed += got
+                if not more:
+                    break
+        return packed
+
+    def _pack_page(self, queue: str, cutoff: int, limit: int) -> tuple[int, bool]:
+        """Pack the next page of the queue's done index walk; returns how many were packed and whether
+        the walk may go on (the page was full)."""
+        where = f"pack|{queue}"
+        at = str(self.redis.hget(self.keys.sweeper, where) or "-inf 0").split(" ")
+        score, skip = (at[0], int(at[1])) if len(at) == 2 and at[1].isdecimal() else ("-inf", 0)
+        page = cast(list[tuple[str, float]], self.redis.zrangebyscore(
+            self.keys.done(queue), score, cutoff, start=skip, num=limit, withscores=True))
+        if not page:
+            return 0, False
+        pipe = self.redis.pipeline(transaction=False)
+        keys = [(str(tid), self._task_keys_or_none(str(tid))) for tid, _ in page]
+        for _, tk in keys:
+            pipe.hget(tk.task if tk else self.keys.nowhere().task, "packed")
+        todo = [tid for (tid, tk), done in zip(keys, pipe.execute(), strict=True) if tk is not None and not done]
+        packed = self.pack_tasks(todo) if todo else 0
+        last = page[-1][1]
+        same = sum(1 for _, s in page if s == last)
+        reached = f"{int(last)} {skip + same if str(int(last)) == score else same}"
+        self.redis.hset(self.keys.sweeper, where, reached)
+        return packed, len(page) == limit
 
     def pack_tasks(self, ids: Sequence[str]) -> int:
         """Pack these finished tasks' histories now (each only if it is finished and unchanged since read).
         Returns how many were packed; the others are left as they are."""
         read = self.redis.pipeline(transaction=False)
         keys: list[TaskKeys] = []
+        named: list[str] = []
         for tid in ids:
             tk = self._task_keys_or_none(tid)
             if tk is None:
                 self.redis.zrem(self.keys.topack, tid)
                 continue
             keys.append(tk)
+            named.append(tid)
             read.hgetall(tk.task)
             read.hgetall(tk.attempts_v1)
             read.lrange(tk.events, 0, -1)
             read.hgetall(tk.effects)
         raw = read.execute(raise_on_error=False)
         calls = []
+        called: list[str] = []  # the task id of each call
         for i, tk in enumerate(keys):
             fields, att, history, fx = raised(raw[4 * i: 4 * i + 4], but=2)
             stored = self._history(history, tk.events)
@@ -254,13 +293,16 @@ class Maintenance(Role):
                           {"blob": blob, "updated_at": int(fields.get("updated_at") or 0) if fields else 0,
                            "last_event": stored[-1][0] if stored else "0-0", "fields": held, "effects": len(fx),
                            "epoch": self.ns.epoch or "", "actor": self.actor}))
+            called.append(named[i])
         packed = 0
-        for reply in self.runner.run_many("pack", calls):
+        for tid, reply in zip(called, self.runner.run_many("pack", calls), strict=True):
             if isinstance(reply, Exception):
                 raise reply
             if reply[0] == Code.OK:
                 packed += 1
-            elif reply[0] not in ("NOOP", "E_CHANGED"):
+            elif reply[0] == "E_CHANGED":  # written to since it was read: tried again at the next pass
+                self.redis.zadd(self.keys.topack, {tid: 0})
+            elif reply[0] != "NOOP":
                 raise_for_reply(reply, script="pack")
         return packed
 

@@ -28,7 +28,9 @@ Key schema (``P`` = ``{prefix}``)::
     P:stats                hash   counters for metrics: refusals, expiries, reconciliations, decisions, and
                                   the Attempt histograms (wait|<queue>|<handler>|<bucket>, wait_ms|..., at
                                   claim; fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|..., at the end)
-    P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass)
+    P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass);
+                                  "pack|<queue>": "<score> <entries at that score>" its pack walk of the
+                                  queue's done index reached
     P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
                                   a paused queue's Attempts, the sweeper does not dispatch them)
     P:w:<worker id>        string a live worker's liveness key ("<host> <pid>"), PX a few heartbeats, refreshed
@@ -42,7 +44,9 @@ Key schema (``P`` = ``{prefix}``)::
                                   by age and count, and ``mcq tasks --state succeeded``
     P:q:<queue>:held       zset   task waiting for a person (failed, blocked, quarantined) -> since when (ms);
                                   left by retry, replay, cancel; kept longer by retention
-    P:topack               zset   finished task -> when it finished: the sweeper packs its history (below)
+    P:topack               zset   finished task whose pack the sweeper tries again (it changed between its read and
+                                  its pack; versions before 2026-12 listed every finished task here); the
+                                  sweeper finds the others by walking each queue's done index (below)
     P:retention            hash   "<queue>" -> the operator's retention policy JSON, "app:<queue>" -> the App's
     P:q:<queue>:samples    stream the operator console's samples of the queue (age, depth, finished and failed
                                   totals), written by ``mcq dashboard``, capped (XADD MAXLEN): its charts
