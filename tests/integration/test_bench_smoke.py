@@ -27,6 +27,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
                      "everysec", "--pin", "none", "--slice", "0.1", "--tasks", "100", "--no-what-if", "--chunk", "100",
                      "--settle", "0"], "| Redis bytes finished task packed |", (0,)),
     "bench_memory.py": (["--sizes", "0,100", "--tasks", "20", "--settle", "0"], "| 100 B |", (0,)),
+    "bench_peers.py": (["--jobs", "20", "--repeat", "1"], "| peer | jobs/s |", (0,)),
     "bench_ops.py": (["--idle", "100", "--passes", "2", "--expired", "2", "--due", "2", "--leases", "100",
                       "--seconds", "1"], "| redis-server CPU per renewal |", (0,)),
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),
