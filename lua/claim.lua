@@ -104,7 +104,9 @@ if why then
     {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
 end
 
-local fence = fmt(next_fence(K.meta, K.fence, K.task, t[7]))
+-- (A task that keeps its Attempts in its hash was written after its fence counter moved there: no key
+-- of the old kind to look for, even before its first fence.)
+local fence = fmt(next_fence(K.meta, K.fence, K.task, t[7] or (K.attempts == K.task and '0' or nil)))
 local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
 local ts_s, exp_s = fmt(ts), fmt(exp)

@@ -65,3 +65,15 @@ def test_a_packed_default_task_reads_them_back(q: mc_queue.Client) -> None:
     assert q.reads.is_packed(t.id)
     assert q.reads.get_task(t.id) == live
     assert live.retry_policy == expand("retry_policy", OMITTED) and live.budget == expand("budget", OMITTED)
+
+
+def test_the_first_claim_of_a_task_kept_in_one_hash_looks_for_no_fence_key_of_the_old_kind(
+        q: mc_queue.Client) -> None:
+    """Such a task was written after its fence counter moved into its hash: no ':fence' key to look for
+    (a GET per claim saved); a task with an Attempts hash of its own still looks (tests/scripts/
+    test_regressions.py covers the counter kept as a key)."""
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    q.redis.config_resetstat()
+    lease = q.leases.claim_attempt(t.id, "w1")
+    stats = q.redis.info("commandstats")
+    assert lease.fence == 1 and "cmdstat_get" not in stats, stats.get("cmdstat_get")
