@@ -360,15 +360,23 @@ local TOMB_FULL = 96
 
 local function tomb_rest(task_id) return string.sub(task_id, -19) end
 
+-- Is rest in bucket key: (its value or nil, whether the path goes on below it). An empty bucket (the
+-- common case at enqueue: no task created within those seconds was purged) costs one HLEN.
+local function tomb_at(key, rest)
+  local size = redis.call('HLEN', key)
+  if size == 0 then return nil, false end
+  return redis.call('HGET', key, rest), size >= TOMB_FULL
+end
+
 -- Where task_id's tombstone is: (level 1-3, its value), or (nil, the level a new one goes to).
 local function tomb_level(k_t0, k_t1, k_t2, rest)
-  local v = redis.call('HGET', k_t0, rest)
+  local v, deeper = tomb_at(k_t0, rest)
   if v then return 1, v end
-  if redis.call('HLEN', k_t0) < TOMB_FULL then return nil, 1 end
-  v = redis.call('HGET', k_t1, rest)
+  if not deeper then return nil, 1 end
+  v, deeper = tomb_at(k_t1, rest)
   if v then return 2, v end
-  if redis.call('HLEN', k_t1) < TOMB_FULL then return nil, 2 end
-  v = redis.call('HGET', k_t2, rest)
+  if not deeper then return nil, 2 end
+  v = tomb_at(k_t2, rest)
   if v then return 3, v end
   return nil, 3
 end
