@@ -16,7 +16,7 @@ from ..contracts.errors import InvalidArgument, McqError, TaskNotFound
 from ..contracts.history import whole_history
 from ..contracts.keys import TOMB_FULL, check_queue, parse_attempt_id, parse_task_id
 from ..contracts.models import EffectRecord, NamespaceInfo, Task, attempt_fields, split_attempts
-from ..contracts.packing import LONG_MARK, Packed, join_chunks, tombstone_record, unpack
+from ..contracts.packing import LONG_MARK, Packed, join_chunks, join_parts, tombstone_record, unpack
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .base import ENDED_STATES, INDEXES, Role, raised
 
@@ -132,7 +132,7 @@ class Reads(Role):
         old, (now_s, now_us), *walk = pipe.execute()
         if old:
             return cast(dict[str, Any], json.loads(cast(str, old)))
-        for i, b in enumerate(tk.tombs):  # the path tomb_find walks
+        for i, b in enumerate(tk.tombs):  # the path tomb_level walks
             (entry, idem_key, request_id), size = walk[2 * i], walk[2 * i + 1]
             if entry:
                 ref = f"r:{entry.rsplit(' ', 1)[-1]}"
@@ -149,7 +149,7 @@ class Reads(Role):
         if not value or value[:1] != LONG_MARK:
             return value
         parts = cast(list[str], self.redis.hmget(key, [f"{name}#{i}" for i in range(int(value[1:]))]))
-        return b"".join(p.encode("utf-8", "surrogateescape") for p in parts if p).decode("utf-8", "surrogateescape")
+        return join_parts(p for p in parts if p)
 
     def task_states(self, task_ids: Sequence[str]) -> dict[str, str | None]:
         """Each task's state now (None: no such task), in one round trip."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,5 +169,11 @@ def join_long(fields: Mapping[str, str]) -> dict[str, str]:
         parts = [out.pop(f"{k}#{i}", None) for i in range(count)]
         if any(p is None for p in parts):
             raise ValueError(f"field {k!r} is missing one of its {count} chunks")
-        out[k] = b"".join(str(p).encode("utf-8", "surrogateescape") for p in parts).decode("utf-8", "surrogateescape")
+        out[k] = join_parts(str(p) for p in parts)
     return out
+
+
+def join_parts(parts: Iterable[str]) -> str:
+    """A long value's chunks, as the client reads them (each decoded with surrogateescape: a character
+    cut by a chunk's end comes back whole once joined), joined into the value that was written."""
+    return b"".join(p.encode("utf-8", "surrogateescape") for p in parts).decode("utf-8", "surrogateescape")
