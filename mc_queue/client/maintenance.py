@@ -239,10 +239,10 @@ class Maintenance(Role):
         if not page:
             return 0, False
         pipe = self.redis.pipeline(transaction=False)
-        keys = [(str(tid), self._task_keys_or_none(str(tid))) for tid, _ in page]
+        keys = [(str(tid), tk) for tid, _ in page if (tk := self._task_keys_or_none(str(tid))) is not None]
         for _, tk in keys:
-            pipe.hget(tk.task if tk else self.keys.nowhere().task, "packed")
-        todo = [tid for (tid, tk), done in zip(keys, pipe.execute(), strict=True) if tk is not None and not done]
+            pipe.hget(tk.task, "packed")
+        todo = [tid for (tid, _), done in zip(keys, pipe.execute() if keys else [], strict=True) if not done]
         packed = self.pack_tasks(todo) if todo else 0
         last = page[-1][1]
         same = sum(1 for _, s in page if s == last)
