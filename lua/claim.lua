@@ -4,6 +4,7 @@
 -- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
 -- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
 -- for one (never above the namespace ceiling). Counts the Attempt's wait (due time to claim) in stats.
+-- A scheduled or backoff task's Attempt is refused before its due time ('not due').
 -- A claimable Attempt of a paused queue is refused (E_CLAIM 'queue <q> is paused'); the task stays pending.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
@@ -90,7 +91,7 @@ end
 local why = nil
 if A.expect_n and A.raw.expect_n ~= n then
   why = 'sent to run attempt ' .. A.raw.expect_n .. ' but the task is at attempt ' .. n
-elseif state ~= 'pending' and state ~= 'backoff' then
+elseif state ~= 'pending' and state ~= 'backoff' and state ~= 'scheduled' then
   why = 'task is ' .. state
 elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])

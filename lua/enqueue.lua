@@ -1,6 +1,7 @@
 -- mc_queue: enqueue
--- Create a Task and its first Attempt (pending, claimable now). The first dispatch exists only
--- because there is no prior Attempt. Idempotent on the producer's key and on the task id; a key or
+-- Create a Task and its first Attempt (pending, claimable now, or at its due time: a delay or run_at
+-- makes the task 'scheduled' until then, the due time computed and compared on Redis's clock). The
+-- first dispatch exists only because there is no prior Attempt. Idempotent on the producer's key and on the task id; a key or
 -- id whose task was purged is refused until its tombstone's retention window has passed.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
@@ -28,6 +29,8 @@
 -- ARGV[10] lease_ms        lease length every claim of this task gets (at most the namespace ceiling)
 -- ARGV[11] epoch           namespace epoch the client knows
 -- ARGV[12] actor
+-- ARGV[13] delay_ms         due this long after now (Redis clock), or '' / '0': now
+-- ARGV[14] run_at_ms        due at this time (ms since the epoch), or '': now; with both, the later one
 -- Returns: {'OK', task_id, task, attempts, events} (task: HGETALL of the task hash, which holds its
 --          Attempt; attempts and events empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)
@@ -64,6 +67,8 @@ local A, bad = args(ARGV, {
   'lease_ms', 'int', 1, MAX_INT,
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
+  'delay_ms', 'int?', 0, MAX_DELAY_MS,
+  'run_at_ms', 'int?', 0, MAX_RUN_AT_MS,
 })
 if bad then return bad end
 if not string.match(A.queue, '^[%w][%w_.%-]*$') then return {'E_BADARG', 'queue has characters outside [A-Za-z0-9_.-]'} end
@@ -125,10 +130,15 @@ if pressure then return {'E_OVERLOADED', pressure} end
 if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 -- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
 local tss = fmt(ts)
+-- A task not due yet waits 'scheduled' in the pending index, scored by its due time (the sweeper sends
+-- it once due, the claim refuses it before); a due time not after now is the plain path.
+local due = math.max(ts + (A.delay_ms or 0), A.run_at_ms or 0)
+local state = due > ts and 'scheduled' or 'pending'
+local dues = due > ts and fmt(due) or tss
 -- Left out until they say something (readers fill them in): updated_at while it is created_at, the
 -- fence counter while no fence was issued ('0'), a retry policy or budget that is the default ('{"$v":1}').
 local fields = {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
-  'payload_digest', A.payload_digest, 'state', 'pending', 'created_at', tss, 'attempts', '1', 'active', '1',
+  'payload_digest', A.payload_digest, 'state', state, 'created_at', tss, 'attempts', '1', 'active', '1',
   'manifest', A.manifest, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor}
 if A.retry_policy ~= DEFAULT_DOC then fields[#fields + 1] = 'retry_policy'; fields[#fields + 1] = A.retry_policy end
 if A.budget ~= DEFAULT_DOC then fields[#fields + 1] = 'budget'; fields[#fields + 1] = A.budget end
@@ -136,14 +146,14 @@ tset(K.task, fields)
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
 -- task's created_at (readers fill them in: not stored).
-aset(K.attempts, 1, {'state', 'pending'})
+aset(K.attempts, 1, {'state', 'pending', unpack(state == 'scheduled' and {'due_at', dues} or {})})
 if A.idem_key ~= '' then
   redis.call('HSET', K.task, 'idem_key', A.idem_key)
   redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. sig)
 end
 redis.call('SADD', K.queues, A.queue)
-redis.call('ZADD', K.pending, tss, A.task_id)
-move_count(K.counts, A.queue, '', 'pending')
+redis.call('ZADD', K.pending, dues, A.task_id)
+move_count(K.counts, A.queue, '', state)
 -- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
 -- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,
 -- which gives them the ids '<created_at>-0' and '-1'; emit starts the list after them), with the

@@ -6,6 +6,8 @@
 local SCHEMA = '2'
 local MAX_INT = 9007199254740991           -- 2^53 - 1: the largest integer a Lua number holds exactly
 local MAX_N = 1000000                       -- attempt numbers
+local MAX_DELAY_MS = 315360000000           -- ten years: the longest delay of a scheduled task
+local MAX_RUN_AT_MS = 253402300799999       -- the last millisecond of the year 9999
 local DAY_MS = 86400000
 -- A packed task (pack.lua) keeps its document in hash fields of at most PACK_CHUNK bytes (Redis keeps a
 -- hash whose values are all <= 64 bytes and fields <= 128 as one listpack): up to PACK_LISTPACK_CHUNKS
@@ -521,7 +523,7 @@ end
 -- ----------------------------------------------------------------------------------- finished tasks
 
 -- The states a task waits in for a person (retention keeps them longer) and the ones it ends in.
-local TASK_STATES = {'pending', 'running', 'backoff', 'succeeded', 'failed', 'blocked', 'quarantined', 'canceled'}
+local TASK_STATES = {'scheduled', 'pending', 'running', 'backoff', 'succeeded', 'failed', 'blocked', 'quarantined', 'canceled'}
 local HELD = {failed = true, blocked = true, quarantined = true}
 local DONE = {succeeded = true, canceled = true}
 

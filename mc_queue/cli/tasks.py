@@ -23,13 +23,32 @@ from .root import main
 @click.option("--payload", required=True, help="The task's payload: a JSON object.")
 @click.option("--queue", default=None, help="Another queue than the handler's own.")
 @click.option("--idempotency-key", default=None, help="Producer key: the same key returns the same task.")
+@click.option("--delay", default=None, metavar="DUR",
+              help="Run no sooner than DUR from now (90s, 15m, 2h, 7d), on Redis's clock: the task is scheduled "
+                   "until then and no worker is sent it before.")
+@click.option("--at", "run_at", default=None, metavar="TIME",
+              help="Run no sooner than TIME, an ISO 8601 time with its zone (2026-12-24T02:00:00+00:00, or ...Z).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole task as JSON.")
 @click.pass_obj
 @handle_errors
 def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | None, idempotency_key: str | None,
-            as_json: bool) -> None:
+            delay: str | None, run_at: str | None, as_json: bool) -> None:
     """Create a task of an App's handler and hand it to the workers; prints its id."""
+    from datetime import datetime
+
     from ..producer.dispatch import AppClient
+
+    delay_ms = duration_ms(delay, "--delay")
+    at = None
+    if run_at is not None:
+        try:
+            at = datetime.fromisoformat(run_at)
+        except ValueError:
+            raise click.BadParameter(f"{run_at[:40]!r} is not an ISO 8601 time; e.g. --at 2026-12-24T02:00:00Z",
+                                     param_hint="--at") from None
+        if at.tzinfo is None:
+            raise click.BadParameter(f"{run_at!r} has no time zone; add one, e.g. {run_at}Z or {run_at}+01:00",
+                                     param_hint="--at")
 
     try:
         data = json.loads(payload)
@@ -40,7 +59,8 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
                                  param_hint="--payload") from None
     producer = AppClient(load_app(app_spec), obj.client)
     try:
-        task = producer.enqueue(handler, data, idempotency_key=idempotency_key, queue=queue)
+        task = producer.enqueue(handler, data, idempotency_key=idempotency_key, queue=queue,
+                                delay_s=None if delay_ms is None else delay_ms / 1000, run_at=at)
     finally:
         producer.close()
     if as_json:
@@ -121,10 +141,10 @@ def attention(obj: Ctx, as_json: bool) -> None:
 @main.group(invoke_without_command=True)
 @click.option("--queue", "queue_name", default=None, help="Only this queue.")
 @click.option("--state", "states", multiple=True,
-              type=click.Choice(["pending", "backoff", "running", "succeeded", "canceled", "failed", "blocked",
-                                 "quarantined"]),
-              help="Only tasks in this state (repeatable), from the indexes: pending, backoff (the queues' "
-                   "pending indexes), running (lease and suspect indexes), succeeded, canceled (the queues' "
+              type=click.Choice(["scheduled", "pending", "backoff", "running", "succeeded", "canceled", "failed",
+                                 "blocked", "quarantined"]),
+              help="Only tasks in this state (repeatable), from the indexes: scheduled, pending, backoff (the "
+                   "queues' pending indexes), running (lease and suspect indexes), succeeded, canceled (the queues' "
                    "done indexes, newest first), failed, blocked, quarantined (the queues' held indexes).")
 @click.option("--handler", default=None, help="Only tasks of this handler.")
 @click.option("--older-than", default=None, metavar="DUR", help="Created more than DUR ago (90s, 15m, 2h, 7d).")

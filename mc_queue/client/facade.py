@@ -27,13 +27,15 @@ from .maintenance import Maintenance
 from .operator import Operator
 from .producer import Producer
 from .reads import Reads
+from .schedule import Schedule
 
 
 class Client:
     """A connection to one mc_queue namespace (the arguments are :class:`Backend`'s), handing out its roles.
 
     ``producer`` enqueues; ``leases`` is what a worker calls under its lease; ``operator`` what a person
-    decides (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping;
+    decides (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
+    what is due to be sent to the transport;
     ``reads`` everything that explains what happened. ``backend`` runs the scripts and keeps the
     namespace epoch and replication lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
@@ -46,6 +48,7 @@ class Client:
         self.producer = Producer(backend, self.reads)
         self.leases = LeaseHolder(backend)
         self.maintenance = Maintenance(backend)
+        self.schedule = Schedule(backend)
         self.operator = Operator(backend, self.maintenance)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 

@@ -48,39 +48,6 @@ class Maintenance(Role):
         clock): it drains (mark_dispatched drops each entry), and :meth:`dispatch_walk` does its job now."""
         return self._due("outbox", limit)
 
-    def dispatch_walk(self, queue: str, *, offset: int = 0, limit: int = 500,
-                      recheck_ms: int) -> tuple[list[str], int]:
-        """A page of the queue's pending index from rank ``offset``: the Attempts claimable now (Redis
-        clock) that were never handed to the transport, or were more than ``recheck_ms`` ago and are
-        still unclaimed (their message lost, or waiting behind others: the caller checks). Returns them
-        and the offset of the next page: 0 once the walk reached the end of what is due."""
-        check_queue(queue)
-        check_int(offset, what="offset", low=0, high=10**9)
-        check_int(limit, what="limit", low=1, high=10_000)
-        check_int(recheck_ms, what="recheck_ms", low=1, high=86_400_000)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(self.keys.pending(queue), offset, offset + limit - 1, withscores=True)
-        (now_s, now_us), page = pipe.execute()
-        now = int(now_s) * 1000 + int(now_us) // 1000
-        due = [str(tid) for tid, score in page if score <= now]
-        keys = [(tid, tk) for tid in due if (tk := self._task_keys_or_none(tid)) is not None]
-        for _, tk in keys:
-            pipe.hget(tk.task, "attempts")
-        numbers = [str(n or "") for n in pipe.execute()] if keys else []
-        for (_, tk), n in zip(keys, numbers, strict=True):
-            for k in (tk.task, tk.attempts_v1):  # (an Attempt written before 2026-12 is in the task's :a)
-                pipe.hmget(k, [f"{n}.state", f"{n}.dispatched_at"])
-        fields = pipe.execute() if keys else []
-        out = []
-        for i, ((tid, _), n) in enumerate(zip(keys, numbers, strict=True)):
-            (state, at), (old_state, old_at) = fields[2 * i], fields[2 * i + 1]
-            state, at = state or old_state, at or old_at
-            if n and state == "pending" and (not at or int(at) + recheck_ms <= now):
-                out.append(f"{tid}/{n}")
-        more = len(page) == limit and len(due) == limit
-        return out, offset + limit if more else 0
-
     def due_cancels(self, *, limit: int = 500) -> list[str]:
         """Running Attempts whose executor did not acknowledge a cancel in time."""
         return self._due("cancels", limit)
@@ -94,19 +61,6 @@ class Maintenance(Role):
                           {"limit": check_int(limit, what="limit", low=1, high=10_000)})
         raise_for_reply(reply, script="due")
         return [str(m) for m in reply[1:]]
-
-    def mark_dispatched(self, member: str, *, recheck_ms: int) -> bool:
-        """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""
-        _, _, tk = self._attempt(member)
-
-        def call(epoch: str) -> list[Any]:
-            return self._run("mark_dispatched", {**self._ns_keys(), "outbox": self.keys.outbox, "task": tk.task,
-                                                 "attempts": tk.attempts_v1},
-                             {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch})
-
-        reply = self._with_epoch(call)
-        raise_for_reply(reply, script="mark_dispatched", attempt_id=member)
-        return bool(reply[0] == Code.OK)
 
     def expire_leases(self, *, limit: int = 500, actor: str | None = None,
                       max_batches: int = 1000) -> list[ExpiredLease]:

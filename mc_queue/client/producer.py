@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from ..contracts.codec import check_text, encode_payload
@@ -16,6 +18,8 @@ from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
 from .reads import Reads
 
+MAX_DELAY_S = 10 * 365 * 86_400  # lua/includes/common.lua MAX_DELAY_MS
+MAX_RUN_AT_MS = 253_402_300_799_999  # the last millisecond of the year 9999 (common.lua)
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
@@ -43,8 +47,17 @@ class Producer(Role):
         lease_ms: int | None = None,
         timeout_s: float | None = None,
         task_id: str | None = None,
+        delay_s: float | None = None,
+        run_at: datetime | None = None,
     ) -> Task:
-        """Create a Task and its first Attempt. The same idempotency key returns the same task."""
+        """Create a Task and its first Attempt. The same idempotency key returns the same task.
+
+        ``delay_s`` (seconds from now) and ``run_at`` (a timezone-aware time) make the task
+        ``scheduled``: it holds no lease and no transport message until due, and no claim takes it
+        before. The due time is computed and compared on Redis's clock (the delay is added to
+        Redis's ``TIME`` inside the script), so a producer's clock that is off changes nothing.
+        With both, the later time counts; a time not after now is the plain path.
+        """
         try:
             check_queue(queue)
         except ValueError as exc:
@@ -60,6 +73,7 @@ class Producer(Role):
         if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                       or not 0 < timeout_s <= 30 * 86_400):
             raise InvalidArgument(f"timeout_s must be a number of seconds in (0, 30 days], got {timeout_s!r}")
+        delay_ms, run_at_ms = _due_args(delay_s, run_at)
         text, payload_digest = encode_payload(payload)
         policy = retry_policy or RetryPolicy()
         try:
@@ -79,7 +93,7 @@ class Producer(Role):
                                     task={"handler": handler, "payload_digest": payload_digest}),
                 "retry_policy": compact("retry_policy", policy.model_dump(mode="json")),
                 "budget": compact("budget", (budget or Budget()).model_dump(mode="json")),
-                "lease_ms": lease, "actor": self.actor}
+                "lease_ms": lease, "actor": self.actor, "delay_ms": delay_ms, "run_at_ms": run_at_ms}
 
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue", {
@@ -95,3 +109,27 @@ class Producer(Role):
             return Task.from_redis(fields, att,
                                    whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since
+
+
+def _due_args(delay_s: float | None, run_at: datetime | None) -> tuple[str, str]:
+    """The enqueue script's delay_ms and run_at_ms ('' for none), checked before anything is sent."""
+    delay_ms = ""
+    if delay_s is not None:
+        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) \
+                or not 0 <= delay_s <= MAX_DELAY_S:
+            raise InvalidArgument(f"delay_s must be a number of seconds in [0, {MAX_DELAY_S}] (ten years), "
+                                  f"got {delay_s!r}")
+        delay_ms = str(math.ceil(delay_s * 1000)) if delay_s > 0 else ""
+    run_at_ms = ""
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidArgument(f"run_at must be a datetime with a time zone, got {type(run_at).__name__} "
+                                  f"{run_at!r}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidArgument(f"run_at {run_at.isoformat()} has no time zone: say which one "
+                                  "(e.g. datetime(..., tzinfo=timezone.utc))")
+        ms = math.ceil(run_at.timestamp() * 1000)
+        if not 0 <= ms <= MAX_RUN_AT_MS:
+            raise InvalidArgument(f"run_at must be between 1970-01-01 and 9999-12-31 UTC, got {run_at.isoformat()}")
+        run_at_ms = str(ms)
+    return delay_ms, run_at_ms

@@ -22,7 +22,7 @@ from .base import ENDED_STATES, INDEXES, Role, raised
 
 log = logging.getLogger("mc_queue.client")
 
-LISTABLE_STATES = ("pending", "backoff", "running", *ENDED_STATES)  # states an index finds
+LISTABLE_STATES = ("scheduled", "pending", "backoff", "running", *ENDED_STATES)  # states an index finds
 LIST_SCAN_FACTOR = 10  # list_tasks looks at no more than this many index entries per row asked for
 ENQUEUE_MEMORY_SHARE = 0.9  # lua/includes/common.lua's ENQUEUE_MEMORY_SHARE: enqueue refuses above it
 
@@ -162,7 +162,7 @@ class Reads(Role):
                    handler: str | None = None, created_before_ms: int | None = None,
                    created_after_ms: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], bool]:
         """Tasks found through the indexes (never a scan of the keyspace), oldest index entry first:
-        pending and backoff (the queues' pending indexes), running (lease and suspect indexes),
+        scheduled, pending and backoff (the queues' pending indexes, by due time), running (lease and suspect indexes),
         succeeded and canceled (the queues' done indexes, newest first), failed, blocked and
         quarantined (the queues' held indexes). At most ``LIST_SCAN_FACTOR * limit`` index
         entries are looked at; the second value says whether that bound was reached (more may match)."""
@@ -195,7 +195,7 @@ class Reads(Role):
         qs = [queue] if queue else self.queues()
         reads = self.redis.pipeline(transaction=False)  # every index read in one round trip, in this order
         groups: list[tuple[int, bool]] = []  # (replies, strip the attempt number)
-        if wanted & {"pending", "backoff"}:
+        if wanted & {"scheduled", "pending", "backoff"}:
             for q in qs:
                 reads.zrange(self.keys.pending(q), 0, cap)
             groups.append((len(qs), False))

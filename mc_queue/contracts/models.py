@@ -21,6 +21,7 @@ from .packing import join_long
 
 
 class TaskState(StrEnum):
+    SCHEDULED = "scheduled"  # its first Attempt is not due yet (enqueue with delay_s or run_at)
     PENDING = "pending"
     RUNNING = "running"
     BACKOFF = "backoff"

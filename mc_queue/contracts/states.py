@@ -36,8 +36,9 @@ _DECIDED = "failed|pending|backoff|blocked|quarantined"  # what a failure's deci
 
 TRANSITIONS: tuple[Edge, ...] = tuple(
     # ------------------------------------------------------------------ Task
-    _edges("task", "-", "pending", "enqueue", "producer", "a new task with its first Attempt")
-    + _edges("task", "pending|backoff", "running", "claim", "worker", "backoff only once due")
+    _edges("task", "-", "pending|scheduled", "enqueue", "producer",
+           "a new task with its first Attempt; scheduled while a delay or run_at keeps it from being due")
+    + _edges("task", "pending|backoff|scheduled", "running", "claim", "worker", "backoff and scheduled only once due")
     + _edges("task", "running", "succeeded", "complete", "worker holding the fence")
     + _edges("task", "running", _DECIDED, "fail", "worker holding the fence; the policy decides",
              "wait -> failed, retry -> pending|backoff, stop -> blocked, quarantine -> quarantined")
@@ -45,7 +46,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
              "after an expired or voided lease: proven done, canceled, or a failure and its decision")
     + _edges("task", "failed|blocked", "pending|backoff", "retry", "operator or policy",
              "Mission Control's rules: no active Attempt, the latest failed, a reason >= 10 characters")
-    + _edges("task", "pending|backoff|failed|blocked", "canceled", "cancel", "operator",
+    + _edges("task", "pending|backoff|scheduled|failed|blocked", "canceled", "cancel", "operator",
              "nothing running; a running Attempt is signalled instead and reconciliation ends it")
     + _edges("task", "quarantined", "pending", "dlq_replay", "operator", "a person's decision, with a reason")
     + _edges("task", "quarantined", "-", "dlq_purge", "operator", "deleted with its history; a tombstone stays")

@@ -169,14 +169,15 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 
 def state_text(task: Task, now: datetime | None = None) -> str:
-    """The task's state as people should read it: ``backoff`` only while its wait runs."""
+    """The task's state as people should read it: ``backoff`` and ``scheduled`` with their due time."""
     now = now or datetime.now(UTC)
     latest = task.latest
-    if task.state == TaskState.BACKOFF and latest is not None and latest.due_at is not None:
+    if task.state in (TaskState.BACKOFF, TaskState.SCHEDULED) and latest is not None and latest.due_at is not None:
         left = (latest.due_at - now).total_seconds() * 1000
         if left > 0:
-            return f"backoff (due in {duration(left)})"
-        return f"backoff (due since {duration(-left)}, waiting for a worker)"
+            when = f", at {latest.due_at.isoformat(timespec='seconds')}" if task.state == TaskState.SCHEDULED else ""
+            return f"{task.state.value} (due in {duration(left)}{when})"
+        return f"{task.state.value} (due since {duration(-left)}, waiting for a worker)"
     if task.state == TaskState.PENDING and latest is not None and latest.due_at is not None \
             and latest.due_at < now and latest.state.value == "pending":
         return f"pending (due since {duration((now - latest.due_at).total_seconds() * 1000)}, waiting for a worker)"
@@ -318,7 +319,7 @@ def _print_attempt(console: Console, a: Attempt) -> None:
 
 def status_lines(status: dict[str, dict[str, Any]], overview: dict[str, Any] | None = None,
                  width: int = MAX_WIDTH) -> list[str]:
-    states = ["pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined", "canceled"]
+    states = ["scheduled", "pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined", "canceled"]
     lines = wrap("Queues (tasks by state; queue age: the oldest due pending Attempt's wait)", width, "", "  ")
     if not status:
         lines.append("  no queues")

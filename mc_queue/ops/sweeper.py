@@ -55,6 +55,8 @@ log = logging.getLogger("mc_queue.sweeper")
 
 
 MAX_DUE_PAGE = 10_000  # due dispatches one pass reads at most, paused queues' entries included
+PROMOTE_EVERY_S = 0.05  # how often Sweeper.run looks for what came due between passes
+PROMOTE_LOOKBACK_MS = 2_000  # what came due before a sweeper first looked at a queue is left to the walk
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Sweeper:
         self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
         self._walk: dict[str, int] = {}  # queue -> rank in its pending index where the dispatch walk goes on
+        self._came_due: dict[str, tuple[int, int]] = {}  # queue -> (due time, entries at it) promote reached
         self._tidied_at = float("-inf")
         self.archive = archive
         self.pack_after_ms = pack_after_ms
@@ -209,7 +212,7 @@ class Sweeper:
         for queue in sorted(self.client.reads.queues()):
             if len(walked) >= self.batch:
                 break
-            page, self._walk[queue] = self.client.maintenance.dispatch_walk(
+            page, self._walk[queue] = self.client.schedule.dispatch_walk(
                 queue, offset=self._walk.get(queue, 0), limit=self.batch, recheck_ms=self.recheck_ms)
             if queue in paused:
                 report.paused.extend(page)  # not sent: after `mcq queue resume`
@@ -239,8 +242,33 @@ class Sweeper:
         report.paused.extend(skipped)
         return ready[:self.batch]
 
+    def promote(self) -> list[str]:
+        """Send what came due since the last look: a scheduled task at its due time, a retry once its
+        backoff is over (``Maintenance.came_due``), without waiting for the next pass; a paused queue's
+        wait for the pass (which lists them). Cheap enough to run between passes (:meth:`run` does,
+        every ``promote_every_s``): two round trips when nothing came due. Returns the Attempts sent."""
+        pipe = self.client.redis.pipeline(transaction=False)
+        pipe.smembers(self.client.keys.queues)
+        pipe.hkeys(self.client.keys.paused)
+        pipe.time()
+        queues, paused, (now_s, now_us) = pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        live = set(queues) - set(paused)
+        for queue in live - set(self._came_due):
+            self._came_due[queue] = (now - PROMOTE_LOOKBACK_MS, 0)  # older ones are the walk's
+        cursors = {queue: self._came_due[queue] for queue in live}
+        if not cursors:
+            return []
+        due, self._came_due = self.client.schedule.came_due(cursors, limit=self.batch)
+        report = SweepReport()
+        self._send(due, report)
+        return report.dispatched
+
     def _dispatch(self, report: SweepReport) -> None:
-        for aid in self._due_unpaused(report):
+        self._send(self._due_unpaused(report), report)
+
+    def _send(self, aids: list[str], report: SweepReport) -> None:
+        for aid in aids:
             try:
                 task_id, n = parse_attempt_id(aid)
             except ValueError as exc:
@@ -250,7 +278,7 @@ class Sweeper:
                 task = self.client.reads.get_task(task_id)
                 attempt = task.attempts[n - 1] if n <= len(task.attempts) else None
                 if attempt is None or attempt.state is not AttemptState.PENDING:
-                    self.client.maintenance.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
+                    self.client.schedule.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the stale entry
                     continue
                 if dispatch(self.client, self.rq, task, attempt, recheck_ms=self.recheck_ms,
                             claim_grace_ms=self.claim_grace_ms):
@@ -258,7 +286,7 @@ class Sweeper:
                 else:
                     report.rechecked.append(aid)
             except TaskNotFound:
-                self.client.maintenance.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
+                self.client.schedule.mark_dispatched(aid, recheck_ms=self.recheck_ms)  # drops the orphan, logged
                 report.dropped.append(aid)
             except NamespaceLost:
                 raise
@@ -361,8 +389,10 @@ class Sweeper:
             "retention is stopped: %s. Tasks are kept in Redis until the archive can be written again (free "
             "space, a writable folder); leases, reconciliation and dispatch go on", exc.message)
 
-    def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None) -> None:
-        """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``)."""
+    def run(self, *, interval_s: float = 1.0, stop_after_s: float | None = None,
+            promote_every_s: float = PROMOTE_EVERY_S) -> None:
+        """Loop run_once() every ``interval_s`` seconds (forever, or until ``stop_after_s``), and
+        :meth:`promote` every ``promote_every_s`` between passes."""
         started = time.monotonic()
         while stop_after_s is None or time.monotonic() - started < stop_after_s:
             t0 = time.monotonic()
@@ -374,4 +404,16 @@ class Sweeper:
                 log.warning("sweep failed, Redis unreachable: %s", exc)
             except McqError as exc:
                 log.error("sweep failed: %s", exc)
-            time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))
+            # Between passes, what comes due (a scheduled task, a retry's backoff ended) is sent
+            # within promote_every_s of its due time, not at the next pass.
+            while (left := interval_s - (time.monotonic() - t0)) > 0:
+                time.sleep(min(left, promote_every_s))
+                if promote_every_s < left:
+                    try:
+                        self.promote()
+                    except (redis.ConnectionError, redis.TimeoutError) as exc:
+                        log.warning("promote failed, Redis unreachable: %s", exc)
+                        break
+                    except McqError as exc:
+                        log.error("promote failed: %s", exc)
+                        break

@@ -12,7 +12,7 @@ import redis
 
 from ..client import DEFAULT_LEASE_MS, Client
 from ..contracts.config import Budget, RetryPolicy
-from ..contracts.models import Attempt, AttemptState, Task
+from ..contracts.models import Attempt, AttemptState, Task, TaskState
 from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
 
 DEFAULT_RECHECK_MS = 60_000
@@ -57,7 +57,8 @@ class AppClient:
                                    retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
                                    timeout_s=spec.timeout_s, **manifest)
         latest = task.latest
-        if latest is not None and latest.state is AttemptState.PENDING:
+        # (a scheduled task is sent by the sweeper once due: no message waits in RQ before then)
+        if latest is not None and latest.state is AttemptState.PENDING and task.state is not TaskState.SCHEDULED:
             self.dispatch(task, latest)
         return task
 
@@ -81,11 +82,11 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
         if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms):
-            client.maintenance.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+            client.schedule.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
             return False
         clear_job(rq, queue, jid)
     queue.enqueue_call(func=ENTRY, args=(client.keys.prefix, attempt.id, task.lease_ms or DEFAULT_LEASE_MS),
                        job_id=jid, result_ttl=0, failure_ttl=7 * 86400, timeout=int(timeout) if timeout else None,
                        description=job_description(task.handler, attempt.id))
-    client.maintenance.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
+    client.schedule.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
     return True

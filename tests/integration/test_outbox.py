@@ -40,7 +40,7 @@ class World(WorkerHarness):
 
     def due_now(self, task: mc_queue.Task) -> None:
         """Move the outbox's recheck of the task's Attempt to now (as if the 60 s had passed)."""
-        self.client.maintenance.mark_dispatched(task.attempts[-1].id, recheck_ms=1)
+        self.client.schedule.mark_dispatched(task.attempts[-1].id, recheck_ms=1)
 
     def sweeper(self, recheck_ms: int = 1) -> Sweeper:
         return Sweeper(self.client, app=basic.app, recheck_ms=recheck_ms, tidy_every_s=0)

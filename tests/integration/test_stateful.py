@@ -347,7 +347,7 @@ def _running(t: ModelTask) -> bool:
 
 
 def _claimable(t: ModelTask) -> bool:
-    return t.state in ("pending", "backoff") and t.latest.state == "pending" and t.latest.due
+    return t.state in ("pending", "backoff", "scheduled") and t.latest.state == "pending" and t.latest.due
 
 
 def _payload(variant: int) -> dict[str, Any]:
@@ -506,7 +506,7 @@ class QueueMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ operations: predict, call, compare, apply
 
     def _op_enqueue(self, queue: str, handler: str, payload: int, idem: str | None,
-                    task_id: str | None) -> str | None:
+                    task_id: str | None, delay_ms: int = 0) -> str | None:
         """Returns the id of the task enqueue returned (None when it refused)."""
         # enqueue.lua: the idempotency key first, then the task id, then the id's tombstone, else a new task.
         expected: type[McqError] | None = None
@@ -536,7 +536,7 @@ class QueueMachine(RuleBasedStateMachine):
                 self.nslog["enqueue_refused"] += 1
         policy, budget = CONFIGS[CONFIG_OF[(handler, payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
-                               retry_policy=policy, budget=budget)
+                               retry_policy=policy, budget=budget, delay_s=delay_ms / 1000 if delay_ms else None)
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
             return None
@@ -553,7 +553,10 @@ class QueueMachine(RuleBasedStateMachine):
             # BUG-1: the purge raised the namespace floor to the old incarnation's last fence, so the
             # new one's fences lie above every fence the old one issued (its counter starts again at 0).
             assert self.floor >= self.purged[task.id].fence
-        t.attempts.append(ModelAttempt(1, "first dispatch"))
+        t.attempts.append(ModelAttempt(1, "first dispatch", due=delay_ms != LONG_MS))
+        t.state = "scheduled" if delay_ms else "pending"
+        if delay_ms == SHORT_MS:
+            _let_clock_pass()
         t.events.update(["task_created", "attempt_created"])
         self.model[task.id] = t
         if idem is not None:
@@ -1130,9 +1133,11 @@ class QueueMachine(RuleBasedStateMachine):
         self._op_enqueue(queue, HANDLERS[0], payload, None, None)
 
     @rule(queue=st.sampled_from(QUEUES), handler=st.sampled_from(HANDLERS),
-          payload=st.integers(0, 2), idem=st.none() | st.sampled_from(["k1", "k2", "k3"]))
-    def enqueue(self, queue: str, handler: str, payload: int, idem: str | None) -> None:
-        self._op_enqueue(queue, handler, payload, idem, None)
+          payload=st.integers(0, 2), idem=st.none() | st.sampled_from(["k1", "k2", "k3"]),
+          delay_ms=st.sampled_from([0, 0, 0, SHORT_MS, LONG_MS]))
+    def enqueue(self, queue: str, handler: str, payload: int, idem: str | None, delay_ms: int) -> None:
+        """A new task, due now, after a delay that runs out at once, or one that does not in this run."""
+        self._op_enqueue(queue, handler, payload, idem, None, delay_ms)
 
     @rule(data=st.data(), other_queue=st.booleans(), handler=st.sampled_from(HANDLERS),
           payload=st.integers(0, 2), idem=st.none() | st.sampled_from(["k1", "k2"]))

@@ -152,7 +152,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
                                              {"pr": 7}, actor="w1"),
         "expire": lambda: q.operator.void_leases([w.aid("running")], reason="fuzz voids"),
         "due": lambda: q.maintenance.due_leases(limit=10),
-        "mark_dispatched": lambda: q.maintenance.mark_dispatched(w.aid("pending"), recheck_ms=1000),
+        "mark_dispatched": lambda: q.schedule.mark_dispatched(w.aid("pending"), recheck_ms=1000),
         "reconcile_begin": lambda: q.operator.begin_reconcile(w.aid("suspect")),
         "reconcile_settle": lambda: q.operator.settle_attempt(w.aid("reconciling"), "fuzz", "failed", failure=FAILURE,
                                                      evidence={"e": 1}, decision=retry),

@@ -615,7 +615,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
     q.backend.open_namespace()
     a = q.producer.enqueue("jobs", "h", {"n": 1}, "key-1")
-    q.maintenance.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
+    q.schedule.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
     q.maintenance.due_dispatches()
     la = q.leases.claim_attempt(a.id, "w", 60_000)
     q.leases.renew_lease(la.attempt_id, la.fence, worker_id="w")

@@ -229,7 +229,7 @@ def test_5_every_state_changing_script_refuses_on_a_lost_namespace(q: mc_queue.C
         lambda: q.operator.void_leases([lease.attempt_id], reason="x"),
         lambda: q.operator.begin_reconcile(suspect.attempt_id),
         lambda: q.operator.settle_attempt(suspect.attempt_id, "t", "failed", failure=FAILURE, evidence={}),
-        lambda: q.maintenance.mark_dispatched(f"{pending.id}/1", recheck_ms=1000),
+        lambda: q.schedule.mark_dispatched(f"{pending.id}/1", recheck_ms=1000),
         lambda: q.operator.dlq_purge(q_task.id, reason=REASON),
         lambda: q.operator.dlq_replay(q_task.id, REASON),
         lambda: q.maintenance.drop_index_entry("suspect", suspect.attempt_id, reason="x"),

@@ -69,6 +69,11 @@ def _tour(q: mc_queue.Client) -> None:
     tid = backoff()
     time.sleep(0.06)
     q.leases.claim_attempt(tid, "w", LONG)
+    # a scheduled task: claimed once due, canceled before
+    tid = q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, delay_s=0.04).id
+    time.sleep(0.06)
+    q.leases.claim_attempt(tid, "w", LONG)
+    q.operator.cancel_task(q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600).id, REASON)
     # fail and each decision
     for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
         tid, lease = running()

@@ -1,0 +1,112 @@
+"""The dispatch schedule: which Attempts must be handed to the transport, and when. It is the queues'
+pending indexes (scored by due time) and each Attempt's ``dispatched_at``: no index entry of its own.
+The sweeper walks each index a page a pass (:meth:`Schedule.dispatch_walk`: what was never sent, or
+not claimed in time) and, between passes, looks at what just came due (:meth:`Schedule.came_due`: a
+scheduled task, a retry after its backoff); each send is recorded (:meth:`Schedule.mark_dispatched`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..contracts.codec import check_int
+from ..contracts.errors import Code, raise_for_reply
+from ..contracts.keys import check_queue
+from .base import Role
+
+
+class Schedule(Role):
+    """What is due to be sent to the transport (Redis clock), and the record of each send."""
+
+    def dispatch_walk(self, queue: str, *, offset: int = 0, limit: int = 500,
+                      recheck_ms: int) -> tuple[list[str], int]:
+        """A page of the queue's pending index from rank ``offset``: the Attempts claimable now (Redis
+        clock) that were never handed to the transport, or were more than ``recheck_ms`` ago and are
+        still unclaimed (their message lost, or waiting behind others: the caller checks). Returns them
+        and the offset of the next page: 0 once the walk reached the end of what is due."""
+        check_queue(queue)
+        check_int(offset, what="offset", low=0, high=10**9)
+        check_int(limit, what="limit", low=1, high=10_000)
+        check_int(recheck_ms, what="recheck_ms", low=1, high=86_400_000)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self.keys.pending(queue), offset, offset + limit - 1, withscores=True)
+        (now_s, now_us), page = pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        due = [str(tid) for tid, score in page if score <= now]
+        out = [aid for aid, state, at, _ in self._pending_attempts(due)
+               if state == "pending" and (not at or int(at) + recheck_ms <= now)]
+        more = len(page) == limit and len(due) == limit
+        return out, offset + limit if more else 0
+
+    def came_due(self, cursors: Mapping[str, tuple[int, int]], *,
+                 limit: int = 500) -> tuple[list[str], dict[str, tuple[int, int]]]:
+        """What came due in each queue since its cursor ``(score, seen)`` (the due time reached and how
+        many entries at it were already looked at): the Attempts whose due time was set (a scheduled
+        task, a retry after its backoff) that are pending and were never handed to the transport. A
+        plain Attempt 1 is sent by its producer at enqueue, so it is left to :meth:`dispatch_walk`.
+        Returns them and each queue's next cursor; cost grows with what came due (two round trips,
+        three when something did), not with what waits."""
+        check_int(limit, what="limit", low=1, high=10_000)
+        queues = sorted(cursors)
+        for queue in queues:
+            check_queue(queue)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            score, seen = cursors[queue]
+            pipe.zrangebyscore(self.keys.pending(queue), score, "+inf", start=seen, num=limit, withscores=True)
+        (now_s, now_us), *pages = pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        nxt: dict[str, tuple[int, int]] = {}
+        due: list[str] = []
+        for queue, page in zip(queues, pages, strict=True):
+            score, seen = cursors[queue]
+            ahead = False  # an entry not due yet was reached: everything due up to now was seen
+            for tid, s in page:
+                if s > now:
+                    ahead = True
+                    break
+                due.append(str(tid))
+                seen = seen + 1 if int(s) == score else 1
+                score = int(s)
+            if ahead or len(page) < limit:  # seen up to now: go on from now
+                seen, score = (seen if score == now else 0), now
+            nxt[queue] = (score, seen)
+        out = [aid for aid, state, at, own_due in self._pending_attempts(due)
+               if state == "pending" and not at and (own_due or not aid.endswith("/1"))]
+        return out, nxt
+
+    def _pending_attempts(self, task_ids: Sequence[str]) -> list[tuple[str, str, str, str]]:
+        """Each task's latest Attempt: (attempt id, state, dispatched_at, its own stored due_at), in two
+        round trips (none when there is nothing to read); a task that is gone or unreadable is left out."""
+        keys = [(tid, tk) for tid in task_ids if (tk := self._task_keys_or_none(tid)) is not None]
+        if not keys:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for _, tk in keys:
+            pipe.hget(tk.task, "attempts")
+        numbers = [str(n or "") for n in pipe.execute()]
+        for (_, tk), n in zip(keys, numbers, strict=True):
+            for k in (tk.task, tk.attempts_v1):  # (an Attempt written before 2026-12 is in the task's :a)
+                pipe.hmget(k, [f"{n}.state", f"{n}.dispatched_at", f"{n}.due_at"])
+        fields = pipe.execute()
+        out = []
+        for i, ((tid, _), n) in enumerate(zip(keys, numbers, strict=True)):
+            (state, at, due), (old_state, old_at, old_due) = fields[2 * i], fields[2 * i + 1]
+            if n:
+                out.append((f"{tid}/{n}", state or old_state or "", at or old_at or "", due or old_due or ""))
+        return out
+
+    def mark_dispatched(self, member: str, *, recheck_ms: int) -> bool:
+        """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""
+        _, _, tk = self._attempt(member)
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("mark_dispatched", {**self._ns_keys(), "outbox": self.keys.outbox, "task": tk.task,
+                                                 "attempts": tk.attempts_v1},
+                             {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="mark_dispatched", attempt_id=member)
+        return bool(reply[0] == Code.OK)
