@@ -569,7 +569,9 @@ def make_redis(target: RedisTarget | str, *, redis_class: type[redis.Redis] = re
         kwargs["retry"] = Retry(ExponentialBackoff(), 3)
     kwargs.setdefault("connection_class",
                       _explained(FollowingSSLConnection if t.tls else FollowingConnection, t.where))
-    manager: Any = Sentinel(list(t.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    # (called through Any: redis-py's Sentinel is untyped before 8.2 and typed from it)
+    make_sentinel: Any = Sentinel
+    manager: Any = make_sentinel(list(t.sentinels), sentinel_kwargs=sentinel_kwargs)
     primary: redis.Redis = manager.master_for(t.service, redis_class=redis_class, db=t.db, username=t.username,
                                               password=t.password, **tls_kwargs, **kwargs)
     return primary
