@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .client import DEFAULT_LEASE_MS, Client
 from .client.connect import connect
+from .client.results import Outcome, WaitTimedOut
 from .contracts.config import Backoff, Budget, Decision, RetryPolicy
 from .contracts.errors import (
     AttemptNotRunning,
@@ -130,6 +131,8 @@ __all__ = [
     "Sweeper",
     "Task",
     "TaskNotFound",
+    "Outcome",
+    "WaitTimedOut",
     "TaskPurged",
     "TaskState",
     "TransitionRefused",

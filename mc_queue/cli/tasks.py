@@ -70,6 +70,41 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
         click.echo(f"follow it: {obj.again} show {task.id}  (all tasks: {obj.again} tasks)", err=True)
 
 
+EXIT_NOT_SUCCEEDED, EXIT_TIMED_OUT = 7, 8  # `mcq wait`: a task ended otherwise; the timeout passed
+
+
+@main.command()
+@click.argument("task_ids", nargs=-1, required=True, type=TASK_ID)
+@click.option("--timeout", "timeout", required=True, metavar="DUR",
+              help="Give up after DUR (90s, 15m, 2h; required: a wait never hangs).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcomes as JSON: task id -> state, result, reason.")
+@click.pass_obj
+@handle_errors
+def wait(obj: Ctx, task_ids: tuple[str, ...], timeout: str, as_json: bool) -> None:
+    """Wait until each task ended; print its state and result or why it ended.
+
+    Exit 0 when every task succeeded, 7 when one ended otherwise (canceled, failed, blocked,
+    quarantined, purged), 8 when the timeout passed first (stderr says where each task was), 2 for
+    a task that does not exist. A task that ended before the call returns at once.
+    """
+    from ..client.results import WaitTimedOut
+
+    timeout_ms = duration_ms(timeout, "--timeout") or 0
+    if timeout_ms <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="--timeout")
+    try:
+        outcomes = obj.reader.results.wait_many(list(task_ids), timeout_s=timeout_ms / 1000)
+    except WaitTimedOut as exc:
+        click.echo(f"mcq: {exc}", err=True)
+        raise SystemExit(EXIT_TIMED_OUT) from None
+    if as_json:
+        emit_json({tid: {"state": o.state, "result": o.result, "reason": o.reason} for tid, o in outcomes.items()})
+    for tid, o in outcomes.items() if not as_json else ():
+        click.echo(f"{tid} {o.state}: {o.reason}" + (f"; result {json.dumps(o.result)}" if o.succeeded else ""))
+    if not all(o.succeeded for o in outcomes.values()):
+        raise SystemExit(EXIT_NOT_SUCCEEDED)
+
+
 @main.command()
 @click.argument("task_id", type=TASK_ID)
 @click.option("--json", "as_json", is_flag=True)

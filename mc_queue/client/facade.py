@@ -27,6 +27,7 @@ from .maintenance import Maintenance
 from .operator import Operator
 from .producer import Producer
 from .reads import Reads
+from .results import Results
 from .schedule import Schedule
 
 
@@ -36,7 +37,8 @@ class Client:
     ``producer`` enqueues; ``leases`` is what a worker calls under its lease; ``operator`` what a person
     decides (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
     what is due to be sent to the transport;
-    ``reads`` everything that explains what happened. ``backend`` runs the scripts and keeps the
+    ``reads`` everything that explains what happened; ``results`` waits for tasks to end. ``backend``
+    runs the scripts and keeps the
     namespace epoch and replication lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
 
@@ -50,6 +52,7 @@ class Client:
         self.maintenance = Maintenance(backend)
         self.schedule = Schedule(backend)
         self.operator = Operator(backend, self.maintenance)
+        self.results = Results(backend, self.reads)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

@@ -11,10 +11,10 @@ import click
 import mc_queue.cli
 from mc_queue.cli import main
 
-EXPECTED = {  # `mcq` and its groups, as cli/main.py registered them before the split
+EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split, and `wait`)
     "mcq": ["archive", "attention", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "server", "show",
-            "status", "sweeper", "tasks", "worker", "workers"],
+            "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
     "mcq dlq": ["list", "purge", "replay", "show"],
     "mcq health": ["worker"],

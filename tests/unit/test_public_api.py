@@ -17,6 +17,7 @@ EXPECTED = {
     "CancelRequested", "EffectRecord", "EffectUnknown", "mint_key",
     "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
     "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded",
+    "Outcome", "WaitTimedOut",
 }
 
 
