@@ -4,12 +4,15 @@ outcome, acknowledge a cancel. Every write but the claim is fenced: a stale hold
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import redis
 
 from ..contracts.codec import MAX_TOKENS, canonical_json, check_int, check_text, decimal_text, digest, model_json
 from ..contracts.config import Decision
-from ..contracts.errors import Code, InvalidArgument, raise_for_reply
+from ..contracts.errors import Code, InvalidArgument, McqError, raise_for_reply
 from ..contracts.keys import attempt_id
 from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task, split_attempts
 from ..store.backend import DEFAULT_LEASE_MS
@@ -39,6 +42,40 @@ def check_effect_record(record: Any) -> None:
 
 
 
+MAX_BATCH = 1000  # calls in one LeaseHolder.batch
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a batch (:meth:`LeaseHolder.claim_request`)."""
+
+    task_id: str
+    expect_attempt: int | None
+    lease_ms: int | None
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion of a batch: the Attempt, the fence it holds, its result and what it cost."""
+
+    attempt_id: str
+    fence: int
+    result: Any
+    cost: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class Batch:
+    """What one :meth:`LeaseHolder.batch` did, item by item in the order asked: None (completed), a
+    Heartbeat, a Lease, or the exception the single call would have raised."""
+
+    completed: list[BaseException | None] = field(default_factory=list)
+    renewed: list[Heartbeat | BaseException] = field(default_factory=list)
+    claimed: list[Lease | BaseException] = field(default_factory=list)
+
+
 class LeaseHolder(Role):
     """What a worker running an Attempt calls, under the lease it claimed."""
 
@@ -52,22 +89,31 @@ class LeaseHolder(Role):
         ``with_task``: the lease also carries the task as the claim left it (``Lease.task``: its fields
         and Attempts, no events), read by the claim itself: a worker needs no read after its claim.
         """
-        tk = self._task_keys(task_id)
+        claim = self._claim_request(task_id, lease_ms, expect_attempt, request_id)
         check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
+        reply = self._with_epoch(
+            lambda epoch: self._run("claim", *self._claim_call(claim, worker_id, with_task, epoch)))
+        return self._lease(reply, claim.task_id, worker_id, with_task)
+
+    def _claim_request(self, task_id: str, lease_ms: int | None, expect_attempt: int | None,
+                       request_id: str | None) -> Claim:
+        self._task_keys(task_id)
         lease = None if lease_ms is None else self._lease_ms(lease_ms)
         if expect_attempt is not None:
             check_int(expect_attempt, what="expect_attempt", low=1, high=1_000_000)
-        req = request_id or uuid.uuid4().hex
+        return Claim(task_id, expect_attempt, lease, request_id or uuid.uuid4().hex)
 
-        def call(epoch: str) -> list[Any]:
-            return self._run("claim", {
-                **self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
-                "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused,
-            }, {"worker": worker_id, "lease_ms": lease, "epoch": epoch, "min_seq": self.ns.seq_seen,
-                "request_id": req, "expect_n": expect_attempt, "with_task": "1" if with_task else ""})
+    def _claim_call(self, c: Claim, worker_id: str, with_task: bool,
+                    epoch: str) -> tuple[dict[str, str], dict[str, Any]]:
+        tk = self.keys.task(c.task_id)
+        return ({**self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
+                 "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
+                 "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused},
+                {"worker": worker_id, "lease_ms": c.lease_ms, "epoch": epoch, "min_seq": self.ns.seq_seen,
+                 "request_id": c.request_id, "expect_n": c.expect_attempt, "with_task": "1" if with_task else ""})
 
-        reply = self._with_epoch(call)
+    def _lease(self, reply: list[Any], task_id: str, worker_id: str, with_task: bool) -> Lease:
+        """The Lease a claim's reply grants (its error raised)."""
         raise_for_reply(reply, script="claim", task_id=task_id)
         n, fence, seq = int(reply[1]), int(reply[2]), int(reply[4])
         aid = attempt_id(task_id, n)
@@ -88,16 +134,24 @@ class LeaseHolder(Role):
     def heartbeat(self, attempt_id: str, fence: int, *, worker_id: str = "", lease_ms: int | None = None,
                   cost: float = 0.0, tokens: int = 0, request_id: str | None = None) -> Heartbeat:
         """Renew the lease and charge cost/tokens to the Attempt (once per request id)."""
-        task_id, n, tk = self._attempt(attempt_id)
+        task_id = self._attempt(attempt_id)[0]
+        reply = self._run("renew", *self._renew_call(attempt_id, fence, worker_id, lease_ms, cost, tokens, request_id))
+        return self._heartbeat(reply, attempt_id, task_id, fence)
+
+    def _renew_call(self, attempt_id: str, fence: int, worker_id: str, lease_ms: int | None, cost: float,
+                    tokens: int, request_id: str | None) -> tuple[dict[str, str], dict[str, Any]]:
+        _, n, tk = self._attempt(attempt_id)
         charge = decimal_text(cost, what="cost")
         check_int(tokens, what="tokens", high=MAX_TOKENS)
         lease = None if lease_ms is None else self._lease_ms(lease_ms)
         charging = cost > 0 or tokens > 0
-        reply = self._run("renew", {
-            **self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts_v1,
-            "stats": self.keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease,
-        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "lease_ms": lease, "cost": charge,
-            "tokens": tokens, "request_id": (request_id or uuid.uuid4().hex) if charging else ""})
+        return ({**self._ns_keys(), "leases": self.keys.leases, "task": tk.task, "attempts": tk.attempts_v1,
+                 "stats": self.keys.stats, "events": tk.events, "fence": tk.fence, "lease": tk.lease},
+                {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "lease_ms": lease, "cost": charge,
+                 "tokens": tokens, "request_id": (request_id or uuid.uuid4().hex) if charging else ""})
+
+    @staticmethod
+    def _heartbeat(reply: list[Any], attempt_id: str, task_id: str, fence: int) -> Heartbeat:
         raise_for_reply(reply, script="renew", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return Heartbeat(int(reply[1]), reply[2] == "1", float(reply[3]), int(reply[4]))
 
@@ -112,17 +166,78 @@ class LeaseHolder(Role):
                          tokens: int = 0, snapshot: bool = False) -> tuple[str, int, list[Any]]:
         """complete_attempt without building the Attempt record (the worker's hot path): the script sends
         the Attempt's fields back only with ``snapshot``."""
-        task_id, n, tk = self._attempt(attempt_id)
-        text = canonical_json(result, what="result")
-        reply = self._run("complete", {
-            **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
-            "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "fence": tk.fence,
-            "lease": tk.lease, **self._end_keys(tk),
-        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "result": text, "result_digest": digest(text),
-            "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
-            "snapshot": "1" if snapshot else ""})
+        task_id, n, _ = self._attempt(attempt_id)
+        reply = self._run("complete", *self._complete_call(
+            Completion(attempt_id, fence, result, cost, tokens), worker_id, snapshot))
         raise_for_reply(reply, script="complete", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return task_id, n, reply
+
+    def _complete_call(self, c: Completion, worker_id: str,
+                       snapshot: bool = False) -> tuple[dict[str, str], dict[str, Any]]:
+        _, n, tk = self._attempt(c.attempt_id)
+        text = canonical_json(c.result, what="result")
+        return ({**self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
+                 "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "fence": tk.fence,
+                 "lease": tk.lease, **self._end_keys(tk)},
+                {"n": n, **self._fenced_args(c.attempt_id, c.fence, worker_id), "result": text,
+                 "result_digest": digest(text), "cost": decimal_text(c.cost, what="cost"),
+                 "tokens": check_int(c.tokens, what="tokens", high=MAX_TOKENS), "snapshot": "1" if snapshot else ""})
+
+    def batch(self, worker_id: str, *, complete: Sequence[Completion] = (), claim: Sequence[Claim] = (),
+              renew: Sequence[tuple[str, int]] = (), with_task: bool = True) -> Batch:
+        """Complete, claim and renew many Attempts in one round trip (a worker's batch mode), each one
+        still its own script: fenced, leased and evented on its own, refused on its own. Every
+        argument of every item is checked before anything is sent (an InvalidArgument sends nothing).
+        Completions run first, then renewals, then claims (a claim may take an Attempt whose message
+        came with the ones just finished). ``claim``: from :meth:`claim_request`. ``renew``: (attempt id,
+        fence) pairs, renewed by the lease length each was claimed with, charging nothing. Each
+        outcome is the value or the exception the single call would have raised; an Attempt claimed
+        twice by one batch answers the second as the script does (DUP with the same request id, else
+        refused). With ``min_replicas`` a batch WAIT did not confirm raises ReplicationUnconfirmed, whose
+        ``replies`` hold each script's reply (applied on the primary only)."""
+        check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
+        size = len(complete) + len(claim) + len(renew)
+        if size > MAX_BATCH:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH} calls, got {size}")
+        epoch = self._epoch()
+        calls: list[tuple[str, Mapping[str, str], Mapping[str, Any]]] = []
+        calls += [("complete", *self._complete_call(c, worker_id)) for c in complete]
+        calls += [("renew", *self._renew_call(a, f, worker_id, None, 0.0, 0, None)) for a, f in renew]
+        calls += [("claim", *self._claim_call(c, worker_id, with_task, epoch)) for c in claim]
+        replies = self.backend.run_batch(calls)
+        first = len(complete) + len(renew)
+        stale = [i for i in range(first, len(calls)) if isinstance(replies[i], list) and replies[i][0] == Code.E_EPOCH]
+        if stale:  # a recovery elsewhere retired the epoch: those claims wrote nothing; once more with the new one
+            self.ns.forget()
+            epoch = self._epoch()
+            again = self.backend.run_batch([("claim", *self._claim_call(claim[i - first], worker_id, with_task, epoch))
+                                            for i in stale])
+            for i, reply in zip(stale, again, strict=True):
+                replies[i] = reply
+        out = Batch()
+        for i, reply in enumerate(replies):
+            try:
+                if isinstance(reply, BaseException):
+                    raise reply
+                if i < len(complete):
+                    c = complete[i]
+                    raise_for_reply(reply, script="complete", task_id=c.attempt_id.rpartition("/")[0],
+                                    attempt_id=c.attempt_id, presented_fence=c.fence)
+                    out.completed.append(None)
+                elif i < first:
+                    aid, fence = renew[i - len(complete)]
+                    out.renewed.append(self._heartbeat(reply, aid, aid.rpartition("/")[0], fence))
+                else:
+                    out.claimed.append(self._lease(reply, claim[i - first].task_id, worker_id, with_task))
+            except (McqError, redis.RedisError) as exc:
+                (out.completed if i < len(complete) else out.renewed if i < first else out.claimed).append(exc)
+        return out
+
+    def claim_request(self, task_id: str, *, lease_ms: int | None = None, expect_attempt: int | None = None,
+                      request_id: str | None = None) -> Claim:
+        """One claim of a :meth:`batch`, its arguments checked now (as :meth:`claim_attempt` takes them;
+        the lease length is the task's unless ``lease_ms``)."""
+        return self._claim_request(task_id, lease_ms, expect_attempt, request_id)
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | Mapping[str, Any], *,
                      worker_id: str = "", cost: float = 0.0, tokens: int = 0,

@@ -186,6 +186,7 @@ class ReplicationUnconfirmed(WriteRefused, OutcomeUnknown):
         self.acked = acked
         self.wanted = wanted
         self.timeout_ms = timeout_ms
+        self.replies: list[Any] = []  # a batch's replies, each applied on the primary (ScriptRunner.run_batch)
 
 
 # What a caller does after ReplicationUnconfirmed, per script (the write is on the primary only).

@@ -196,6 +196,18 @@ class Backend:
             self._follow_primary()
             raise
 
+    def run_batch(self, calls: list[tuple[str, Mapping[str, str], Mapping[str, Any]]]) -> list[Any]:
+        """Idempotent scripts of any names in one round trip (:meth:`ScriptRunner.run_batch`), judged
+        like :meth:`run`: the lineage first when one of them is an acknowledged write."""
+        acknowledged = [name for name, _, _ in calls if name in ACKNOWLEDGED]
+        if acknowledged:
+            self._precheck(acknowledged[0])
+        try:
+            return self.runner.run_batch(calls)
+        except ReplicationUnconfirmed:
+            self._follow_primary()
+            raise
+
     def _follow_primary(self) -> None:
         """With a Sentinel URL: ask the sentinels where the primary is now. redis-py then drops this
         client's idle connections to any other node, so the next command reaches the primary they name:

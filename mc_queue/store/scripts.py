@@ -243,6 +243,90 @@ class ScriptRunner:
                                  script=name) from last
         raise last
 
+    def run_batch(self, calls: Sequence[tuple[str, Mapping[str, str], Mapping[str, Any]]]) -> list[Any]:
+        """Many calls of idempotent scripts, of any names, in one round trip (a worker's batch: the
+        completions of what it ran and the claims of what it runs next). Each reply comes back as the
+        script gave it, or as the exception object (one bad entry hides nothing). After a connection
+        error or a timeout the whole batch is sent again, which only idempotent scripts allow. When one
+        of the calls is an acknowledged write and ``min_replicas`` > 0 the batch ends with one WAIT,
+        which covers every write before it on this connection: fewer confirmations raise
+        :class:`~mc_queue.contracts.errors.ReplicationUnconfirmed` with the replies in ``.replies``
+        (applied on the primary only)."""
+        if not calls:
+            return []
+        for name, _, _ in calls:
+            assert self.spec(name).idempotent, f"{name} is not idempotent: run it alone"
+        args = [(name, *self._args(name, k, a)) for name, k, a in calls]
+        tokens = [[o.before(name, k, a) for o in self.observers] for name, k, a in calls]
+        acknowledged = any(name in ACKNOWLEDGED for name, _, _ in calls) and (self.min_replicas > 0 or self.track)
+        last: Exception | None = None
+        for i in range(self._resends + 1):
+            try:
+                if i and self.before_resend is not None:
+                    self.before_resend(calls[0][0])
+                replies, acked, info = self._batch_once(args, acknowledged)
+                break
+            except redis.AuthenticationError:
+                raise
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                last = exc
+                if self.on_link_error is not None:
+                    self.on_link_error()
+                if i < self._resends:
+                    self._sleep(min(0.05 * (2**i), 1.0))
+        else:
+            assert last is not None
+            raise last
+        outs = [r if isinstance(r, (list, Exception)) else [r] for r in replies]
+        for toks, out in zip(tokens, outs, strict=True):
+            for o, t in zip(self.observers, toks, strict=True):
+                o.after(t, out)
+        wrote = [(name, out) for (name, _, _), out in zip(calls, outs, strict=True)
+                 if name in ACKNOWLEDGED and isinstance(out, list) and str(out[0]) in SUCCESS_CODES]
+        if acknowledged and wrote:
+            if self.min_replicas and acked < self.min_replicas:
+                unconfirmed = replication_unconfirmed(wrote[0][0], acked=max(acked, 0), wanted=self.min_replicas,
+                                                      timeout_ms=self.replica_timeout_ms)
+                unconfirmed.replies = outs
+                raise unconfirmed
+            if info is not None and self.on_ack is not None:
+                self.on_ack(wrote[-1][0], wrote[-1][1], Replication.parse(info))
+        return outs
+
+    def _batch_once(self, args: Sequence[tuple[Any, ...]], acknowledged: bool) -> tuple[list[Any], int, Any]:
+        """One pipeline: every EVALSHA (those answered NOSCRIPT did not run: loaded and sent again), then
+        as in :meth:`_acknowledged` the counter, INFO and WAIT. Returns (script replies, confirmations, INFO)."""
+        todo = list(range(len(args)))
+        replies: list[Any] = [None] * len(args)
+        acked: Any = 0
+        info: Any = None
+        for _ in range(2):
+            pipe: Any = self._client.pipeline(transaction=False)  # execute_command is untyped
+            for j in todo:
+                name, k, a = args[j]
+                pipe.execute_command("EVALSHA", self._scripts[name][1].sha, len(k), *k, *a)
+            if acknowledged and self.min_replicas:
+                pipe.execute_command("HINCRBY", self.ack_key, "replication_waits", 1)
+            if acknowledged and self.track:
+                pipe.execute_command("INFO", "replication")
+            if acknowledged and self.min_replicas:
+                pipe.execute_command("WAIT", self.min_replicas, self.replica_timeout_ms)
+            out = pipe.execute(raise_on_error=False)
+            for j, r in zip(todo, out, strict=False):
+                replies[j] = r
+            if acknowledged and self.track:
+                info = out[-2 if self.min_replicas else -1]
+            if acknowledged and self.min_replicas:
+                acked = out[-1]
+            missing = [j for j in todo if isinstance(replies[j], NoScriptError)]
+            if not missing:
+                break
+            for name in {args[j][0] for j in missing}:
+                spec, script = self._scripts[name]
+                script.sha = self._client.script_load(spec.source)
+            todo = missing
+        return replies, (acked if isinstance(acked, int) else -1), info
+
     def run_many(self, name: str, calls: Sequence[tuple[Mapping[str, str], Mapping[str, Any]]]) -> list[Any]:
         """Many calls of one idempotent script in one pipeline; a reply that is an error comes back as
         the exception object, so one bad entry does not hide the others."""
