@@ -10,6 +10,7 @@ every running Attempt every third of its lease, whether or not the handler ever 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from ..client import Client
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json, digest
 from ..contracts.errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
-from ..contracts.models import Attempt, Manifest, Task
+from ..contracts.models import Attempt, Heartbeat, Manifest, Task
 from ..policy.classify import BudgetExceeded, ConfigurationFailure
 from ..policy.effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from ..producer.app import HandlerSpec
@@ -147,9 +148,49 @@ class Context:
         except WriteRefused as exc:
             self._mark_lost(f"{type(exc).__name__}: {exc.message}")
             raise LeaseLost(str(exc), attempt_id=self.attempt_id, task_id=self.task.id) from exc
+        self._renewed(hb)
+
+    def _renewed(self, hb: Heartbeat) -> None:
         if hb.cancel_requested:
             self._cancelled = True
         self._charged = (hb.cost, hb.tokens)
+
+    @staticmethod
+    def background_beats(ctxs: list[Context]) -> list[Context]:
+        """One renewal of each of these Attempts' leases (one client, one worker) in one round trip, from
+        the heartbeat thread; returns those whose lease is gone for good. Each is judged as
+        :meth:`background_beat` judges one."""
+        if len(ctxs) == 1:
+            return [] if ctxs[0].background_beat() else ctxs
+        with contextlib.ExitStack() as held:
+            for ctx in ctxs:
+                held.enter_context(ctx._beat_lock)
+            beating = [c for c in ctxs if c._beating]
+            gone = [c for c in ctxs if not c._beating]
+            if not beating:
+                return gone
+            try:
+                batch = beating[0].client.leases.batch(beating[0].worker_id,
+                                                       renew=[(c.attempt_id, c.fence) for c in beating])
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("heartbeats of %d attempts failed (%s); retrying", len(beating), exc)
+                return gone
+            except McqError as exc:  # namespace lost or similar: none of them claims authority any more
+                for c in beating:
+                    c._mark_lost(f"{type(exc).__name__}: {exc}")
+                return ctxs
+            for c, hb in zip(beating, batch.renewed, strict=True):
+                if isinstance(hb, Heartbeat):
+                    c._renewed(hb)
+                elif isinstance(hb, WriteRefused):
+                    c._mark_lost(f"{type(hb).__name__}: {hb.message}")
+                    gone.append(c)
+                elif isinstance(hb, McqError):
+                    c._mark_lost(f"{type(hb).__name__}: {hb}")
+                    gone.append(c)
+                else:
+                    log.warning("heartbeat of %s failed (%s); retrying", c.attempt_id, hb)
+            return gone
 
     # -- the handler's calls
 
@@ -344,8 +385,12 @@ class HeartbeatService:
                 for k, iv, c in ready:
                     self._due[k] = (now + iv, iv, c)
                 nxt = min((due for due, _, _ in self._due.values()), default=now + 1.0)
+            # Every lease due now, one round trip per client and worker (a batch worker holds many).
+            groups: dict[tuple[int, str], list[Context]] = {}
             for _k, _, ctx in ready:
-                if not ctx.background_beat():
+                groups.setdefault((id(ctx.client), ctx.worker_id), []).append(ctx)
+            for group in groups.values():
+                for ctx in Context.background_beats(group):
                     with self._lock:
                         self._due.pop(id(ctx), None)
             self._wake.wait(max(0.0, nxt - time.monotonic()))
