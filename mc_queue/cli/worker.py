@@ -21,8 +21,14 @@ EXIT_STOPPED_MIDWAY = 5  # `mcq worker` only: stopped before its Attempt finishe
 @click.option("--queue", "queues", multiple=True, help="Queue(s) to serve (default: every queue of the app).")
 @click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
 @click.option("--pool", type=click.IntRange(1, 64), default=None, help="Run N worker processes (RQ WorkerPool).")
-@click.option("--kind", type=click.Choice(["fork", "simple"]), default="fork", show_default=True,
-              help="fork: each Attempt in a fresh child process; simple: in the worker process.")
+@click.option("--kind", type=click.Choice(["fork", "simple", "batch"]), default="fork", show_default=True,
+              help="fork: each Attempt in a fresh child process; simple: in the worker process; batch: in the "
+                   "worker process, up to --batch at a time (short tasks: one round trip per chunk of Attempts).")
+@click.option("--batch", "batch", type=click.IntRange(1, 500), default=20, show_default=True,
+              help="--kind batch: messages taken from RQ at once.")
+@click.option("--chunk-ms", "chunk_ms", type=Finite(1, 60_000), default=100.0, show_default=True,
+              help="--kind batch: a chunk of Attempts runs in about this, and a finished Attempt's completion waits "
+                   "at most this long for the chunk's round trip (a crash strands at most one chunk's leases).")
 @click.option("--name", default=None,
               help="Worker name (default host.pid); with --pool N the workers are NAME-1 .. NAME-N (a respawned one "
                    "takes the next number).")
@@ -35,8 +41,8 @@ EXIT_STOPPED_MIDWAY = 5  # `mcq worker` only: stopped before its Attempt finishe
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.pass_obj
 @handle_errors
-def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: int | None, kind: str,
-           name: str | None, workspace_root: str | None, grace_s: float, log_level: str) -> None:
+def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: int | None, kind: str, batch: int,
+           chunk_ms: float, name: str | None, workspace_root: str | None, grace_s: float, log_level: str) -> None:
     """Run Attempts of an app's handlers from RQ.
 
     SIGTERM or SIGINT stops an idle worker at once; a busy one first finishes its Attempt, for at
@@ -66,8 +72,9 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     from rq.exceptions import StopRequested
 
     from ..producer.transport import rq_connection, rq_queue_name
+    from ..worker.batch import worker_class
     from ..worker.jobs import McqJob
-    from ..worker.runner import WORKER_CLASSES, McqBaseWorker, configure, make_worker
+    from ..worker.runner import McqBaseWorker, configure, make_worker
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = load_app(app_spec)
@@ -77,13 +84,14 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     client = obj.client
     configure(app, client, workspace_root, home=obj.home, grace_s=grace_s)  # refuses a home others can write
     base = name or f"{socket.gethostname()}.{os.getpid()}"
+    cls = worker_class(kind, batch=batch, chunk_ms=chunk_ms)
     if pool:
         from rq.serializers import JSONSerializer
 
         from ..worker.pool import McqWorkerPool
 
         wp = McqWorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], base=base,
-                           connection=rq_connection(client), num_workers=pool, worker_class=WORKER_CLASSES[kind],
+                           connection=rq_connection(client), num_workers=pool, worker_class=cls,
                            serializer=JSONSerializer, job_class=McqJob)
         wp.start(burst=burst, logging_level=log_level.upper())
         codes = wp.exit_codes + [d.process.exitcode for d in wp.worker_dict.values()]
@@ -116,8 +124,8 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         w: McqBaseWorker | None = None
         worked = False
         try:
-            w = make_worker(app, client, names, kind=kind, name=current, workspace_root=workspace_root,
-                            home=obj.home, grace_s=grace_s)
+            w = make_worker(app, client, names, name=current, workspace_root=workspace_root,
+                            home=obj.home, grace_s=grace_s, worker_class=cls)
             worked = w.work(burst=burst, logging_level=log_level.upper())
         except (Stop, StopRequested):
             return

@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,16 +31,18 @@ from rq import Queue
 from rq.timeouts import JobTimeoutException
 
 from ..client import Client
+from ..client.holder import Completion
 from ..contracts import failpoints
+from ..contracts.codec import canonical_json
 from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from ..contracts.failures import make_failure
 from ..contracts.frozen import expand
 from ..contracts.keys import parse_attempt_id
-from ..contracts.models import Attempt, FailureClass, Manifest, Task
+from ..contracts.models import Attempt, FailureClass, Lease, Manifest, Task
 from ..contracts.packing import LONG_MARK, join_long
 from ..policy.classify import Classified, classify, decision_for
 from ..policy.reconcile import Reconciler
-from ..producer.app import App
+from ..producer.app import App, HandlerSpec
 from .context import Context, LeaseLost
 from .workspace import CleanupReport, WorkspaceRoot
 
@@ -102,21 +105,47 @@ class Refusal(Exception):
 def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
     """Read the task before anything is claimed: the message must be for this namespace, an
     existing task and Attempt, and a handler this worker's App has. Raises :class:`Refusal`."""
+    got = admit_many(rt, [(prefix, attempt_id)])[0]
+    if isinstance(got, Refusal):
+        raise got
+    return got
+
+
+def admit_many(rt: Runtime, messages: Sequence[tuple[Any, Any]]) -> list[Admission | Refusal]:
+    """:func:`admit` for many (prefix, attempt id) messages, their tasks read in one round trip."""
     ns = rt.client.keys.prefix
-    if prefix != ns:
-        raise Refusal(f"job for namespace {str(prefix)[:200]!r}, this worker serves {ns!r}", attempt=attempt_id)
-    try:
-        task_id, n = parse_attempt_id(attempt_id)
-    except ValueError as exc:
-        raise Refusal(str(exc), attempt=attempt_id) from None
-    tk = rt.client.keys.task(task_id)
+    out: list[Admission | Refusal | None] = [None] * len(messages)
+    reads: list[tuple[int, str, int]] = []
     pipe = rt.client.redis.pipeline(transaction=False)
-    pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest", f"{n}.state"])
-    pipe.hmget(tk.attempts_v1, [f"{n}.state", f"{n}.manifest"])  # (a task written before 2026-12)
-    (queue, handler, manifest, payload_digest, state), (old_state, attempt_manifest) = pipe.execute()
+    for i, (prefix, attempt_id) in enumerate(messages):
+        if prefix != ns:
+            out[i] = Refusal(f"job for namespace {str(prefix)[:200]!r}, this worker serves {ns!r}", attempt=attempt_id)
+            continue
+        try:
+            task_id, n = parse_attempt_id(attempt_id)
+        except ValueError as exc:
+            out[i] = Refusal(str(exc), attempt=attempt_id)
+            continue
+        tk = rt.client.keys.task(task_id)
+        pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest", f"{n}.state"])
+        pipe.hmget(tk.attempts_v1, [f"{n}.state", f"{n}.manifest"])  # (a task written before 2026-12)
+        reads.append((i, task_id, n))
+    replies = pipe.execute() if reads else []
+    for (i, task_id, n), own, old in zip(reads, replies[::2], replies[1::2], strict=True):
+        try:
+            out[i] = _admission(rt, str(messages[i][1]), task_id, n, own, old)
+        except Refusal as refusal:
+            out[i] = refusal
+    return [o for o in out if o is not None]
+
+
+def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any], old: list[Any]) -> Admission:
+    ns = rt.client.keys.prefix
+    (queue, handler, manifest, payload_digest, state), (old_state, attempt_manifest) = own, old
     state = state or old_state
     if (manifest or "")[:1] == LONG_MARK:  # a manifest over 64 bytes, kept in chunks (its fields manifest#<i>)
-        manifest = join_long(cast(dict[str, str], rt.client.redis.hgetall(tk.task))).get("manifest")
+        manifest = join_long(cast(dict[str, str], rt.client.redis.hgetall(rt.client.keys.task(task_id).task))
+                             ).get("manifest")
     if not queue or not handler:
         raise Refusal(f"no task {task_id} in namespace {ns!r}", attempt=attempt_id)
     if handler not in rt.app.handlers:
@@ -132,7 +161,7 @@ def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
         with contextlib.suppress(ValueError, McqError):
             timeout_s = Manifest.model_validate_json(
                 expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
-    return Admission(prefix=ns, attempt_id=str(attempt_id), task_id=task_id, number=n, queue=str(queue),
+    return Admission(prefix=ns, attempt_id=attempt_id, task_id=task_id, number=n, queue=str(queue),
                      handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S)
 
 
@@ -153,24 +182,47 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     """Claim the Attempt, run its handler, record the outcome. Never raises for an outcome mc_queue
     recorded; a rejected claim (a duplicate or late message) ends quietly."""
     rt = runtime()
-    client = rt.client
-    attempt_id, task_id, n = adm.attempt_id, adm.task_id, adm.number
-    failpoints.hit("attempt.before_claim", attempt=attempt_id, worker=rt.worker_id)
+    failpoints.hit("attempt.before_claim", attempt=adm.attempt_id, worker=rt.worker_id)
     try:
-        lease = client.leases.claim_attempt(task_id, rt.worker_id, lease_ms=None, expect_attempt=n,
-                                            request_id=uuid.uuid4().hex, with_task=True)
-    except TransitionRefused as exc:  # ClaimRejected: a duplicate or late message, or a canceled task
-        log.info("attempt %s: not claimed: %s", attempt_id, exc.message)
-        return {"skipped": exc.message}
-    except ReplicationUnconfirmed as exc:
+        lease = rt.client.leases.claim_attempt(adm.task_id, rt.worker_id, lease_ms=None, expect_attempt=adm.number,
+                                               request_id=uuid.uuid4().hex, with_task=True)
+    except (TransitionRefused, ReplicationUnconfirmed) as exc:
+        return not_claimed(rt, adm, exc)
+    started = start_claimed(rt, adm, lease)
+    return started if isinstance(started, dict) else finish_started(rt, started)
+
+
+def not_claimed(rt: Runtime, adm: Admission, exc: McqError) -> dict[str, Any]:
+    """A claim that did not give this worker the Attempt: a duplicate or late message, or a canceled task
+    (ClaimRejected), ends quietly; a claim the replicas did not confirm runs nothing and gives its lease up."""
+    if isinstance(exc, ReplicationUnconfirmed):
         # The claim is on the primary only: a failover could forget it while the handler acts. The
         # Attempt does not run; its lease is given up (or runs out) and the sweeper reconciles it.
         with contextlib.suppress(McqError, redis.RedisError):
-            client.operator.void_leases([attempt_id], actor=rt.worker_id, reason="claim not confirmed by the replicas")
-        log.warning("attempt %s: not run: %s", attempt_id, exc.message)
+            rt.client.operator.void_leases([adm.attempt_id], actor=rt.worker_id,
+                                           reason="claim not confirmed by the replicas")
+        log.warning("attempt %s: not run: %s", adm.attempt_id, exc.message)
         return {"unconfirmed": exc.message}
-    task = lease.task or client.reads.get_task(task_id)  # the claim read it: no round trip here
-    attempt = task.attempts[n - 1]
+    log.info("attempt %s: not claimed: %s", adm.attempt_id, exc.message)
+    return {"skipped": exc.message}
+
+
+@dataclass
+class Started:
+    """A claimed Attempt whose lease the process's heartbeat thread renews, ready to run its handler."""
+
+    adm: Admission
+    lease: Lease
+    ctx: Context
+    spec: HandlerSpec
+
+
+def start_claimed(rt: Runtime, adm: Admission, lease: Lease) -> Started | dict[str, Any]:
+    """Make the claimed Attempt's Context and start renewing its lease (a batch starts all it claimed
+    before it runs the first: those waiting their turn keep their leases)."""
+    client = rt.client
+    task = lease.task or client.reads.get_task(adm.task_id)  # the claim read it: no round trip here
+    attempt = task.attempts[adm.number - 1]
     spec = rt.app.handlers.get(task.handler)
     if spec is None:  # admitted a moment ago: only a task rewritten in between gets here
         failure = make_failure(FailureClass.CONFIGURATION, "UnknownHandler",
@@ -178,9 +230,18 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
                                f"{rt.worker_id}")
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
-                  functools.partial(rt.workspaces.create, attempt_id), rt.app.operations,
+                  functools.partial(rt.workspaces.create, adm.attempt_id), rt.app.operations,
                   recovered_at_ms=lease.recovered_at_ms)
     ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
+    return Started(adm, lease, ctx, spec)
+
+
+def finish_started(rt: Runtime, st: Started, *, defer: list[Completion] | None = None) -> dict[str, Any]:
+    """Run the handler and record its outcome. ``defer``: a success's completion is appended there, to
+    be sent with the batch's next round trip (:func:`completion_outcome` then says how it went),
+    instead of sent now."""
+    client, ctx, spec = rt.client, st.ctx, st.spec
+    attempt_id, task = st.adm.attempt_id, ctx.task
     outcome: dict[str, Any]
     try:
         try:
@@ -192,35 +253,56 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
             # Seed 003: the result is on file before the completion, so a worker dying in between
             # leaves a result the reconciler can prove, not a rerun of every effect.
             ctx.checkpoint("result_pending", {"result": result})
-        try:
-            client.leases.complete_quietly(attempt_id, lease.fence, result, worker_id=rt.worker_id)
-            outcome = {"succeeded": attempt_id}
-            log.info("attempt %s (%s) succeeded", attempt_id, task.handler)
-        except CancelRequested:
-            outcome = _acknowledge(client, rt, attempt_id, lease.fence)
-        except WriteRefused as exc:
-            outcome = {"refused": exc.message}
-            log.warning("attempt %s: its completion was refused: %s", attempt_id, exc.message)
+        if defer is not None:
+            defer.append(Completion(attempt_id, st.lease.fence, canonical_result(result)))
+            outcome = {"completing": attempt_id}
+        else:
+            try:
+                client.leases.complete_quietly(attempt_id, st.lease.fence, result, worker_id=rt.worker_id)
+                done: McqError | None = None
+            except (CancelRequested, WriteRefused) as exc:
+                done = exc
+            outcome = completion_outcome(rt, attempt_id, st.lease.fence, task.handler, done)
     except LeaseLost as exc:
         outcome = {"lease_lost": exc.message}
         log.warning("attempt %s: lease lost, nothing more recorded by this worker: %s", attempt_id, exc.message)
     except CancelRequested:
-        outcome = _acknowledge(client, rt, attempt_id, lease.fence)
+        outcome = _acknowledge(client, rt, attempt_id, st.lease.fence)
     except JobTimeoutException as exc:
         outcome = _timed_out(client, rt, attempt_id, ctx, exc)
     except Exception as exc:
-        outcome = _fail(client, rt, task, attempt, lease.fence, classify(exc), exc)
+        outcome = _fail(client, rt, task, ctx.attempt, st.lease.fence, classify(exc), exc)
     except BaseException:
         # SystemExit (the worker is stopping now), KeyboardInterrupt: the Attempt is not failed here.
         # Its heartbeats have stopped; its lease runs out and the sweeper reconciles what it did.
         log.warning("attempt %s: the worker stopped before its handler finished; its lease runs out and the "
                     "sweeper reconciles it", attempt_id)
         raise
-    keep = rt.keep_failed_workspaces and "succeeded" not in outcome
+    keep = rt.keep_failed_workspaces and "succeeded" not in outcome and "completing" not in outcome
     if ctx.workspace_created and not keep:
         with contextlib.suppress(OSError):
             rt.workspaces.remove(ctx.workspace)
     return outcome
+
+
+def canonical_result(result: Any) -> Any:
+    """The result as its completion will send it: a value that is not JSON fails the Attempt here, in
+    its handler's place (classified as the immediate completion's refusal would be), not in the batch."""
+    canonical_json(result, what="result")
+    return result
+
+
+def completion_outcome(rt: Runtime, attempt_id: str, fence: int, handler: str, done: BaseException | None
+                       ) -> dict[str, Any]:
+    """What a completion sent (now, or with a batch) came to: succeeded, a cancel to acknowledge, or refused."""
+    if done is None:
+        log.info("attempt %s (%s) succeeded", attempt_id, handler)
+        return {"succeeded": attempt_id}
+    if isinstance(done, CancelRequested):
+        return _acknowledge(rt.client, rt, attempt_id, fence)
+    message = done.message if isinstance(done, McqError) else str(done)
+    log.warning("attempt %s: its completion was refused: %s", attempt_id, message)
+    return {"refused": message}
 
 
 def record_refusal(rt: Runtime, refusal: Refusal, **fields: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ act on one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rq.defaults import CALLBACK_TIMEOUT
@@ -36,7 +36,7 @@ from rq.results import Result
 
 from ..contracts.errors import McqError
 from ..producer.transport import ENTRY, rq_queue_name
-from .attempt import Admission, Refusal, Runtime, admit, run_admitted
+from .attempt import Admission, Refusal, Runtime, admit_many, run_admitted
 
 RESULT_TTL = 0  # what mc_queue.producer.dispatch.dispatch sets: no RQ result is kept (mc_queue records it)
 FAILURE_TTL_S = 7 * 86_400  # what mc_queue.producer.dispatch.dispatch sets for a failed RQ job
@@ -182,6 +182,31 @@ def _not_admitted(job_id: str) -> None:
 
 def screen_job(rt: Runtime, job: McqJob, queue_name: str) -> Admission:
     """Everything a job must be before it runs (see the module's docstring). Raises :class:`Refusal`."""
+    got = screen_jobs(rt, [job], queue_name)[0]
+    if isinstance(got, Refusal):
+        raise got
+    return got
+
+
+def screen_jobs(rt: Runtime, jobs: Sequence[McqJob], queue_name: str) -> list[Admission | Refusal]:
+    """:func:`screen_job` for the jobs a batch took from one RQ queue, their tasks read in one round trip."""
+    out: list[Admission | Refusal | None] = [None] * len(jobs)
+    messages: list[tuple[int, tuple[Any, Any]]] = []
+    for i, job in enumerate(jobs):
+        try:
+            messages.append((i, _message(job, queue_name)))
+        except Refusal as refusal:
+            out[i] = refusal
+    for (i, (_, aid)), adm in zip(messages, admit_many(rt, [m for _, m in messages]), strict=True):
+        if isinstance(adm, Admission) and queue_name != (expected := rq_queue_name(adm.prefix, adm.queue)):
+            adm = Refusal(f"it came on RQ queue {queue_name!r}, but task {adm.task_id} is on queue {adm.queue!r} "
+                          f"(RQ queue {expected!r})", attempt=aid, func_name=ENTRY)
+        out[i] = adm
+    return [o for o in out if o is not None]
+
+
+def _message(job: McqJob, queue_name: str) -> tuple[Any, Any]:
+    """The (prefix, attempt id) a job carries, once it passed every check that needs no read."""
     if job.unreadable:
         raise Refusal(job.unreadable)
     name = job.func_name
@@ -206,9 +231,4 @@ def screen_job(rt: Runtime, job: McqJob, queue_name: str) -> Admission:
     if origin != queue_name:
         raise Refusal(f"it was taken from RQ queue {queue_name!r} but its origin says {origin[:200]!r}",
                       attempt=args[1], func_name=name)
-    adm = admit(rt, args[0], args[1])
-    expected = rq_queue_name(adm.prefix, adm.queue)
-    if queue_name != expected:
-        raise Refusal(f"it came on RQ queue {queue_name!r}, but task {adm.task_id} is on queue {adm.queue!r} "
-                      f"(RQ queue {expected!r})", attempt=args[1], func_name=name)
-    return adm
+    return args[0], args[1]

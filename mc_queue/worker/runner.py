@@ -63,7 +63,7 @@ EXIT_STOPPED_MIDWAY = 5  # `mcq worker`'s exit code when it stopped before its A
 WORKER_TTL_S = 35
 
 
-def _dispose(connection: redis.Redis, job: Job, queue: Queue) -> None:
+def dispose_job(connection: redis.Redis, job: Job, queue: Queue) -> None:
     """A refused job leaves RQ: out of the queue's intermediate list, its hash deleted (if it was an
     Attempt's message, the outbox sends it again)."""
     pipe = connection.pipeline(transaction=False)
@@ -250,7 +250,7 @@ class McqBaseWorker(BaseWorker):
             adm = screen_job(rt, mjob, queue.name)
         except Refusal as refusal:
             record_refusal(rt, refusal, job_id=str(job.id)[:300], queue=queue.name)
-            _dispose(self.connection, job, queue)
+            dispose_job(self.connection, job, queue)
             return
         mjob.admit(adm)
         self._admitted = adm
@@ -419,11 +419,13 @@ def rq_queues(client: Client, queues: list[str], conn: redis.Redis) -> list[Queu
 
 def make_worker(app: App, client: Client, queues: list[str], *, kind: str = "fork", name: str | None = None,
                 workspace_root: str | os.PathLike[str] | None = None, home: str | os.PathLike[str] | None = None,
-                grace_s: float = DEFAULT_GRACE_S) -> McqBaseWorker:
-    """An RQ worker that runs this app's Attempts (stale workspaces are cleaned when it is built)."""
+                grace_s: float = DEFAULT_GRACE_S, worker_class: type[McqBaseWorker] | None = None) -> McqBaseWorker:
+    """An RQ worker that runs this app's Attempts (stale workspaces are cleaned when it is built):
+    ``worker_class``, else the class of ``kind`` (fork or simple; a batch worker's class comes from
+    :func:`mc_queue.worker.batch.worker_class`)."""
     configure(app, client, workspace_root, home=home, grace_s=grace_s)
     conn = rq_connection(client)
-    cls = WORKER_CLASSES[kind]
+    cls = worker_class or WORKER_CLASSES[kind]
     return cls(rq_queues(client, queues, conn), connection=conn,
                name=name or f"{socket.gethostname()}.{os.getpid()}", serializer=JSONSerializer, job_class=McqJob)
 

@@ -52,6 +52,13 @@ def long_first(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"attempt": ctx.attempt.number}
 
 
+@app.handler("sleepy", lease_ms=60_000, timeout_s=120)
+def sleepy(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Sleeps payload["seconds"] under a long lease (a batch worker's chunk keeps several such leases)."""
+    time.sleep(float(payload["seconds"]))
+    return {"slept": payload["seconds"], "n": payload.get("n")}
+
+
 @app.handler("hangs", lease_ms=1500, timeout_s=2)
 def hangs(ctx: Context, payload: dict[str, Any]) -> None:
     time.sleep(30)
