@@ -233,6 +233,49 @@ class CycleLoop:
         }
 
 
+class BatchLoop:
+    """Batch mode from one client: each round trip completes the Attempts claimed by the one before and
+    claims the next ``size`` (``q.leases.batch``: each still its own fenced claim and completion)."""
+
+    def __init__(self, q: mc_queue.Client, admin: redis.Redis, ready: list[str], chunk: int, size: int) -> None:
+        self.q, self.w, self.pool, self.chunk, self.size = q, Window(admin), list(ready), chunk, size
+        self.done = 0
+        self.trips = 0
+
+    def run(self, seconds: float) -> None:
+        from mc_queue.client.holder import Completion
+
+        leases = self.q.leases
+        target = self.w.wall + seconds
+        held: list[Any] = []
+        while self.w.wall < target or held:
+            if len(self.pool) < self.size:
+                self.pool += enqueue_n(self.q, self.chunk)  # untimed refill
+            with self.w.timed():
+                deadline = time.perf_counter() + max(0.0, target - self.w.wall)
+                while True:
+                    more = time.perf_counter() < deadline and len(self.pool) >= self.size
+                    take, self.pool = (self.pool[:self.size], self.pool[self.size:]) if more else ([], self.pool)
+                    got = leases.batch(WORKER, complete=[Completion(x.attempt_id, x.fence, RESULT) for x in held],
+                                       claim=[leases.claim_request(t) for t in take], with_task=False)
+                    self.trips += 1
+                    assert all(c is None for c in got.completed), got.completed
+                    self.done += len(held)
+                    held = list(got.claimed)
+                    if not take or len(self.pool) < self.size:
+                        break
+            if not held and self.w.wall >= target:
+                break
+
+    def result(self) -> dict[str, Any]:
+        w, done = self.w, self.done
+        return {
+            "attempts": done, "size": self.size, "seconds": w.wall, "per_s": done / w.wall,
+            "client_cpu_us": 1e6 * w.cpu / done, "server_cpu_us": 1e6 * w.server_cpu / done,
+            "round_trips_per_attempt": self.trips / done, "commands_per_attempt": w.total_calls() / done,
+        }
+
+
 def measure_enqueue(q: mc_queue.Client, admin: redis.Redis, seconds: float) -> tuple[dict[str, Any], list[str]]:
     """One producer calling q.producer.enqueue in a loop; the tasks it creates feed the cycle measurement."""
     ids: list[str] = []
@@ -256,15 +299,18 @@ def measure_enqueue(q: mc_queue.Client, admin: redis.Redis, seconds: float) -> t
 
 
 def measure_pair(server: RedisServer, q: mc_queue.Client, admin: redis.Redis, seconds: float, ready: list[str],
-                 chunk: int, slice_s: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Raw loop and cycle loop in alternating slices, so both see the same machine conditions."""
+                 chunk: int, slice_s: float, batch: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Raw loop, cycle loop and batch loop in alternating slices, so all see the same machine conditions."""
     raw, cyc = RawLoop(server, admin), CycleLoop(q, admin, ready, chunk)
-    while raw.w.wall < seconds or cyc.w.wall < seconds:
+    bat = BatchLoop(q, admin, [], chunk, batch)
+    while raw.w.wall < seconds or cyc.w.wall < seconds or bat.w.wall < seconds:
         if raw.w.wall < seconds:
             raw.run(min(slice_s, seconds - raw.w.wall))
         if cyc.w.wall < seconds:
             cyc.run(min(slice_s, seconds - cyc.w.wall))
-    return raw.result(), cyc.result()
+        if bat.w.wall < seconds:
+            bat.run(min(slice_s, seconds - bat.w.wall))
+    return raw.result(), cyc.result(), bat.result()
 
 
 def client_round_trips(q: mc_queue.Client, n: int = 500) -> dict[str, float]:
@@ -472,13 +518,13 @@ def run_mode(base: Path, fsync: str, pin: str, args: argparse.Namespace) -> dict
             for tid in enqueue_n(q, 200):  # warm up: script cache, connections, namespace
                 run_cycle(q, tid)
             enq, ready = measure_enqueue(q, admin, args.seconds)
-            raw, cyc = measure_pair(server, q, admin, args.seconds, ready, args.chunk, args.slice)
+            raw, cyc, bat = measure_pair(server, q, admin, args.seconds, ready, args.chunk, args.slice, args.batch)
             q.close()
-            reps.append({"raw": raw, "cycles": cyc, "enqueue": enq,
+            reps.append({"raw": raw, "cycles": cyc, "enqueue": enq, "batch": bat,
                          "ratio_per_cycle": cyc["per_s"] / raw["per_s"],
                          "ratio_per_round_trip": 2 * cyc["per_s"] / raw["per_s"]})
             print(f"  [{fsync}/{pin} #{rep + 1}] cycles {cyc['per_s']:,.0f}/s  raw EVALSHA {raw['per_s']:,.0f}/s  "
-                  f"enqueue {enq['per_s']:,.0f}/s", file=sys.stderr)
+                  f"enqueue {enq['per_s']:,.0f}/s  batch {bat['per_s']:,.0f} Attempts/s", file=sys.stderr)
         m1, p1, c1, t1 = system_cpu(), time.process_time(), server_cpu(admin), time.perf_counter()
         other_cpu = steal = None
         if m0 and m1:  # CPUs kept busy by anything but this process and its redis-server, on average
@@ -547,6 +593,11 @@ def render(modes: list[dict[str, Any]], mems: list[dict[str, Any]], args: argpar
         lambda m: f"{m['client_round_trips']['per_cycle']:.2f}")
     row("4c. Redis commands per cycle, incl. those run inside Lua (commandstats)",
         lambda m: f"{med(r(m), 'cycles', 'commands_per_cycle'):.1f}")
+    row(f"5a. batch mode: fenced Attempts/s (claim+complete, {args.batch} per round trip, 1 process)",
+        lambda m: f"**{med(r(m), 'batch', 'per_s'):,.0f}** ({spread(r(m), 'batch', 'per_s')})")
+    row("5b. batch mode: redis-server CPU µs / client CPU µs / Redis commands per Attempt",
+        lambda m: f"{med(r(m), 'batch', 'server_cpu_us'):.0f} / {med(r(m), 'batch', 'client_cpu_us'):.0f} / "
+                  f"{med(r(m), 'batch', 'commands_per_attempt'):.1f}")
     row("6. enqueue tasks/s (1 producer, q.producer.enqueue)",
         lambda m: f"**{med(r(m), 'enqueue', 'per_s'):,.0f}** ({spread(r(m), 'enqueue', 'per_s')})")
     row("CPUs busy outside this benchmark during the column's runs (avg) / VM steal",
@@ -660,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=10_000, help="tasks for the memory measurement (default 10000)")
     ap.add_argument("--no-what-if", action="store_true",
                     help="skip the second memory measurement with " + " ".join(WHAT_IF_CONFIG))
+    ap.add_argument("--batch", type=int, default=50, help="Attempts claimed per round trip in batch mode (default 50)")
     ap.add_argument("--chunk", type=int, default=2000, help="tasks enqueued per untimed refill (default 2000)")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds to wait before reading used_memory")
     ap.add_argument("--profile", action="store_true", help="cProfile one cycle loop and print the top entries")

@@ -59,7 +59,7 @@ GOAL_RATIO = 0.85
 RQ_QUEUE = "bench-rq"
 NOOP_FUNC = "bench.noop_jobs.noop"
 APP_SPEC = "bench.noop_app:app"
-RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker"}
+RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker", "batch": "rq.SimpleWorker"}  # batch: mcq's own
 SYSTEMS = ("rq", "mcq")
 LABEL = {"rq": "RQ", "mcq": "mc_queue"}
 # What mc_queue.producer.dispatch.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).
@@ -230,7 +230,7 @@ class Bench:
                     RQ_QUEUE]
         return [py, "-m", "mc_queue", "--redis-url", self.url, "--prefix", self.prefix, "worker", "--app", APP_SPEC,
                 "--burst", "--kind", kind, "--queue", self.mcq_queue, "--workspace-root", str(self.tmp / "ws"),
-                "--log-level", "WARNING"]
+                "--log-level", "WARNING", *(["--batch", str(self.args.batch)] if kind == "batch" else [])]
 
     # -- enqueue (never timed) and verification
 
@@ -712,7 +712,7 @@ def render_round_trips(rts: list[dict[str, Any]], names: dict[str, str]) -> list
             return f"evalsha ({names.get(c.split(':', 1)[1], c.split(':', 1)[1])})"
         return c
 
-    kinds = sorted({r["kind"] for r in rts}, key=["fork", "simple"].index)
+    kinds = sorted({r["kind"] for r in rts}, key=["fork", "simple", "batch"].index)
     out = [f"## Round trips per job (untimed sample of {rts[0]['n']} jobs, 1 worker, minus an empty-queue run)", ""]
     head = "| per job | " + " | ".join(f"{k}: RQ | {k}: mc_queue | {k}: added" for k in kinds) + " |"
     out += [head, "|" + "---|" * (1 + 3 * len(kinds))]
@@ -808,7 +808,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--jobs", type=int, default=2000, help="jobs (Attempts) per drain")
     p.add_argument("--repeat", type=int, default=3, help="repeats; figures are medians")
-    p.add_argument("--kinds", default="fork,simple", help="worker kinds: fork (rq.Worker), simple (rq.SimpleWorker)")
+    p.add_argument("--kinds", default="fork,simple", help="worker kinds: fork (rq.Worker), simple (rq.SimpleWorker), "
+                   "batch (mcq worker --kind batch, against bare rq.SimpleWorker)")
+    p.add_argument("--batch", type=int, default=50, help="--kind batch: messages a batch worker takes at once")
     p.add_argument("--workers", default="1,2", help="numbers of worker processes")
     p.add_argument("--fsync", choices=["everysec", "always"], default="everysec", help="appendfsync of the server")
     p.add_argument("--sample", type=int, default=200, help="jobs in the round-trip sample (0 skips it)")

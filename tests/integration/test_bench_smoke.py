@@ -37,7 +37,7 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     # tests/faults/test_chaos_short.py's run; exit 1 is a verdict this short a run cannot be held to
     "chaos.py": (["--failover", "--minutes", "0.15", "--workers", "1", "--tasks-per-minute", "20", "--fault-min", "1",
                   "--fault-max", "2", "--settle-timeout", "40", "--seed", "5"], "**failovers injected**", (0, 1)),
-    "bench_workers.py": (["--jobs", "20", "--repeat", "1", "--kinds", "simple", "--workers", "1", "--sample", "0",
+    "bench_workers.py": (["--jobs", "20", "--repeat", "1", "--kinds", "simple,batch", "--workers", "1", "--sample", "0",
                           "--no-profile", "--steps", "10"], "| total of the steps |", (0,)),
     "failover.py": (["--tasks", "2", "--workers", "1", "--think-s", "0.05", "--lag-s", "0.5", "--modes", "kill:1",
                      "--quiet-s", "1", "--seconds", "0.3", "--repeat", "1"], '"throughput"', (0,)),
