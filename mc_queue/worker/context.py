@@ -155,42 +155,30 @@ class Context:
             self._cancelled = True
         self._charged = (hb.cost, hb.tokens)
 
-    @staticmethod
-    def background_beats(ctxs: list[Context]) -> list[Context]:
-        """One renewal of each of these Attempts' leases (one client, one worker) in one round trip, from
-        the heartbeat thread; returns those whose lease is gone for good. Each is judged as
-        :meth:`background_beat` judges one."""
-        if len(ctxs) == 1:
-            return [] if ctxs[0].background_beat() else ctxs
-        with contextlib.ExitStack() as held:
-            for ctx in ctxs:
-                held.enter_context(ctx._beat_lock)
-            beating = [c for c in ctxs if c._beating]
-            gone = [c for c in ctxs if not c._beating]
-            if not beating:
-                return gone
-            try:
-                batch = beating[0].client.leases.batch(beating[0].worker_id,
-                                                       renew=[(c.attempt_id, c.fence) for c in beating])
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.warning("heartbeats of %d attempts failed (%s); retrying", len(beating), exc)
-                return gone
-            except McqError as exc:  # namespace lost or similar: none of them claims authority any more
-                for c in beating:
-                    c._mark_lost(f"{type(exc).__name__}: {exc}")
-                return ctxs
-            for c, hb in zip(beating, batch.renewed, strict=True):
-                if isinstance(hb, Heartbeat):
-                    c._renewed(hb)
-                elif isinstance(hb, WriteRefused):
-                    c._mark_lost(f"{type(hb).__name__}: {hb.message}")
-                    gone.append(c)
-                elif isinstance(hb, McqError):
-                    c._mark_lost(f"{type(hb).__name__}: {hb}")
-                    gone.append(c)
-                else:
-                    log.warning("heartbeat of %s failed (%s); retrying", c.attempt_id, hb)
-            return gone
+    @property
+    def heartbeat_lock(self) -> threading.Lock:
+        """Held while a background renewal of this Attempt is in flight (stop_heartbeats waits for it)."""
+        return self._beat_lock
+
+    @property
+    def heartbeating(self) -> bool:
+        """True from start_heartbeats until stop_heartbeats."""
+        return self._beating
+
+    def take_renewal(self, outcome: Heartbeat | BaseException) -> bool:
+        """A background renewal's outcome, made elsewhere (:func:`renew_together`); False when this
+        Attempt's lease is gone for good. Judged as :meth:`background_beat` judges its own."""
+        if isinstance(outcome, Heartbeat):
+            self._renewed(outcome)
+            return True
+        if isinstance(outcome, WriteRefused):
+            self._mark_lost(f"{type(outcome).__name__}: {outcome.message}")
+            return False
+        if isinstance(outcome, McqError):  # namespace lost or similar: stop claiming authority
+            self._mark_lost(f"{type(outcome).__name__}: {outcome}")
+            return False
+        log.warning("heartbeat of %s failed (%s); retrying", self.attempt_id, outcome)
+        return True
 
     # -- the handler's calls
 
@@ -353,6 +341,31 @@ class Context:
             raise LeaseLost(str(exc), attempt_id=self.attempt_id, task_id=self.task.id) from exc
 
 
+def renew_together(ctxs: list[Context]) -> list[Context]:
+    """One background renewal of each of these Attempts' leases (one client, one worker) in one round trip;
+    returns those whose lease is gone for good. A single Attempt makes the single call."""
+    if len(ctxs) == 1:
+        return [] if ctxs[0].background_beat() else ctxs
+    with contextlib.ExitStack() as held:
+        for ctx in ctxs:
+            held.enter_context(ctx.heartbeat_lock)
+        beating = [c for c in ctxs if c.heartbeating]
+        gone = [c for c in ctxs if not c.heartbeating]
+        if not beating:
+            return gone
+        try:
+            batch = beating[0].client.leases.batch(beating[0].worker_id,
+                                                   renew=[(c.attempt_id, c.fence) for c in beating])
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            log.warning("heartbeats of %d attempts failed (%s); retrying", len(beating), exc)
+            return gone
+        except McqError as exc:  # namespace lost or similar: none of them claims authority any more
+            for c in beating:
+                c.take_renewal(exc)
+            return ctxs
+        return gone + [c for c, outcome in zip(beating, batch.renewed, strict=True) if not c.take_renewal(outcome)]
+
+
 class HeartbeatService:
     """One daemon thread per process renews the lease of every registered Attempt every third of its
     lease, whether or not the handler ever yields. Recreated after a fork (threads do not survive one)."""
@@ -390,7 +403,7 @@ class HeartbeatService:
             for _k, _, ctx in ready:
                 groups.setdefault((id(ctx.client), ctx.worker_id), []).append(ctx)
             for group in groups.values():
-                for ctx in Context.background_beats(group):
+                for ctx in renew_together(group):
                     with self._lock:
                         self._due.pop(id(ctx), None)
             self._wake.wait(max(0.0, nxt - time.monotonic()))

@@ -27,7 +27,7 @@ from mc_queue import StaleFence, TaskState
 from mc_queue.client.holder import Completion
 from mc_queue.contracts.models import AttemptState
 from mc_queue.producer.transport import job_id
-from mc_queue.worker.context import Context
+from mc_queue.worker.context import Context, renew_together
 from tests.apps import basic
 from tests.harness import BASIC, Harness, events, harness_fixture, wait_for
 
@@ -172,14 +172,16 @@ def test_the_heartbeats_of_a_process_renew_every_lease_in_one_round_trip(q: mc_q
     for lease in leases:
         assert lease.task is not None
         ctx = Context(q, spec, lease.task, lease.task.attempts[0], lease.fence, "w1", tmp_path)
-        ctx._beating = True  # as start_heartbeats leaves it, without the background thread
+        ctx.start_heartbeats(3600)  # registered, beating; the process's thread would renew it in an hour
         ctxs.append(ctx)
     q.operator.void_leases([leases[2].attempt_id], actor="op", reason="taken back by the operator")
     _warm(q)
     time.sleep(0.3)
     before = [q.redis.pttl(q.keys.task(t.id).lease) for t in tasks]
     trips = Trips(q, monkeypatch)
-    gone = Context.background_beats(ctxs)
+    gone = renew_together(ctxs)
+    for ctx in ctxs:
+        ctx.stop_heartbeats()
     assert trips.n == 1
     assert gone == [ctxs[2]] and ctxs[2].lease_lost and not any(c.lease_lost for i, c in enumerate(ctxs) if i != 2)
     after = [q.redis.pttl(q.keys.task(t.id).lease) for t in tasks]
@@ -189,11 +191,12 @@ def test_the_heartbeats_of_a_process_renew_every_lease_in_one_round_trip(q: mc_q
 # --------------------------------------------------------------------------- the batch worker
 
 
-def _rq_clean(h: Harness) -> None:
-    """RQ holds nothing of the drained jobs: no message, no job hash, no registry entry."""
+def _rq_clean(h: Harness, task_ids: list[str]) -> None:
+    """RQ holds nothing of these tasks' drained jobs: no message, no job hash, no registry entry."""
     q = h.rq_queue()
     assert q.count == 0 and h.rq.llen(q.intermediate_queue_key) == 0
-    assert not list(h.rq.scan_iter(match="rq:job:*"))
+    jids = [job_id(h.prefix, f"{tid}/1") for tid in task_ids]
+    assert not any(Job.exists(j, connection=h.rq) for j in jids)
     for registry in (q.started_job_registry, q.failed_job_registry, q.finished_job_registry):
         assert registry.count == 0, registry.key
 
@@ -208,7 +211,7 @@ def test_a_batch_worker_drains_many_attempts_each_fenced_and_evented(h: Harness)
         assert t.state is TaskState.SUCCEEDED and len(t.attempts) == 1 and t.attempts[0].worker_id == "w-batch"
         assert len(events(t, "attempt_claimed")) == 1 and len(events(t, "attempt_succeeded")) == 1
     assert h.task(crash).state is TaskState.QUARANTINED  # a failure in a batch is decided as on the plain path
-    _rq_clean(h)
+    _rq_clean(h, [*ok, crash])
     assert int(h.rq.hget("rq:worker:w-batch", "successful_job_count") or 0) == 121
 
 
@@ -237,7 +240,7 @@ def test_a_message_delivered_twice_in_one_batch_runs_its_attempt_once(h: Harness
         assert t.state is TaskState.SUCCEEDED and len(t.attempts) == 1
         assert len(events(t, "attempt_claimed")) == 1
     assert len(events(h.task(ok[1]), "claim_refused")) == 1
-    _rq_clean(h)
+    _rq_clean(h, ok)
 
 
 def _holding(h: Harness, worker_prefix: str) -> list[str]:
