@@ -510,7 +510,7 @@ def render(data: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--runs", type=int, default=20, help="mc_queue runs (one task each)")
-    p.add_argument("--kind", choices=["simple", "fork"], default="simple", help="mc_queue worker kind")
+    p.add_argument("--kind", choices=["simple", "fork", "batch"], default="simple", help="mc_queue worker kind")
     p.add_argument("--kill", choices=["group", "horse", "pool-child"], default="group",
                    help="group: the worker's whole process group; horse: only the work horse running the job "
                         "(--kind fork), its worker lives on; pool-child: only the SimpleWorker of a `--pool 2` "
@@ -537,8 +537,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--runs must be >= 1, --rq-runs >= 0 and --lease-ms >= 100")
     if args.kill == "horse" and args.kind != "fork":
         p.error("--kill horse needs --kind fork (a SimpleWorker runs the job in its own process)")
-    if args.kill == "pool-child" and args.kind != "simple":
-        p.error("--kill pool-child needs --kind simple (a fork worker's job runs in its work horse)")
+    if args.kill == "pool-child" and args.kind not in ("simple", "batch"):
+        p.error("--kill pool-child needs --kind simple or batch (a fork worker's job runs in its work horse)")
     return args
 
 
