@@ -171,6 +171,11 @@ local function check_arg(v, kind, p1, p2)
   elseif kind == 'raw' then
     if #v > p1 then return nil, 'is longer than ' .. p1 .. ' bytes' end
     return v
+  elseif kind == 'name' then  -- a queue's or a schedule's name
+    if #v > 64 or not string.find(v, '^[%w][%w_%.%-]*$') then
+      return nil, "must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit"
+    end
+    return v
   elseif kind == 'reqid' then
     if v == '' then return v end
     if #v > 64 or string.find(v, '[^%w_%-]') then return nil, 'must be 1-64 of letters, digits, _ and -' end

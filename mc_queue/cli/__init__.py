@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (each adds its commands to main)
     dlq,
     health,
     metrics,
+    periodic,
     providers,
     queue,
     recovery,

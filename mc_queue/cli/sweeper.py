@@ -17,7 +17,8 @@ MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less 
 @click.option("--interval", type=Finite(MIN_INTERVAL_S, 3600), default=1.0, show_default=True,
               help=f"Seconds between passes ({MIN_INTERVAL_S:g} to 3600).")
 @click.option("--app", "app_spec", default=None,
-              help="package.module:app whose registered operations reconcile effects with their providers.")
+              help="package.module:app whose registered operations reconcile effects with their providers; its "
+                   "retention policies and periodic schedules are published at start.")
 @click.option("--archive", "archive_dir", default=None, metavar="DIR",
               help="Write each task retention deletes to this folder first (gzip JSON lines per queue and day).")
 @click.option("--json", "as_json", is_flag=True)
@@ -25,7 +26,8 @@ MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less 
 @handle_errors
 def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive_dir: str | None,
             as_json: bool) -> None:
-    """Expire leases, reconcile suspects, send due dispatches; pack, retire and archive ended tasks."""
+    """Expire leases, reconcile suspects, send due dispatches, tick periodic schedules; pack, retire and
+    archive ended tasks. Any number of sweepers may run: every decision is re-checked in its script."""
     import logging
 
     from ..ops.archive import FileArchive

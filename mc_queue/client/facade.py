@@ -25,6 +25,7 @@ from ..store.backend import Backend
 from .holder import LeaseHolder
 from .maintenance import Maintenance
 from .operator import Operator
+from .periodic import Periodic
 from .producer import Producer
 from .reads import Reads
 from .results import Results
@@ -37,9 +38,9 @@ class Client:
     ``producer`` enqueues; ``leases`` is what a worker calls under its lease; ``operator`` what a person
     decides (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
     what is due to be sent to the transport;
-    ``reads`` everything that explains what happened; ``results`` waits for tasks to end. ``backend``
-    runs the scripts and keeps the
-    namespace epoch and replication lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
+    ``reads`` everything that explains what happened; ``results`` waits for tasks to end; ``periodic``
+    publishes, ticks and steers periodic schedules. ``backend`` runs the scripts and keeps the namespace
+    epoch and replication lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -53,6 +54,7 @@ class Client:
         self.schedule = Schedule(backend)
         self.operator = Operator(backend, self.maintenance)
         self.results = Results(backend, self.reads)
+        self.periodic = Periodic(backend, self.producer, self.operator)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

@@ -224,6 +224,7 @@ _STATE_MESSAGES: dict[str, Callable[[str, str], str]] = {
     "dlq_purge": lambda where, first: f"purge of {where} refused: the task is {first}, not quarantined",
     "recover_finish": lambda where, first: f"recovery cannot finish: {first}",
     "index_drop": lambda where, first: f"the index entry {where} is right (attempt {first}): not dropped",
+    "periodic_pause": lambda where, first: f"{first}: `mcq schedule list` shows the published ones",
 }
 
 

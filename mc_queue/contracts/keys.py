@@ -31,6 +31,12 @@ Key schema (``P`` = ``{prefix}``)::
     P:sweeper              hash   the sweeper's last pass: last_pass_ms, pass_ms, passes (written after each pass);
                                   "pack|<queue>": "<score> <entries at that score>" its pack walk of the
                                   queue's done index reached
+    P:periodic             hash   periodic schedule name -> its definition JSON (contracts/periodic.py Periodic),
+                                  published by the App that declares it (``mcq sweeper --app``, ``mcq worker``)
+    P:periodic:<name>      hash   a schedule's state (lua/periodic_decide.lua): cursor (the last tick decided, ms),
+                                  pending ("<tick> <task id> <cancel previous>": a tick decided to run, its task
+                                  not yet confirmed made), last_task, last_tick, paused (JSON: reason, actor, at),
+                                  counts: ran, skipped_overlap, skipped_missed, skipped_paused, triggered
     P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
                                   a paused queue's Attempts, the sweeper does not dispatch them)
     P:w:<worker id>        string a live worker's liveness key ("<host> <pid>"), PX a few heartbeats, refreshed
@@ -190,6 +196,7 @@ class Keys:
         self.topack = f"{tag}:topack"
         self.idem_until = f"{tag}:idem_until"
         self.retention = f"{tag}:retention"
+        self.periodic = f"{tag}:periodic"
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"
@@ -203,6 +210,10 @@ class Keys:
 
     def held(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:held"
+
+    def periodic_state(self, name: str) -> str:
+        """A periodic schedule's state: its cursor, the tick being made, its last task, pause, counts."""
+        return f"{self.tag}:periodic:{name}"
 
     def worker(self, worker_id: str) -> str:
         """A worker process's liveness key (set with a TTL by the worker itself)."""

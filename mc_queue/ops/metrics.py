@@ -66,6 +66,11 @@ mcq_attempts_finished_total                queue, handler, outcome (succeeded | 
 mcq_attempt_duration_seconds               queue, handler: histogram, claim to end of an Attempt
 mcq_queue_wait_seconds                     queue, handler: histogram, due time (enqueue, or end of
                                            the backoff) to claim
+mcq_periodic_ticks_total                   schedule, outcome (ran | failed | skipped_overlap |
+                                           skipped_missed | skipped_paused | triggered): ticks of each
+                                           periodic schedule and what they came to
+mcq_periodic_paused                        schedule: 1 while paused by an operator
+mcq_periodic_next_tick_timestamp_seconds   schedule: when its next tick is due (Unix time, Redis's clock)
 =========================================  =====================================================
 
 The histograms' buckets (:data:`BUCKETS_S`) are those of ``METRIC_BUCKETS_MS`` in
@@ -160,6 +165,7 @@ class NamespaceCollector(Collector):
         yield from self._memory()
         yield from _sweeper(cast(dict[str, str], raw_sweeper))
         yield from self._counters({f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
+        yield from _periodic(c.periodic.status())
 
     def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
         """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and
@@ -298,6 +304,23 @@ def _namespace(state: str, created_ms: Any) -> Iterable[Metric]:
         yield GaugeMetricFamily("mcq_namespace_created_timestamp_seconds",
                                 "When the namespace was created (Unix time, Redis's clock)",
                                 value=int(created_ms) / 1000)
+
+
+def _periodic(rows: list[dict[str, Any]]) -> Iterable[Metric]:
+    """Each published periodic schedule's ticks by outcome, its pause, and when its next tick is due."""
+    ticks = CounterMetricFamily("mcq_periodic_ticks", "Ticks of a periodic schedule by outcome (ran, failed, "
+                                "skipped_overlap, skipped_missed, skipped_paused, triggered)",
+                                labels=["schedule", "outcome"])
+    paused = GaugeMetricFamily("mcq_periodic_paused", "1 while the schedule is paused", labels=["schedule"])
+    nxt = GaugeMetricFamily("mcq_periodic_next_tick_timestamp_seconds", "When the next tick is due (Redis's clock)",
+                            labels=["schedule"])
+    for r in rows:
+        for outcome, n in r["counts"].items():
+            ticks.add_metric([r["name"], outcome], n)
+        paused.add_metric([r["name"]], 1.0 if r["paused"] else 0.0)
+        if r["next_tick_ms"]:
+            nxt.add_metric([r["name"]], r["next_tick_ms"] / 1000)
+    yield from (ticks, paused, nxt)
 
 
 def _sweeper(raw: dict[str, str]) -> Iterable[Metric]:

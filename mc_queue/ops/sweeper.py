@@ -75,9 +75,11 @@ class SweepReport:
     namespace: str = "ok"  # the namespace's state; anything but ok means this pass decided nothing
     archive_error: str = ""  # why retention stopped in this pass: the archive failed (nothing deleted)
     forgotten: list[str] = field(default_factory=list)  # queues with no task and no policy, forgotten
+    ticks: list[str] = field(default_factory=list)  # periodic ticks decided: "<schedule>@<tick ms> <outcome>"
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
+                "ticks": self.ticks,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
                 "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
@@ -144,6 +146,7 @@ class Sweeper:
 
     def _sweep(self, report: SweepReport) -> None:
         try:
+            self._tick(report)
             self._expire(report)
             self._reconcile(report)
             self._dispatch(report)
@@ -153,6 +156,20 @@ class Sweeper:
             report.namespace = "lost"
             log.error("namespace %r lost state during this pass (%s): the sweeper stops deciding until "
                       "`mcq recover` has run", self.client.keys.prefix, exc)
+
+    def _tick(self, report: SweepReport) -> None:
+        """Periodic schedules: every tick that came due, decided once among all sweepers; the task a tick
+        made goes to RQ at once (as an App's enqueue sends it), unless its queue is paused."""
+        made: list[str] = []
+        for t in self.client.periodic.run_due(actor=self.actor):
+            report.ticks.append(f"{t.schedule}@{t.tick_ms} {t.outcome}" + (f" ({t.why})" if t.why else ""))
+            if t.outcome in ("failed", "deferred"):
+                report.errors.append(f"periodic {t.schedule}@{t.tick_ms}: {t.outcome}: {t.why}")
+            elif t.outcome == "ran" and t.task_id:
+                made.append(f"{t.task_id}/1")
+        if made:
+            paused = set(self.client.reads.paused_queues())
+            self._send([aid for aid in made if aid.split(":", 1)[0] not in paused], report)
 
     def _expire(self, report: SweepReport) -> None:
         expired = self.client.maintenance.expire_due(limit=self.batch, actor=self.actor)
@@ -246,7 +263,9 @@ class Sweeper:
         """Send what came due since the last look: a scheduled task at its due time, a retry once its
         backoff is over (``Maintenance.came_due``), without waiting for the next pass; a paused queue's
         wait for the pass (which lists them). Cheap enough to run between passes (:meth:`run` does,
-        every ``promote_every_s``): two round trips when nothing came due. Returns the Attempts sent."""
+        every ``promote_every_s``): two round trips when nothing came due, and one for the periodic
+        schedules (their ticks are decided here too). Returns the Attempts sent."""
+        self._tick(SweepReport())
         pipe = self.client.redis.pipeline(transaction=False)
         pipe.smembers(self.client.keys.queues)
         pipe.hkeys(self.client.keys.paused)
@@ -398,7 +417,8 @@ class Sweeper:
             t0 = time.monotonic()
             try:
                 r = self.run_once()
-                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired:
+                if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired \
+                        or r.ticks:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ..client import DEFAULT_LEASE_MS
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
 from ..contracts.keys import check_queue
+from ..contracts.periodic import CatchUp, Overlap, PeriodicSchedule
 from ..policy.effects import Reconcile, mint_key
 from ..store.backend import DEFAULT_MAX_LEASE_MS
 from .dispatch import AppClient
@@ -70,11 +72,48 @@ class App:
     # queue -> how long its ended tasks stay in Redis; published by `mcq worker` and `mcq sweeper --app`
     # (an operator's `mcq retention set` wins over it)
     retention: dict[str, Retention] = field(default_factory=dict)
+    # name -> periodic schedule (app.periodic); published with the retention policies
+    schedules: dict[str, PeriodicSchedule] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
-        """Record this App's retention policies in the namespace (source 'app')."""
+        """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
+        App that declares schedules withdraws those it published before (same App name) and no longer
+        declares; an App that declares none leaves every schedule alone (a worker of a smaller App)."""
         for queue, policy in self.retention.items():
             client.operator.set_retention(check_queue(queue), policy, source="app")
+        for schedule in self.schedules.values():
+            client.periodic.publish(schedule)
+        if self.schedules:
+            for name, published in client.periodic.definitions().items():
+                if published.app == self.name and name not in self.schedules:
+                    client.periodic.withdraw(name)
+
+    def periodic(self, name: str, handler: str, *, cron: str | None = None, every_s: float | None = None,
+                 payload: dict[str, Any] | None = None, tz: str = "UTC", overlap: Overlap = "skip",
+                 catch_up: CatchUp = "last", catch_up_window_s: float = 86_400.0, late_s: float = 60.0,
+                 anchor: datetime | None = None) -> PeriodicSchedule:
+        """Declare a periodic schedule of a registered handler: ``cron`` (five fields, in ``tz``) or
+        ``every_s`` (ticks at ``anchor`` + k * every_s, the epoch by default). Each tick makes one task with
+        ``payload``, whatever number of sweepers run. ``overlap``: what a tick does while the previous
+        tick's task has not ended (skip, queue, cancel it); ``catch_up``: what ticks missed while no
+        sweeper ran do (none, last, all within ``catch_up_window_s``); a tick is missed once it is
+        ``late_s`` old. Validated here; published by ``mcq sweeper --app`` and ``mcq worker``."""
+        spec = self.spec(handler)
+        if name in self.schedules:
+            raise InvalidArgument(f"periodic schedule {name!r} is declared twice")
+        if anchor is not None and (anchor.tzinfo is None or anchor.utcoffset() is None):
+            raise InvalidArgument("anchor must be a datetime with a time zone")
+        try:
+            schedule = PeriodicSchedule(
+                name=name, handler=handler, queue=spec.queue, payload=dict(payload or {}), cron=cron,
+                every_s=every_s, tz=tz, overlap=overlap, catch_up=catch_up, catch_up_window_s=catch_up_window_s,
+                late_s=late_s, anchor_ms=round(anchor.timestamp() * 1000) if anchor else 0, app=self.name,
+                retry_policy=spec.retry.model_dump(mode="json"), budget=spec.budget.model_dump(mode="json"),
+                lease_ms=spec.lease_ms, timeout_s=spec.timeout_s)
+        except ValueError as exc:
+            raise InvalidArgument(f"periodic schedule {name!r}: {exc}") from None
+        self.schedules[name] = schedule
+        return schedule
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

@@ -46,15 +46,17 @@ RESENDS = 3  # resends of an idempotent script after a connection error or a tim
 ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
-    "queue_pause",
+    "queue_pause", "periodic_publish", "periodic_pause",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
 # again by the next sweep; lineage records a loss that is found again. And one read-only script.
 # A pack, a retirement or a trim lost is done again by the next sweep (the task is still finished, still
 # past its retention; an archive record written twice is read as its last); so is a forgotten queue.
+# A periodic tick decided or closed and lost is decided again by the next sweep: its producer key
+# (periodic:<name>:<tick>) makes the same task once, whichever task id the new decision chose.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
-                       "pack", "retire", "idem_trim", "queue_forget"})
+                       "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done"})
 
 
 def lua_dir() -> Path:

@@ -30,6 +30,8 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     "bench_peers.py": (["--jobs", "20", "--repeat", "1"], "| peer | jobs/s |", (0,)),
     "bench_ops.py": (["--idle", "100", "--passes", "2", "--expired", "2", "--due", "2", "--leases", "100",
                       "--seconds", "1"], "| redis-server CPU per renewal |", (0,)),
+    "bench_periodic.py": (["--ticks", "40", "--every", "0.1", "--kill-every", "1", "--interval", "0.2"],
+                          "exactly one task per tick: PASS", (0,)),
     "bench_schedule.py": (["--delayed", "200", "--probes", "10", "--spread-s", "0.5", "--fill-procs", "1"],
                           "mean_ms:", (0,)),
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),

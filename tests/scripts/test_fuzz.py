@@ -31,6 +31,7 @@ import redis
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
 from mc_queue.contracts.errors import Code
+from mc_queue.contracts.periodic import PeriodicSchedule
 from mc_queue.store.scripts import specs
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -128,6 +129,9 @@ def build_world(q: mc_queue.Client) -> World:
     q.operator.cancel_task(emptied, REASON)
     q.operator.retire_task(emptied, states=["canceled"], reason=REASON, tombstone_s=3600)
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
+    # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
+    q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
+    q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 600_000)
     return w
 
 
@@ -170,6 +174,11 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "retire": lambda: q.operator.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
         "idem_trim": lambda: q.maintenance.trim_idempotency(limit=10),
         "queue_forget": lambda: q.maintenance.forget_empty_queues(limit=10),
+        "periodic_publish": lambda: q.periodic.publish(PeriodicSchedule(name="hourly", handler="h", queue="jobs",
+                                                                        every_s=3600)),
+        "periodic_pause": lambda: q.periodic.pause("nightly", reason=REASON),
+        "periodic_decide": lambda: q.periodic.run_due(),
+        "periodic_done": lambda: q.periodic.run_due(),
     }
 
 

@@ -17,6 +17,7 @@ import pytest
 import mc_queue
 from mc_queue import FailureClass, make_failure, reconcile_attempt, recover
 from mc_queue.contracts.errors import Code, McqError, raise_for_reply
+from mc_queue.contracts.periodic import PeriodicSchedule
 from mc_queue.store.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 
 LUA = lua_dir()
@@ -593,7 +594,10 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}",
                 "done": r":q:[^:]+:done", "held": r":q:[^:]+:held",
                 "samples": r":q:[^:]+:samples", "tombs0": r":tombs:[^:]+:[0-9A-Z]{7}",
-                "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}"}
+                "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}",
+                "state": r":periodic:[A-Za-z0-9_.-]+",
+                # periodic_decide's previous task: its hash, or (no previous task) the state hash, not read
+                "prev": r"(:t:[^:]+:[0-9A-Z]{26}|:periodic:[A-Za-z0-9_.-]+)"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
     return re.fullmatch(re.escape(q.keys.tag) + patterns[key_name], value) is not None
 
@@ -658,6 +662,12 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     assert q.maintenance.forget_empty_queues() == ["emptied"]
     q.operator.pause_queue("jobs", reason="header test pauses")
     q.operator.resume_queue("jobs", reason="header test resumes")
+    q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
+                                        overlap="queue"))
+    q.redis.hset(q.keys.periodic_state("every-minute"), "cursor", q.backend.redis_time_ms() - 180_000)
+    assert [t.outcome for t in q.periodic.run_due()] == ["ran", "ran", "ran"]  # decide, enqueue and done each
+    q.periodic.pause("every-minute", reason="header test pauses a schedule")
+    q.periodic.resume("every-minute", reason="header test resumes a schedule")
     q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
     q.maintenance.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
     c = q.producer.enqueue("jobs", "h", {"n": 3})
