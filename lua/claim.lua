@@ -4,7 +4,8 @@
 -- (its existence is the lease), indexed by expiry for the sweeper. A second caller is refused,
 -- never given a lease. The lease length is the task's, frozen at enqueue, unless the caller asks
 -- for one (never above the namespace ceiling). Counts the Attempt's wait (due time to claim) in stats.
--- A scheduled or backoff task's Attempt is refused before its due time ('not due').
+-- A scheduled or backoff task's Attempt is refused before its due time ('not due'), and a task's first
+-- Attempt after the task's start_by deadline (the sweeper cancels such a task).
 -- A claimable Attempt of a paused queue is refused (E_CLAIM 'queue <q> is paused'); the task stays pending.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
@@ -69,7 +70,8 @@ end
 local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, false)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at')
+local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at',
+  'start_by')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -97,6 +99,8 @@ elseif a[1] ~= 'pending' then
   why = 'attempt ' .. n .. ' is ' .. tostring(a[1])
 elseif due > ts then
   why = 'attempt ' .. n .. ' is not due for ' .. fmt(due - ts) .. ' ms'
+elseif t[9] and n == '1' and ts > (tonumber(t[9]) or 0) then
+  why = 'the task missed its start_by deadline (' .. t[9] .. ' ms, Redis clock): the sweeper cancels it'
 elseif redis.call('HEXISTS', K.paused, queue) == 1 then
   why = 'queue ' .. queue .. ' is paused'
 end

@@ -17,6 +17,7 @@
 -- KEYS[12] tombs0    the tombstone buckets this task id's tombstone may be in (common.lua tomb_level)
 -- KEYS[13] tombs1
 -- KEYS[14] tombs2
+-- KEYS[15] deadlines the queue's deadline index (task id -> its next deadline, ms): only a task with one
 -- ARGV[1] task_id
 -- ARGV[2] queue
 -- ARGV[3] handler
@@ -31,6 +32,9 @@
 -- ARGV[12] actor
 -- ARGV[13] delay_ms         due this long after now (Redis clock), or '' / '0': now
 -- ARGV[14] run_at_ms        due at this time (ms since the epoch), or '': now; with both, the later one
+-- ARGV[15] start_by_ms      the task must have started by then (ms, Redis clock), or '': no such deadline
+-- ARGV[16] finish_by_ms     the task must have ended by then (ms, Redis clock), or '': no such deadline
+-- ARGV[17] priority         1 (most urgent) .. 9, or '' for the default (5): which RQ queue its Attempts go to
 -- Returns: {'OK', task_id, task, attempts, events} (task: HGETALL of the task hash, which holds its
 --          Attempt; attempts and events empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)
@@ -49,7 +53,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10], tomb = KEYS[11],
-  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14]}
+  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 -- A retry policy or budget at version 1's base: not stored (mc_queue.contracts.frozen.OMITTED).
@@ -69,6 +73,9 @@ local A, bad = args(ARGV, {
   'actor', 'id', 200, false,
   'delay_ms', 'int?', 0, MAX_DELAY_MS,
   'run_at_ms', 'int?', 0, MAX_RUN_AT_MS,
+  'start_by_ms', 'int?', 0, MAX_RUN_AT_MS,
+  'finish_by_ms', 'int?', 0, MAX_RUN_AT_MS,
+  'priority', 'int?', 1, 9,
 })
 if bad then return bad end
 if not string.match(A.queue, '^[%w][%w_.%-]*$') then return {'E_BADARG', 'queue has characters outside [A-Za-z0-9_.-]'} end
@@ -123,6 +130,18 @@ if tomb then
   end
 end
 
+-- Deadlines, on Redis's clock: one that has passed, or a start_by before the task is even due or after its
+-- finish_by, could never be met: refused before anything is written (a resend of work admitted before has
+-- answered DUP above).
+local due = math.max(ts + (A.delay_ms or 0), A.run_at_ms or 0)
+if A.start_by_ms and A.start_by_ms <= due then
+  return {'E_BADARG', 'start_by_ms ' .. A.raw.start_by_ms .. ' is not after the time the task is due (' .. fmt(due) ..
+    ' ms, Redis clock): it could never start in time'}
+end
+if A.finish_by_ms and (A.finish_by_ms <= due or (A.start_by_ms and A.finish_by_ms < A.start_by_ms)) then
+  return {'E_BADARG', 'finish_by_ms ' .. A.raw.finish_by_ms .. ' is not after the time the task is due (' .. fmt(due) ..
+    ' ms, Redis clock) and its start_by: it could never finish in time'}
+end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta,
   enqueue_cost(#A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key))
 if pressure then return {'E_OVERLOADED', pressure} end
@@ -132,7 +151,6 @@ if purged_key then redis.call('HDEL', K.idem, A.idem_key) end
 local tss = fmt(ts)
 -- A task not due yet waits 'scheduled' in the pending index, scored by its due time (the sweeper sends
 -- it once due, the claim refuses it before); a due time not after now is the plain path.
-local due = math.max(ts + (A.delay_ms or 0), A.run_at_ms or 0)
 local state = due > ts and 'scheduled' or 'pending'
 local dues = due > ts and fmt(due) or tss
 -- Left out until they say something (readers fill them in): updated_at while it is created_at, the
@@ -142,6 +160,9 @@ local fields = {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payloa
   'manifest', A.manifest, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', A.actor}
 if A.retry_policy ~= DEFAULT_DOC then fields[#fields + 1] = 'retry_policy'; fields[#fields + 1] = A.retry_policy end
 if A.budget ~= DEFAULT_DOC then fields[#fields + 1] = 'budget'; fields[#fields + 1] = A.budget end
+if A.start_by_ms then fields[#fields + 1] = 'start_by'; fields[#fields + 1] = A.raw.start_by_ms end
+if A.finish_by_ms then fields[#fields + 1] = 'finish_by'; fields[#fields + 1] = A.raw.finish_by_ms end
+if A.priority and A.priority ~= 5 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = A.raw.priority end
 tset(K.task, fields)
 -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
 -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
@@ -153,6 +174,9 @@ if A.idem_key ~= '' then
 end
 redis.call('SADD', K.queues, A.queue)
 redis.call('ZADD', K.pending, dues, A.task_id)
+if A.start_by_ms or A.finish_by_ms then  -- the sweeper checks it then (the earlier deadline first)
+  redis.call('ZADD', K.deadlines, A.start_by_ms and A.raw.start_by_ms or A.raw.finish_by_ms, A.task_id)
+end
 move_count(K.counts, A.queue, '', state)
 -- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
 -- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .errors import handle_errors
-from .options import Ctx, Finite, load_app
+from .options import Ctx, Finite, duration_ms, load_app
 from .output import emit_json
 from .root import main
 
@@ -21,11 +21,14 @@ MIN_INTERVAL_S = 0.05  # the sweeper's shortest pause between passes (0 or less 
                    "retention policies and periodic schedules are published at start.")
 @click.option("--archive", "archive_dir", default=None, metavar="DIR",
               help="Write each task retention deletes to this folder first (gzip JSON lines per queue and day).")
+@click.option("--priority-aging", "aging", default=None, metavar="DUR",
+              help="A message waits at most DUR per priority level (90s, 15m); then it moves one level up, so no "
+                   "priority starves (the lowest reaches the most urgent after 8 x DUR). Off by default: strict.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @handle_errors
 def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive_dir: str | None,
-            as_json: bool) -> None:
+            aging: str | None, as_json: bool) -> None:
     """Expire leases, reconcile suspects, send due dispatches, tick periodic schedules; pack, retire and
     archive ended tasks. Any number of sweepers may run: every decision is re-checked in its script."""
     import logging
@@ -36,7 +39,11 @@ def sweeper(obj: Ctx, once: bool, interval: float, app_spec: str | None, archive
     app = load_app(app_spec) if app_spec else None
     if app is not None:
         app.publish_retention(obj.client)
-    sw = Sweeper(obj.client, app=app, archive=FileArchive(archive_dir) if archive_dir else None)
+    aging_ms = duration_ms(aging, "--priority-aging")
+    if aging_ms is not None and aging_ms <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="--priority-aging")
+    sw = Sweeper(obj.client, app=app, archive=FileArchive(archive_dir) if archive_dir else None,
+                 priority_aging_ms=aging_ms)
     if once:
         report = sw.run_once().as_dict()
         if as_json:

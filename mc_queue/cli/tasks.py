@@ -4,6 +4,7 @@ found through the indexes."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 import click
 
@@ -28,27 +29,27 @@ from .root import main
                    "until then and no worker is sent it before.")
 @click.option("--at", "run_at", default=None, metavar="TIME",
               help="Run no sooner than TIME, an ISO 8601 time with its zone (2026-12-24T02:00:00+00:00, or ...Z).")
+@click.option("--priority", type=click.IntRange(1, 9), default=None,
+              help="1 (most urgent) to 9; 5 by default. Workers take the more urgent first.")
+@click.option("--start-by", default=None, metavar="DUR|TIME",
+              help="Deadline: if no worker started it within DUR (on Redis's clock) or by TIME, it is canceled with "
+                   "the deadline as its reason, never started late.")
+@click.option("--finish-by", default=None, metavar="DUR|TIME",
+              help="Deadline: if it has not ended within DUR or by TIME, it is canceled (a running Attempt is "
+                   "signalled, then reconciled).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole task as JSON.")
 @click.pass_obj
 @handle_errors
 def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | None, idempotency_key: str | None,
-            delay: str | None, run_at: str | None, as_json: bool) -> None:
+            delay: str | None, run_at: str | None, priority: int | None, start_by: str | None,
+            finish_by: str | None, as_json: bool) -> None:
     """Create a task of an App's handler and hand it to the workers; prints its id."""
-    from datetime import datetime
-
     from ..producer.dispatch import AppClient
 
     delay_ms = duration_ms(delay, "--delay")
-    at = None
-    if run_at is not None:
-        try:
-            at = datetime.fromisoformat(run_at)
-        except ValueError:
-            raise click.BadParameter(f"{run_at[:40]!r} is not an ISO 8601 time; e.g. --at 2026-12-24T02:00:00Z",
-                                     param_hint="--at") from None
-        if at.tzinfo is None:
-            raise click.BadParameter(f"{run_at!r} has no time zone; add one, e.g. {run_at}Z or {run_at}+01:00",
-                                     param_hint="--at")
+    at = _time_option(run_at, "--at")
+    deadlines = {"start_by": _deadline_option(start_by, "--start-by"),
+                 "finish_by": _deadline_option(finish_by, "--finish-by")}
 
     try:
         data = json.loads(payload)
@@ -60,7 +61,8 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
     producer = AppClient(load_app(app_spec), obj.client)
     try:
         task = producer.enqueue(handler, data, idempotency_key=idempotency_key, queue=queue,
-                                delay_s=None if delay_ms is None else delay_ms / 1000, run_at=at)
+                                delay_s=None if delay_ms is None else delay_ms / 1000, run_at=at,
+                                priority=priority, **{k: v for k, v in deadlines.items() if v is not None})
     finally:
         producer.close()
     if as_json:
@@ -68,6 +70,32 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
     else:
         click.echo(task.id)  # stdout: the id alone, for scripts (TASK=$(mcq enqueue ...))
         click.echo(f"follow it: {obj.again} show {task.id}  (all tasks: {obj.again} tasks)", err=True)
+
+
+def _time_option(text: str | None, hint: str) -> datetime | None:
+    """An ISO 8601 time with its zone, or None."""
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text[:40]!r} is not an ISO 8601 time; e.g. {hint} 2026-12-24T02:00:00Z",
+                                 param_hint=hint) from None
+    if at.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone; add one, e.g. {text}Z or {text}+01:00", param_hint=hint)
+    return at
+
+
+def _deadline_option(text: str | None, hint: str) -> datetime | timedelta | None:
+    """A duration from now (90s, 15m, 2h) or an ISO 8601 time with its zone, or None."""
+    if text is None:
+        return None
+    if text[:1].isdigit() and text[-1:] in "smhd" and not any(c in text for c in "-:T"):
+        ms = duration_ms(text, hint)
+        if not ms or ms <= 0:
+            raise click.BadParameter("must be more than 0", param_hint=hint)
+        return timedelta(milliseconds=ms)
+    return _time_option(text, hint)
 
 
 EXIT_NOT_SUCCEEDED, EXIT_TIMED_OUT = 7, 8  # `mcq wait`: a task ended otherwise; the timeout passed

@@ -71,10 +71,10 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
     import redis as redis_errors
     from rq.exceptions import StopRequested
 
-    from ..producer.transport import rq_connection, rq_queue_name
+    from ..producer.transport import rq_connection
     from ..worker.batch import worker_class
     from ..worker.jobs import McqJob
-    from ..worker.runner import McqBaseWorker, configure, make_worker
+    from ..worker.runner import McqBaseWorker, McqQueue, configure, make_worker, rq_names
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = load_app(app_spec)
@@ -90,9 +90,9 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
 
         from ..worker.pool import McqWorkerPool
 
-        wp = McqWorkerPool([rq_queue_name(client.keys.prefix, q) for q in names], base=base,
-                           connection=rq_connection(client), num_workers=pool, worker_class=cls,
-                           serializer=JSONSerializer, job_class=McqJob)
+        wp = McqWorkerPool(rq_names(client, names), base=base, connection=rq_connection(client),
+                           num_workers=pool, worker_class=cls, serializer=JSONSerializer, job_class=McqJob,
+                           queue_class=McqQueue)
         wp.start(burst=burst, logging_level=log_level.upper())
         codes = wp.exit_codes + [d.process.exitcode for d in wp.worker_dict.values()]
         if EXIT_STOPPED_MIDWAY in codes:  # as a single worker says: a worker stopped before its Attempt finished

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from ..contracts.codec import check_text, encode_payload
+from ..contracts.codec import check_int, check_text, encode_payload
 from ..contracts.config import Budget, RetryPolicy
 from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.frozen import compact
@@ -49,6 +49,9 @@ class Producer(Role):
         task_id: str | None = None,
         delay_s: float | None = None,
         run_at: datetime | None = None,
+        start_by: datetime | timedelta | None = None,
+        finish_by: datetime | timedelta | None = None,
+        priority: int | None = None,
     ) -> Task:
         """Create a Task and its first Attempt. The same idempotency key returns the same task.
 
@@ -57,6 +60,15 @@ class Producer(Role):
         before. The due time is computed and compared on Redis's clock (the delay is added to
         Redis's ``TIME`` inside the script), so a producer's clock that is off changes nothing.
         With both, the later time counts; a time not after now is the plain path.
+
+        ``start_by`` and ``finish_by`` (a timezone-aware time, or a timedelta from now on Redis's clock)
+        are deadlines: a task not started by its ``start_by`` is not claimed, and the sweeper cancels it
+        (the cancellation protocol, with the deadline as its reason); one not ended by its ``finish_by``
+        is canceled the same way, its running Attempt signalled. A deadline that could never be met (past,
+        before the task is due, a finish before the start) is refused (InvalidArgument), nothing written.
+
+        ``priority``: 1 (most urgent) to 9, 5 by default. Its Attempts go to the RQ queue of that priority,
+        and a worker takes from a more urgent one first (``mc_queue.producer.transport.PRIORITIES``).
         """
         try:
             check_queue(queue)
@@ -74,6 +86,11 @@ class Producer(Role):
                                       or not 0 < timeout_s <= 30 * 86_400):
             raise InvalidArgument(f"timeout_s must be a number of seconds in (0, 30 days], got {timeout_s!r}")
         delay_ms, run_at_ms = _due_args(delay_s, run_at)
+        if priority is not None:
+            check_int(priority, what="priority", low=1, high=9)
+        deadlines = {"priority": "" if priority is None else priority,
+                     "start_by_ms": self._deadline(start_by, "start_by"),
+                     "finish_by_ms": self._deadline(finish_by, "finish_by")}
         text, payload_digest = encode_payload(payload)
         policy = retry_policy or RetryPolicy()
         try:
@@ -93,13 +110,13 @@ class Producer(Role):
                                     task={"handler": handler, "payload_digest": payload_digest}),
                 "retry_policy": compact("retry_policy", policy.model_dump(mode="json")),
                 "budget": compact("budget", (budget or Budget()).model_dump(mode="json")),
-                "lease_ms": lease, "actor": self.actor, "delay_ms": delay_ms, "run_at_ms": run_at_ms}
+                "lease_ms": lease, "actor": self.actor, "delay_ms": delay_ms, "run_at_ms": run_at_ms, **deadlines}
 
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue", {
                 **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
                 "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                **tk.tomb_keys(),
+                **tk.tomb_keys(), "deadlines": tk.deadlines,
             }, {**argv, "epoch": epoch})
 
         reply = self._with_epoch(call)
@@ -109,6 +126,23 @@ class Producer(Role):
             return Task.from_redis(fields, att,
                                    whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since
+
+
+    def _deadline(self, value: datetime | timedelta | None, what: str) -> str:
+        """A deadline as the enqueue script takes it: ms since the epoch ('' for none); a timedelta is
+        counted from Redis's clock (one read), never this host's."""
+        if value is None:
+            return ""
+        if isinstance(value, timedelta):
+            if not timedelta(0) < value <= timedelta(seconds=MAX_DELAY_S):
+                raise InvalidArgument(f"{what} must be a positive timedelta of at most ten years, got {value!r}")
+            return str(self.backend.redis_time_ms() + math.ceil(value.total_seconds() * 1000))
+        if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(f"{what} must be a datetime with a time zone or a timedelta, got {value!r}")
+        ms = math.ceil(value.timestamp() * 1000)
+        if not 0 <= ms <= MAX_RUN_AT_MS:
+            raise InvalidArgument(f"{what} must be between 1970-01-01 and 9999-12-31 UTC, got {value.isoformat()}")
+        return str(ms)
 
 
 def _due_args(delay_s: float | None, run_at: datetime | None) -> tuple[str, str]:

@@ -7,12 +7,26 @@ scheduled task, a retry after its backoff); each send is recorded (:meth:`Schedu
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from ..contracts.codec import check_int
 from ..contracts.errors import Code, raise_for_reply
 from ..contracts.keys import check_queue
 from .base import Role
+
+
+@dataclass(frozen=True)
+class DeadlineDue:
+    """A task whose deadline came (Schedule.deadlines_due): its state (None: gone), whether its first
+    Attempt started, and its deadlines (ms, Redis clock)."""
+
+    queue: str
+    task_id: str
+    state: str | None
+    started: bool
+    start_by: int | None
+    finish_by: int | None
 
 
 class Schedule(Role):
@@ -97,6 +111,38 @@ class Schedule(Role):
             if n:
                 out.append((f"{tid}/{n}", state or old_state or "", at or old_at or "", due or old_due or ""))
         return out
+
+    def deadlines_due(self, *, limit: int = 500) -> tuple[int, list[DeadlineDue]]:
+        """Redis's time now, and the tasks whose next deadline (start_by, then finish_by) has come, in every
+        queue's deadline index, with what the sweeper needs to judge each: the task's state, whether its
+        first Attempt ever started, and both deadlines. A task that is gone has ``state`` None."""
+        check_int(limit, what="limit", low=1, high=10_000)
+        queues = sorted(str(x) for x in cast(set[str], self.redis.smembers(self.keys.queues)))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            pipe.zrangebyscore(self.keys.deadlines(queue), "-inf", "+inf", start=0, num=limit, withscores=True)
+        (now_s, now_us), *pages = pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        due = [(queue, str(tid)) for queue, page in zip(queues, pages, strict=True) for tid, score in page
+               if score <= now]
+        for _, tid in due:
+            tk = self._task_keys_or_none(tid)
+            pipe.hmget(tk.task if tk else self.keys.nowhere().task, ["state", "1.started_at", "start_by", "finish_by"])
+        rows = pipe.execute() if due else []
+        out = [DeadlineDue(queue, tid, state, bool(started), int(sb) if sb else None, int(fb) if fb else None)
+               for (queue, tid), (state, started, sb, fb) in zip(due, rows, strict=True)]
+        return now, out
+
+    def deadline_checked(self, queue: str, task_id: str, next_ms: int | None) -> None:
+        """The sweeper judged a task's deadline: check it again at ``next_ms`` (its finish_by), or never
+        (None: it ended, or it was canceled for it). One command: the index is the sweeper's reminder,
+        every decision is taken again on the task itself."""
+        key = self.keys.deadlines(check_queue(queue))
+        if next_ms is None:
+            self.redis.zrem(key, task_id)
+        else:
+            self.redis.zadd(key, {task_id: next_ms}, xx=True)
 
     def mark_dispatched(self, member: str, *, recheck_ms: int) -> bool:
         """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""

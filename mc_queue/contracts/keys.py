@@ -46,6 +46,9 @@ Key schema (``P`` = ``{prefix}``)::
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms); the sweeper walks it
                                   to send what was never dispatched or not claimed in time (its Attempt's
                                   dispatched_at)
+    P:q:<queue>:deadlines  zset   task with a start_by or finish_by -> the next deadline to check (ms): the
+                                  sweeper cancels what missed one (its step only; an entry of a task that
+                                  ended or is gone is dropped when seen)
     P:q:<queue>:done       zset   finished task (succeeded, canceled) -> when it finished (ms): retention
                                   by age and count, and ``mcq tasks --state succeeded``
     P:q:<queue>:held       zset   task waiting for a person (failed, blocked, quarantined) -> since when (ms);
@@ -161,6 +164,7 @@ class TaskKeys:
     tomb: str  # a tombstone as versions before 2026-12 kept it (a key each): still read
     done: str
     held: str
+    deadlines: str
     tombs: tuple[str, str, str]  # the tombstone buckets its id may be in, by level (below)
 
     def tomb_keys(self) -> dict[str, str]:
@@ -211,6 +215,10 @@ class Keys:
     def held(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:held"
 
+    def deadlines(self, queue: str) -> str:
+        """The queue's tasks that carry a deadline: task id -> the next one to check (ms, Redis clock)."""
+        return f"{self.tag}:q:{queue}:deadlines"
+
     def periodic_state(self, name: str) -> str:
         """A periodic schedule's state: its cursor, the tick being made, its last task, pause, counts."""
         return f"{self.tag}:periodic:{name}"
@@ -226,7 +234,7 @@ class Keys:
                         pending=self.pending(queue),
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease",
                         tomb=f"{self.tag}:tomb:{task_id}", done=self.done(queue),
-                        held=self.held(queue), tombs=self.tomb_buckets(task_id))
+                        held=self.held(queue), deadlines=self.deadlines(queue), tombs=self.tomb_buckets(task_id))
 
     def tomb_buckets(self, task_id: str) -> tuple[str, str, str]:
         """The tombstone buckets a task id's tombstone may be in: its queue's bucket of the first 7, 8
@@ -242,5 +250,5 @@ class Keys:
         return TaskKeys(task=base, attempts=base, attempts_v1=f"{base}:a", events=f"{base}:ev",
                         pending=f"{base}:pending",
                         effects=f"{base}:fx", fence=f"{base}:fence", lease=f"{base}:lease", tomb=f"{base}:tomb",
-                        done=f"{base}:done", held=f"{base}:held",
+                        done=f"{base}:done", held=f"{base}:held", deadlines=f"{base}:deadlines",
                         tombs=(f"{base}:tombs0", f"{base}:tombs1", f"{base}:tombs2"))

@@ -277,6 +277,9 @@ class Task(_Record):
     manifest: Manifest | None = None
     result: Any = None
     cancel_requested: str | None = None
+    priority: int = 5  # 1 (most urgent) .. 9: the RQ queue its Attempts are sent to (5: not stored)
+    start_by: datetime | None = None  # deadlines (Redis clock): started by, ended by; else the sweeper cancels it
+    finish_by: datetime | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
 
@@ -317,6 +320,9 @@ class Task(_Record):
             result=json.loads(f["result"]) if f.get("result") else
             next((a.result for a in reversed(attempts) if a.state == AttemptState.SUCCEEDED), None),
             cancel_requested=f.get("cancel_requested") or None,
+            priority=int(f["priority"]) if f.get("priority") else 5,
+            start_by=ms_to_dt(int(f["start_by"])) if f.get("start_by") else None,
+            finish_by=ms_to_dt(int(f["finish_by"])) if f.get("finish_by") else None,
             attempts=attempts,
             events=[Event.from_stream(i, filled_in(e, f, by_n)) for i, e in events],
         )

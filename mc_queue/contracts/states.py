@@ -46,7 +46,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
              "after an expired or voided lease: proven done, canceled, or a failure and its decision")
     + _edges("task", "failed|blocked", "pending|backoff", "retry", "operator or policy",
              "Mission Control's rules: no active Attempt, the latest failed, a reason >= 10 characters")
-    + _edges("task", "pending|backoff|scheduled|failed|blocked", "canceled", "cancel", "operator",
+    + _edges("task", "pending|backoff|scheduled|failed|blocked", "canceled", "cancel",
+             "operator, or the sweeper for a missed deadline",
              "nothing running; a running Attempt is signalled instead and reconciliation ends it")
     + _edges("task", "quarantined", "pending", "dlq_replay", "operator", "a person's decision, with a reason")
     + _edges("task", "quarantined", "-", "dlq_purge", "operator", "deleted with its history; a tombstone stays")
@@ -68,7 +69,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "suspect", "reconciling", "reconcile_begin", "sweeper or operator")
     + _edges("attempt", "reconciling", "succeeded|failed|canceled", "reconcile_settle", "sweeper or operator",
              "with the evidence the decision rests on")
-    + _edges("attempt", "pending", "canceled", "cancel", "operator")
+    + _edges("attempt", "pending", "canceled", "cancel", "operator, or the sweeper for a missed deadline")
     + _edges("attempt", "failed", "-", "dlq_purge", "operator",
              "the history of a quarantined task (its Attempts all failed), deleted with it")
     + _edges("attempt", "succeeded|failed|canceled", "-", "retire", "sweeper or operator",

@@ -69,6 +69,10 @@ mcq_queue_wait_seconds                     queue, handler: histogram, due time (
 mcq_periodic_ticks_total                   schedule, outcome (ran | failed | skipped_overlap |
                                            skipped_missed | skipped_paused | triggered): ticks of each
                                            periodic schedule and what they came to
+mcq_deadlines_missed_total                 queue, deadline (start_by | finish_by): tasks the sweeper
+                                           canceled for a missed deadline
+mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
+                                           task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
 mcq_periodic_next_tick_timestamp_seconds   schedule: when its next tick is due (Unix time, Redis's clock)
 =========================================  =====================================================
@@ -166,6 +170,27 @@ class NamespaceCollector(Collector):
         yield from _sweeper(cast(dict[str, str], raw_sweeper))
         yield from self._counters({f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
         yield from _periodic(c.periodic.status())
+        yield from self._deadlines(sorted(status), {f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
+
+    def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
+        """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a
+        task not started, or finish_by) less now, negative once missed and not yet acted on."""
+        missed = CounterMetricFamily("mcq_deadlines_missed", "Tasks canceled for a missed deadline",
+                                     labels=["queue", "deadline"])
+        slack = GaugeMetricFamily("mcq_deadline_slack_seconds", "Nearest deadline of a queue's waiting or "
+                                  "running tasks, less now (Redis clock)", labels=["queue"])
+        pipe = self.client.redis.pipeline(transaction=False)
+        pipe.time()
+        for queue in queues:
+            pipe.zrange(self.client.keys.deadlines(queue), 0, 0, withscores=True)
+        (now_s, now_us), *firsts = pipe.execute() if queues else ((0, 0),)
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        for queue, first in zip(queues, firsts, strict=True):
+            for kind in ("start_by", "finish_by"):
+                missed.add_metric([queue, kind], stats.get(f"deadline_missed|{queue}|{kind}", 0))
+            if first:
+                slack.add_metric([queue], (first[0][1] - now) / 1000)
+        yield from (missed, slack)
 
     def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
         """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and

@@ -231,13 +231,24 @@ def describe_event(e: Event) -> str:
     return ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in f.items() if v != "")
 
 
+def _periodic_origin(key: str) -> str:
+    """' (periodic schedule NAME, tick TIME)' for a producer key a periodic schedule made, else ''."""
+    parts = key.split(":")
+    if len(parts) < 3 or parts[0] != "periodic":
+        return ""
+    if len(parts) == 3 and parts[2].isdigit():
+        return f" (periodic schedule {parts[1]}, tick {iso(datetime.fromtimestamp(int(parts[2]) / 1000, tz=UTC))})"
+    return f" (periodic schedule {parts[1]}, triggered by hand)"
+
+
 def print_task(task: Task, console: Console | None = None, effects: dict[str, EffectRecord] | None = None) -> None:
     """`mcq show`: the task, each Attempt (its failure and traceback), side effects and the timeline."""
     console = text_console(console)
     width = console.width
     _emit(console, [f"task {task.id}"], "bold")  # the id whole, even past the width: people copy it
     _field(console, "state", state_text(task))
-    _field(console, "queue", f"{task.queue}, handler {task.handler}, fence {task.fence}")
+    _field(console, "queue", f"{task.queue}, handler {task.handler}, fence {task.fence}"
+           + (f", priority {task.priority}" if task.priority != 5 else ""))
     started = next((a.started_at for a in task.attempts if a.started_at), None)
     last = task.latest
     finished = last.ended_at if last and task.state.value in ("succeeded", "failed", "blocked", "quarantined",
@@ -247,7 +258,12 @@ def print_task(task: Task, console: Console | None = None, effects: dict[str, Ef
     _field(console, "finished",
            iso(finished) + (f" (took {_between(task.created_at, finished)} in all)" if finished else ""))
     if task.idempotency_key:
-        _field(console, "idempotency key", task.idempotency_key)
+        key = task.idempotency_key
+        _field(console, "idempotency key", key + _periodic_origin(key))
+    if task.start_by or task.finish_by:
+        _field(console, "deadlines", ", ".join(
+            f"{what} {iso(when)}" for what, when in (("start by", task.start_by), ("finish by", task.finish_by))
+            if when))
     _field(console, "payload", preview(task.payload))
     _field(console, "result", preview(task.result) if task.result is not None else "none")
     if task.cancel_requested:

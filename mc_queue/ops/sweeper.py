@@ -48,8 +48,9 @@ from ..contracts.keys import parse_attempt_id, parse_task_id
 from ..contracts.models import AttemptState
 from ..policy.reconcile import Reconciler
 from ..producer.dispatch import DEFAULT_CLAIM_GRACE_MS, DEFAULT_RECHECK_MS, dispatch
-from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue
+from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue, rq_queues_of
 from .archive import ArchiveError, ArchiveSink, archive_and_retire
+from .timing import age_priorities, enforce_deadlines
 
 log = logging.getLogger("mc_queue.sweeper")
 
@@ -76,10 +77,12 @@ class SweepReport:
     archive_error: str = ""  # why retention stopped in this pass: the archive failed (nothing deleted)
     forgotten: list[str] = field(default_factory=list)  # queues with no task and no policy, forgotten
     ticks: list[str] = field(default_factory=list)  # periodic ticks decided: "<schedule>@<tick ms> <outcome>"
+    deadlines: list[str] = field(default_factory=list)  # "<task id> start_by|finish_by": canceled for it
+    aged: list[str] = field(default_factory=list)  # "<attempt id> p<from>-><to>": messages moved up by aging
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
-                "ticks": self.ticks,
+                "ticks": self.ticks, "deadlines": self.deadlines, "aged": self.aged,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
                 "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
@@ -90,8 +93,9 @@ class Sweeper:
                  recheck_ms: int = DEFAULT_RECHECK_MS, tidy_every_s: float = 60.0,
                  archive: ArchiveSink | None = None, pack_after_ms: int = PACK_AFTER_MS,
                  retention_budget_s: float = 1.0, retention_batch: int = 500,
-                 claim_grace_ms: int = DEFAULT_CLAIM_GRACE_MS) -> None:
+                 claim_grace_ms: int = DEFAULT_CLAIM_GRACE_MS, priority_aging_ms: int | None = None) -> None:
         self.client = client
+        self.priority_aging_ms = priority_aging_ms  # a message waits this long per priority level, then moves up
         self.actor = actor or f"sweeper@{client.actor}"
         self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
         self.batch = batch
@@ -147,6 +151,8 @@ class Sweeper:
     def _sweep(self, report: SweepReport) -> None:
         try:
             self._tick(report)
+            self._deadlines(report)
+            self._age(report)
             self._expire(report)
             self._reconcile(report)
             self._dispatch(report)
@@ -170,6 +176,16 @@ class Sweeper:
         if made:
             paused = set(self.client.reads.paused_queues())
             self._send([aid for aid in made if aid.split(":", 1)[0] not in paused], report)
+
+    def _deadlines(self, report: SweepReport) -> None:
+        missed, errors = enforce_deadlines(self.client, actor=self.actor, limit=self.batch)
+        report.deadlines.extend(missed)
+        report.errors.extend(errors)
+
+    def _age(self, report: SweepReport) -> None:
+        if self.priority_aging_ms:
+            report.aged.extend(age_priorities(self.client, self.rq, aging_ms=self.priority_aging_ms,
+                                              limit=self.batch))
 
     def _expire(self, report: SweepReport) -> None:
         expired = self.client.maintenance.expire_due(limit=self.batch, actor=self.actor)
@@ -201,7 +217,7 @@ class Sweeper:
                 attempt = self.reconciler.reconcile(aid, apply_policy=True)
                 task = self.client.reads.get_task(attempt.task_id)
                 report.reconciled[aid] = task.state.value
-                clear_job(self.rq, rq_queue(self.rq, self.client.keys.prefix, task.queue),
+                clear_job(self.rq, rq_queue(self.rq, self.client.keys.prefix, task.queue, task.priority),
                           job_id(self.client.keys.prefix, aid), delete=True)
                 report.tidied.append(job_id(self.client.keys.prefix, aid))
             except TaskNotFound:
@@ -327,8 +343,8 @@ class Sweeper:
             return
         self._tidied_at = time.monotonic()
         for queue in self.client.reads.queues():
-            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, self.client.keys.prefix, queue),
-                                                limit=self.batch))
+            for rq_q in rq_queues_of(self.rq, self.client.keys.prefix, queue):  # (each priority's)
+                report.tidied.extend(forget_orphans(self.rq, rq_q, limit=self.batch))
 
     def keep_bounded(self) -> SweepReport:
         """Step 5 alone (pack, retire, forget expired producer keys): for a process that runs it apart
@@ -352,7 +368,8 @@ class Sweeper:
         forgotten = c.maintenance.forget_empty_queues(limit=100, actor=self.actor)
         report.forgotten.extend(forgotten)
         for queue in forgotten:  # RQ's registries of a queue no longer listed are tidied once, here
-            report.tidied.extend(forget_orphans(self.rq, rq_queue(self.rq, c.keys.prefix, queue), limit=self.batch))
+            for rq_q in rq_queues_of(self.rq, c.keys.prefix, queue):
+                report.tidied.extend(forget_orphans(self.rq, rq_q, limit=self.batch))
 
     def _retire(self, report: SweepReport, deadline: float) -> None:
         """Delete what each queue's retention policy lets go (archived first when an archive is set)."""

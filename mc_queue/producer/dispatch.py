@@ -78,7 +78,7 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
     recheck moves. Returns True when a message was pushed. A job sent again is first cleared from RQ's registries."""
     manifest = attempt.manifest or task.manifest
     timeout = manifest.timeout_s if manifest else None
-    queue = rq_queue(rq, client.keys.prefix, task.queue)
+    queue = rq_queue(rq, client.keys.prefix, task.queue, task.priority)  # (its priority's RQ queue)
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
         if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms):

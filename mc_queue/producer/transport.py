@@ -33,10 +33,35 @@ from ..store.backend import quiet_connection_kwargs
 from ..store.urls import make_redis
 
 ENTRY = "mc_queue.worker.run_attempt"
+PRIORITIES = range(1, 10)  # 1 is the most urgent; a worker empties a more urgent RQ queue before the next
+DEFAULT_PRIORITY = 5  # a task without a priority (its RQ queue is the queue's plain one)
 
 
-def rq_queue_name(prefix: str, queue: str) -> str:
-    return f"mcq:{prefix}:{queue}"
+def rq_queue_name(prefix: str, queue: str, priority: int = DEFAULT_PRIORITY) -> str:
+    """The RQ queue of a queue's Attempts of one priority: ``mcq:<prefix>:<queue>`` for the default, and
+    ``mcq:<prefix>:<queue>@p<n>`` for the others ('@' is in neither a prefix nor a queue name)."""
+    base = f"mcq:{prefix}:{queue}"
+    return base if priority == DEFAULT_PRIORITY else f"{base}@p{priority}"
+
+
+def rq_queue_names(prefix: str, queue: str) -> list[str]:
+    """Every RQ queue of a queue, most urgent first (the order a worker takes them in)."""
+    return [rq_queue_name(prefix, queue, p) for p in PRIORITIES]
+
+
+def split_rq_name(name: str) -> tuple[str, str, int] | None:
+    """(prefix, queue, priority) of one of mc_queue's RQ queue names, or None."""
+    if not name.startswith("mcq:"):
+        return None
+    base, at, level = name.removeprefix("mcq:").rpartition("@p") if "@p" in name else (name[4:], "", "")
+    prefix, _, queue = base.rpartition(":")
+    if not prefix or not queue:
+        return None
+    if at:
+        if not level.isdigit() or int(level) not in PRIORITIES or int(level) == DEFAULT_PRIORITY:
+            return None
+        return prefix, queue, int(level)
+    return prefix, queue, DEFAULT_PRIORITY
 
 
 def _job_ns(prefix: str, queue: str) -> str:
@@ -53,7 +78,10 @@ def job_id(prefix: str, attempt_id: str) -> str:
 def attempt_of(queue: Queue, jid: str) -> str | None:
     """The attempt id an RQ job id of this queue names (:func:`job_id`'s inverse), or None when mc_queue
     did not make it for this queue."""
-    prefix, _, name = queue.name.removeprefix("mcq:").rpartition(":")
+    parts = split_rq_name(queue.name)
+    if parts is None:
+        return None
+    prefix, name, _ = parts
     head = f"mcq-{_job_ns(prefix, name)}-"
     if not jid.startswith(head):
         return None
@@ -81,8 +109,13 @@ def rq_connection(client: Client) -> redis.Redis:
     return make_redis(client.target, socket_timeout=30, socket_connect_timeout=10, **quiet_connection_kwargs())
 
 
-def rq_queue(rq: redis.Redis, prefix: str, queue: str) -> Queue:
-    return Queue(rq_queue_name(prefix, queue), connection=rq, serializer=JSONSerializer)
+def rq_queue(rq: redis.Redis, prefix: str, queue: str, priority: int = DEFAULT_PRIORITY) -> Queue:
+    return Queue(rq_queue_name(prefix, queue, priority), connection=rq, serializer=JSONSerializer)
+
+
+def rq_queues_of(rq: redis.Redis, prefix: str, queue: str) -> list[Queue]:
+    """Every RQ queue of a queue (each priority), most urgent first."""
+    return [rq_queue(rq, prefix, queue, p) for p in PRIORITIES]
 
 
 def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int) -> bool:
@@ -113,14 +146,33 @@ def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int) -> 
     return False
 
 
+def move_message(rq: redis.Redis, source: Queue, target: Queue, jid: str) -> bool:
+    """Move a waiting message to another RQ queue of its queue (priority aging): out of ``source`` (False when
+    a worker took it meanwhile: nothing else is done), then to the back of ``target``, its job's origin
+    with it (a worker refuses a job whose origin is not the queue it came from). A crash between the two
+    loses the message, which the sweeper's dispatch walk sends again."""
+    if not rq.lrem(source.key, 1, jid):
+        return False
+    pipe = rq.pipeline(transaction=True)
+    pipe.hset(Job.key_for(jid), "origin", target.name)
+    pipe.rpush(target.key, jid)
+    pipe.execute()
+    return True
+
+
 def clear_job(rq: redis.Redis, queue: Queue, jid: str, *, delete: bool = False) -> None:
-    """Remove this job id from its queue's list and every registry RQ keeps for the queue (and its
-    hash with ``delete``): before it is sent again, and once its Attempt is settled, so that no
-    registry names a job RQ no longer has (``rq requeue --all`` and rq-dashboard fail on those)."""
+    """Remove this job id from its queue's list (and from the lists of the queue's other priorities, where
+    aging may have moved it) and every registry RQ keeps for the queue (and its hash with ``delete``):
+    before it is sent again, and once its Attempt is settled, so that no registry names a job RQ no
+    longer has (``rq requeue --all`` and rq-dashboard fail on those)."""
     started = queue.started_job_registry.key
     executions = [m for m, _ in rq.zscan_iter(started, match=f"{jid}:*", count=1000)]
     pipe = rq.pipeline(transaction=False)
     pipe.lrem(queue.key, 0, jid)
+    parts = split_rq_name(queue.name)
+    for name in rq_queue_names(parts[0], parts[1]) if parts else []:
+        if name != queue.name:
+            pipe.lrem(Queue(name, connection=rq).key, 0, jid)
     for registry in (queue.failed_job_registry, queue.finished_job_registry, queue.canceled_job_registry,
                      queue.deferred_job_registry, queue.scheduled_job_registry):
         pipe.zrem(registry.key, jid)
@@ -159,7 +211,10 @@ def settled(rq: redis.Redis, queue: Queue, *, limit: int = 500) -> list[str]:
     found = {jid: aid for jid in dict.fromkeys(jids) if (aid := attempt_of(queue, jid)) is not None}
     if not found:
         return []
-    keys = Keys(queue.name.removeprefix("mcq:").rpartition(":")[0])
+    parts = split_rq_name(queue.name)
+    if parts is None:
+        return []
+    keys = Keys(parts[0])
     pipe = rq.pipeline(transaction=False)
     for aid in found.values():
         task_id, n = parse_attempt_id(aid)

@@ -35,7 +35,7 @@ from rq.job import Job
 from rq.results import Result
 
 from ..contracts.errors import McqError
-from ..producer.transport import ENTRY, rq_queue_name
+from ..producer.transport import ENTRY, rq_queue_name, rq_queue_names
 from .attempt import Admission, Refusal, Runtime, admit_many, run_admitted
 
 RESULT_TTL = 0  # what mc_queue.producer.dispatch.dispatch sets: no RQ result is kept (mc_queue records it)
@@ -198,9 +198,10 @@ def screen_jobs(rt: Runtime, jobs: Sequence[McqJob], queue_name: str) -> list[Ad
         except Refusal as refusal:
             out[i] = refusal
     for (i, (_, aid)), adm in zip(messages, admit_many(rt, [m for _, m in messages]), strict=True):
-        if isinstance(adm, Admission) and queue_name != (expected := rq_queue_name(adm.prefix, adm.queue)):
+        if isinstance(adm, Admission) and queue_name not in rq_queue_names(adm.prefix, adm.queue):
             adm = Refusal(f"it came on RQ queue {queue_name!r}, but task {adm.task_id} is on queue {adm.queue!r} "
-                          f"(RQ queue {expected!r})", attempt=aid, func_name=ENTRY)
+                          f"(RQ queue {rq_queue_name(adm.prefix, adm.queue)!r} or one of its priorities)",
+                          attempt=aid, func_name=ENTRY)
         out[i] = adm
     return [o for o in out if o is not None]
 

@@ -37,7 +37,7 @@ from ..client import Client
 from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
-from ..producer.transport import rq_connection, rq_queue_name
+from ..producer.transport import PRIORITIES, rq_connection, rq_queue_name, split_rq_name
 from .attempt import (
     DEFAULT_GRACE_S,
     Admission,
@@ -412,9 +412,27 @@ WORKER_CLASSES: dict[str, type[McqWorker] | type[McqSimpleWorker]] = {"fork": Mc
                                                                       "simple": McqSimpleWorker}
 
 
+class McqQueue(Queue):
+    """RQ's Queue, popping from several queues (a worker listens to every priority of its queues) in one
+    round trip when it must not block (RQ's burst dequeue: an LPOP per queue): a BLPOP of them all, in
+    their order, that waits a millisecond at most."""
+
+    @classmethod
+    def lpop(cls, queue_keys: Any, timeout: int | None, connection: redis.Redis | None = None) -> Any:
+        if timeout is not None or len(queue_keys) < 2 or connection is None:
+            return super().lpop(queue_keys, timeout, connection=connection)
+        return connection.blpop(list(queue_keys), 0.001)
+
+
+def rq_names(client: Client, queues: list[str]) -> list[str]:
+    """The RQ queues a worker of these queues listens to, in the order it takes from them: every queue's
+    most urgent priority first, then every queue's next one (``transport.PRIORITIES``)."""
+    return [rq_queue_name(client.keys.prefix, q, p) for p in PRIORITIES for q in queues]
+
+
 def rq_queues(client: Client, queues: list[str], conn: redis.Redis) -> list[Queue]:
-    return [Queue(rq_queue_name(client.keys.prefix, q), connection=conn, serializer=JSONSerializer,
-                  job_class=McqJob) for q in queues]
+    return [McqQueue(name, connection=conn, serializer=JSONSerializer, job_class=McqJob)
+            for name in rq_names(client, queues)]
 
 
 def make_worker(app: App, client: Client, queues: list[str], *, kind: str = "fork", name: str | None = None,
@@ -427,7 +445,8 @@ def make_worker(app: App, client: Client, queues: list[str], *, kind: str = "for
     conn = rq_connection(client)
     cls = worker_class or WORKER_CLASSES[kind]
     return cls(rq_queues(client, queues, conn), connection=conn,
-               name=name or f"{socket.gethostname()}.{os.getpid()}", serializer=JSONSerializer, job_class=McqJob)
+               name=name or f"{socket.gethostname()}.{os.getpid()}", serializer=JSONSerializer, job_class=McqJob,
+               queue_class=McqQueue)
 
 
 def live_workers(client: Client) -> list[dict[str, Any]]:
@@ -435,7 +454,6 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
     heartbeat: when it last reported, and whether that is recent) and the leases they hold now."""
     conn = rq_connection(client)
     try:
-        prefix = f"mcq:{client.keys.prefix}:"
         holders: dict[str, list[dict[str, Any]]] = {}
         held = cast(list[tuple[str, float]], client.redis.zrange(client.keys.leases, 0, -1, withscores=True))
         for aid, exp in held:
@@ -447,7 +465,8 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
         out = []
         found = []
         for w in Worker.all(connection=conn, serializer=JSONSerializer):
-            queues = [q for q in w.queue_names() if q.startswith(prefix)]
+            queues = list(dict.fromkeys(parts[1] for q in w.queue_names()
+                                        if (parts := split_rq_name(q)) is not None and parts[0] == client.keys.prefix))
             if queues:
                 found.append((w, queues, _SAFE.sub("_", w.name)))
         pipe = client.redis.pipeline(transaction=False)
@@ -463,7 +482,7 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
             alive = int(pttl) > 0 or not int(marked)
             out.append({
                 "worker": worker_id, "pid": w.pid, "hostname": w.hostname, "state": w.get_state() if alive else "dead",
-                "queues": [q[len(prefix):] for q in queues],
+                "queues": queues,
                 "last_heartbeat_s_ago": None if seen is None else round(now - seen, 1),
                 "alive": alive, "liveness_ttl_ms": max(int(pttl), 0),
                 "healthy": alive and seen is not None and now - seen < w.worker_ttl,

@@ -592,7 +592,7 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending",
                 "effects": r":t:[^:]+:[0-9A-Z]{26}:fx", "fence": r":t:[^:]+:[0-9A-Z]{26}:fence",
                 "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}",
-                "done": r":q:[^:]+:done", "held": r":q:[^:]+:held",
+                "done": r":q:[^:]+:done", "held": r":q:[^:]+:held", "deadlines": r":q:[^:]+:deadlines",
                 "samples": r":q:[^:]+:samples", "tombs0": r":tombs:[^:]+:[0-9A-Z]{7}",
                 "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}",
                 "state": r":periodic:[A-Za-z0-9_.-]+",

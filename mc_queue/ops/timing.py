@@ -1,0 +1,85 @@
+"""The sweeper's two steps about time that producers set: deadlines, and the aging of priorities.
+
+**Deadlines** (:func:`enforce_deadlines`): a task not started by its ``start_by`` (no claim takes it after
+it) or not ended by its ``finish_by`` is canceled through the cancellation protocol, the deadline as its
+reason; a task that started in time is checked again at its ``finish_by``. The queues' deadline indexes
+are the sweeper's reminders; every decision is taken on the task as it is now.
+
+**Aging** (:func:`age_priorities`): a message waits in its priority's RQ queue at most ``aging_ms`` per
+level; past that it moves one level up per ``aging_ms`` since its Attempt was dispatched (Redis's clock),
+so a task of the lowest priority reaches the most urgent one after 8 x ``aging_ms`` and then waits its
+turn there: no priority starves for ever. A message a worker took meanwhile is not moved.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import cast
+
+import redis
+
+from ..client import Client
+from ..client.base import ENDED_STATES
+from ..contracts.errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
+from ..producer.transport import PRIORITIES, attempt_of, move_message, rq_queue
+
+
+def enforce_deadlines(client: Client, *, actor: str, limit: int) -> tuple[list[str], list[str]]:
+    """Cancel the tasks that missed a deadline; returns ("<task id> start_by|finish_by" canceled, errors)."""
+    now, due = client.schedule.deadlines_due(limit=limit)
+    missed_out: list[str] = []
+    errors: list[str] = []
+    for d in due:
+        try:
+            missed: str | None = None
+            when = 0
+            nxt: int | None = None
+            if d.state is None or d.state in ENDED_STATES:
+                pass
+            elif d.start_by is not None and d.start_by <= now and not d.started:
+                missed, when = "start_by", d.start_by
+            elif d.finish_by is not None and d.finish_by <= now:
+                missed, when = "finish_by", d.finish_by
+            else:
+                nxt = d.finish_by if d.finish_by is not None and d.finish_by > now else None
+            if missed:
+                iso = datetime.fromtimestamp(when / 1000, tz=UTC).isoformat(timespec="milliseconds")
+                verb = "started" if missed == "start_by" else "ended"
+                client.operator.cancel_task(d.task_id, f"deadline missed: not {verb} by its {missed} ({iso}, Redis "
+                                            "clock)", actor=actor)
+                client.redis.hincrby(client.keys.stats, f"deadline_missed|{d.queue}|{missed}", 1)
+                missed_out.append(f"{d.task_id} {missed}")
+            client.schedule.deadline_checked(d.queue, d.task_id, nxt)
+        except (TransitionRefused, TaskNotFound):
+            client.schedule.deadline_checked(d.queue, d.task_id, None)  # it ended meanwhile
+        except NamespaceLost:
+            raise
+        except McqError as exc:
+            errors.append(f"deadline of {d.task_id}: {exc}")
+    return missed_out, errors
+
+
+def age_priorities(client: Client, rq: redis.Redis, *, aging_ms: int, limit: int) -> list[str]:
+    """Move the messages that waited ``aging_ms`` per level up (see the module); returns what moved as
+    "<attempt id> p<from>-><to>". The oldest of each list are looked at, ``limit`` at most per list."""
+    now = client.backend.redis_time_ms()
+    moved: list[str] = []
+    prefix = client.keys.prefix
+    for queue in client.reads.queues():
+        for level in PRIORITIES[1:]:
+            q = rq_queue(rq, prefix, queue, level)
+            jids = [j.decode() if isinstance(j, bytes) else str(j) for j in rq.lrange(q.key, 0, limit - 1)]
+            aids = [(jid, attempt_of(q, jid)) for jid in jids]
+            pipe = client.redis.pipeline(transaction=False)
+            for _, aid in aids:
+                tid, _, n = (aid or "-:-/0").rpartition("/")
+                tk = client.keys.task(tid) if aid else client.keys.nowhere()
+                pipe.hget(tk.task, f"{n}.dispatched_at")
+            stamps = cast(list[str | None], pipe.execute()) if aids else []
+            for (jid, aid), at in zip(aids, stamps, strict=True):
+                if aid is None or not at:
+                    continue
+                target = max(PRIORITIES[0], level - (now - int(at)) // aging_ms)
+                if target < level and move_message(rq, q, rq_queue(rq, prefix, queue, target), jid):
+                    moved.append(f"{aid} p{level}->p{target}")
+    return moved
