@@ -185,11 +185,16 @@ local function check_arg(v, kind, p1, p2)
 end
 
 -- The script's arguments by header name, validated; or nil and the E_BADARG reply. A.raw holds every
--- argument as the string it came as (an integer's digits, without formatting the number again).
-local function args(argv, specs)
+-- argument as the string it came as (an integer's digits, without formatting the number again). each: a
+-- many-item script's arguments of each item (specs as above), which follow its own in groups, one per
+-- item: A.items is then the list of each item's, validated alike (an item's raw in its .raw).
+local function args(argv, specs, each)
   local count = #specs / 4
-  if #argv ~= count then
-    return nil, {'E_BADARG', 'expected ' .. count .. ' arguments, got ' .. #argv}
+  local per = each and #each / 4 or 0
+  local extra = #argv - count
+  if (per == 0 and extra ~= 0) or (per > 0 and (extra <= 0 or extra % per ~= 0)) then
+    return nil, {'E_BADARG', 'expected ' .. count .. ' arguments' ..
+      (per > 0 and (' and ' .. per .. ' for each item') or '') .. ', got ' .. #argv}
   end
   local out, raw = {}, {}
   for i = 1, count do
@@ -201,10 +206,38 @@ local function args(argv, specs)
     if value ~= v then raw[name] = v end  -- an integer (or an empty optional one): keep its digits
   end
   out.raw = raw
+  if per > 0 then
+    out.items = {}
+    for n = 1, extra / per do
+      local item, iraw = {}, {}
+      for i = 1, per do
+        local j = 4 * i - 3
+        local name, v = each[j], argv[count + (n - 1) * per + i]
+        local value, why = check_arg(v, each[j + 1], each[j + 2], each[j + 3])
+        if why then return nil, {'E_BADARG', 'item ' .. n .. ': ' .. name .. ' ' .. why, n} end
+        item[name] = value
+        if value ~= v then iraw[name] = v end
+      end
+      item.raw = iraw
+      out.items[n] = item
+    end
+  end
   return out
 end
 
--- Characters (not bytes) of a string after trimming spaces.
+-- A many-item script's keys of each item: KEYS from ``first`` on, in groups of ``names``, one per item;
+-- nil when there are not exactly that many.
+local function each_keys(keys, first, names, items)
+  if #keys ~= first - 1 + items * #names then return nil end
+  local out = {}
+  for n = 1, items do
+    local t = {}
+    for i, name in ipairs(names) do t[name] = keys[first - 1 + (n - 1) * #names + i] end
+    out[n] = t
+  end
+  return out
+end
+
 local function chars(s)
   local trimmed = string.gsub(s, '^%s*(.-)%s*$', '%1')
   return select(2, string.gsub(trimmed, '[^\128-\191]', '')), trimmed

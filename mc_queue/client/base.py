@@ -39,8 +39,9 @@ class Role:
         self.actor = backend.actor
         self.max_lease_ms = backend.max_lease_ms
 
-    def _run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
-        return self.backend.run(name, keys, argv)
+    def _run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any],
+             items: Sequence[tuple[Mapping[str, str], Mapping[str, Any]]] = ()) -> list[Any]:
+        return self.backend.run(name, keys, argv, items)
 
     def _with_epoch(self, call: Callable[[str], list[Any]]) -> list[Any]:
         return self.backend.with_epoch(call)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from ..contracts.codec import check_int, check_text, encode_payload
 from ..contracts.config import Budget, RetryPolicy
-from ..contracts.errors import InvalidArgument, raise_for_reply
+from ..contracts.errors import InvalidArgument, McqError, raise_for_reply
 from ..contracts.frozen import compact
 from ..contracts.history import whole_history
-from ..contracts.keys import check_queue, new_task_id
+from ..contracts.keys import TaskKeys, check_queue, new_task_id
 from ..contracts.models import Manifest, Task, split_attempts
 from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
@@ -23,6 +24,42 @@ MAX_RUN_AT_MS = 253_402_300_799_999  # the last millisecond of the year 9999 (co
 _HANDLER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-")
 
 
+MAX_BULK = 1000  # items in one enqueue_many
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """One task of :meth:`Producer.enqueue_many` (the arguments of :meth:`Producer.enqueue`)."""
+
+    queue: str
+    handler: str
+    payload: Any
+    idempotency_key: str | None = None
+    executor: str | None = None
+    model: str | None = None
+    context: Mapping[str, Any] | None = None
+    base_sha: str | None = None
+    retry_policy: RetryPolicy | None = None
+    budget: Budget | None = None
+    policy_version: str | None = None
+    lease_ms: int | None = None
+    timeout_s: float | None = None
+    task_id: str | None = None
+    delay_s: float | None = None
+    run_at: datetime | None = None
+    start_by: datetime | timedelta | None = None
+    finish_by: datetime | timedelta | None = None
+    priority: int | None = None
+
+
+def _item_error(exc: McqError, item: int) -> McqError:
+    """The same error, saying which item of a batch it is about (``.item``)."""
+    exc.args = (f"item {item}: {exc}",)
+    exc.message = f"item {item}: {exc.message}"
+    exc.item = item  # type: ignore[attr-defined]
+    return exc
+
+
 class Producer(Role):
     """Creates tasks. The same producer idempotency key returns the same task."""
 
@@ -30,30 +67,12 @@ class Producer(Role):
         super().__init__(backend)
         self.reads = reads
 
-    def enqueue(
-        self,
-        queue: str,
-        handler: str,
-        payload: Any,
-        idempotency_key: str | None = None,
-        *,
-        executor: str | None = None,
-        model: str | None = None,
-        context: Mapping[str, Any] | None = None,
-        base_sha: str | None = None,
-        retry_policy: RetryPolicy | None = None,
-        budget: Budget | None = None,
-        policy_version: str | None = None,
-        lease_ms: int | None = None,
-        timeout_s: float | None = None,
-        task_id: str | None = None,
-        delay_s: float | None = None,
-        run_at: datetime | None = None,
-        start_by: datetime | timedelta | None = None,
-        finish_by: datetime | timedelta | None = None,
-        priority: int | None = None,
-    ) -> Task:
+    def enqueue(self, queue: str, handler: str, payload: Any, idempotency_key: str | None = None,
+                **options: Any) -> Task:
         """Create a Task and its first Attempt. The same idempotency key returns the same task.
+
+        Options (all keyword): ``executor``, ``model``, ``context``, ``base_sha``, ``policy_version`` (the
+        frozen manifest), ``retry_policy``, ``budget``, ``lease_ms``, ``timeout_s``, ``task_id``, and:
 
         ``delay_s`` (seconds from now) and ``run_at`` (a timezone-aware time) make the task
         ``scheduled``: it holds no lease and no transport message until due, and no claim takes it
@@ -70,56 +89,15 @@ class Producer(Role):
         ``priority``: 1 (most urgent) to 9, 5 by default. Its Attempts go to the RQ queue of that priority,
         and a worker takes from a more urgent one first (``mc_queue.producer.transport.PRIORITIES``).
         """
-        try:
-            check_queue(queue)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
-        if not isinstance(handler, str) or not 0 < len(handler) <= 128 or set(handler) - _HANDLER_CHARS \
-                or not handler[0].isalnum():
-            raise InvalidArgument(
-                f"invalid handler name {handler!r}: use 1-128 letters, digits, '_', '.', ':', '-'"
-            )
-        if idempotency_key is not None:
-            check_text(idempotency_key, what="idempotency key", max_bytes=512, spaces=False)
-        lease = self._lease_ms(DEFAULT_LEASE_MS if lease_ms is None else lease_ms)
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not 0 < timeout_s <= 30 * 86_400):
-            raise InvalidArgument(f"timeout_s must be a number of seconds in (0, 30 days], got {timeout_s!r}")
-        delay_ms, run_at_ms = _due_args(delay_s, run_at)
-        if priority is not None:
-            check_int(priority, what="priority", low=1, high=9)
-        deadlines = {"priority": "" if priority is None else priority,
-                     "start_by_ms": self._deadline(start_by, "start_by"),
-                     "finish_by_ms": self._deadline(finish_by, "finish_by")}
-        text, payload_digest = encode_payload(payload)
-        policy = retry_policy or RetryPolicy()
-        try:
-            manifest = Manifest(handler=handler, payload_digest=payload_digest,
-                                policy_version=policy_version or policy.version,
-                                executor=executor, model=model, context=dict(context or {}), base_sha=base_sha,
-                                lease_ms=lease, timeout_s=timeout_s)
-        except ValueError as exc:
-            raise InvalidArgument(f"invalid manifest: {exc}") from None
-        tid = task_id or new_task_id(queue)
-        tk = self._task_keys(tid)
-        if tk.pending != self.keys.pending(queue):
-            raise InvalidArgument(f"task id {tid!r} does not belong to queue {queue!r}")
-        argv = {"task_id": tid, "queue": queue, "handler": handler, "payload": text,
-                "payload_digest": payload_digest, "idem_key": idempotency_key or "",
-                "manifest": compact("manifest", manifest.model_dump(mode="json"),
-                                    task={"handler": handler, "payload_digest": payload_digest}),
-                "retry_policy": compact("retry_policy", policy.model_dump(mode="json")),
-                "budget": compact("budget", (budget or Budget()).model_dump(mode="json")),
-                "lease_ms": lease, "actor": self.actor, "delay_ms": delay_ms, "run_at_ms": run_at_ms, **deadlines}
+        tk, argv = self._item(NewTask(queue, handler, payload, idempotency_key, **options))
 
         def call(epoch: str) -> list[Any]:
-            return self._run("enqueue", {
-                **self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues, "counts": self.keys.counts,
-                "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                **tk.tomb_keys(), "deadlines": tk.deadlines,
-            }, {**argv, "epoch": epoch})
+            return self._run("enqueue", {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
+                                         "counts": self.keys.counts, **self._item_keys(tk)},
+                             {**argv, "actor": self.actor, "epoch": epoch})
 
         reply = self._with_epoch(call)
+        tid = argv["task_id"]
         raise_for_reply(reply, script="enqueue", task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
             fields, att = split_attempts(pairs(reply[2]), pairs(reply[3]))
@@ -127,6 +105,96 @@ class Producer(Role):
                                    whole_history(fields, self._history(reply[4], tk.events)))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since
 
+    def enqueue_many(self, items: Sequence[NewTask]) -> list[Task]:
+        """Create many tasks in one round trip, all or nothing (``enqueue_many.lua``): one item refused (a
+        bad argument, found here or by the script; a producer key or task id naming other work; a purged
+        one; two items with one key or id; memory for the whole batch) refuses the batch, nothing is
+        written, and the error names the item (``.item``, 1-based). An item that names work admitted
+        before returns that task (the same batch sent twice makes each task once). At most MAX_BULK items."""
+        if not items or len(items) > MAX_BULK:
+            raise InvalidArgument(f"enqueue_many takes 1 to {MAX_BULK} items, got {len(items)}")
+        built: list[tuple[TaskKeys, dict[str, Any]]] = []
+        for i, item in enumerate(items, 1):
+            if not isinstance(item, NewTask):
+                raise InvalidArgument(f"item {i}: expected a NewTask, got {type(item).__name__}")
+            try:
+                built.append(self._item(item))
+            except InvalidArgument as exc:
+                raise _item_error(exc, i) from None
+        # (a new task keeps its Attempts in its own hash: no attempts key of the old kind for enqueue_many)
+        per_item = [({k: v for k, v in self._item_keys(tk).items() if k != "attempts"}, argv) for tk, argv in built]
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("enqueue_many", {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
+                                              "counts": self.keys.counts},
+                             {"actor": self.actor, "epoch": epoch}, items=per_item)
+
+        reply = self._with_epoch(call)
+        if str(reply[0]) != "OK":
+            which = int(reply[-1]) if len(reply) > 2 and str(reply[-1]).isdigit() else 0
+            try:
+                raise_for_reply(reply[:-1] if which else reply, script="enqueue",
+                                task_id=built[which - 1][1]["task_id"] if which else None)
+            except McqError as exc:
+                raise _item_error(exc, which) if which else exc from None
+        out = []
+        for code, tid, raw in zip(reply[1], reply[2], reply[3], strict=True):
+            if code == "OK":
+                fields, att = split_attempts(pairs(raw), {})
+                out.append(Task.from_redis(fields, att, whole_history(fields, [])))
+            else:
+                out.append(self.reads.get_task(str(tid)))  # DUP: the task admitted before, as it is now
+        return out
+
+    def _item_keys(self, tk: TaskKeys) -> dict[str, str]:
+        """One task's keys as enqueue and enqueue_many take them."""
+        return {"task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
+                **tk.tomb_keys(), "deadlines": tk.deadlines}
+
+    def _item(self, n: NewTask) -> tuple[TaskKeys, dict[str, Any]]:
+        """One task's keys and arguments, every argument checked (InvalidArgument: nothing is sent)."""
+        try:
+            check_queue(n.queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not isinstance(n.handler, str) or not 0 < len(n.handler) <= 128 or set(n.handler) - _HANDLER_CHARS \
+                or not n.handler[0].isalnum():
+            raise InvalidArgument(
+                f"invalid handler name {n.handler!r}: use 1-128 letters, digits, '_', '.', ':', '-'"
+            )
+        if n.idempotency_key is not None:
+            check_text(n.idempotency_key, what="idempotency key", max_bytes=512, spaces=False)
+        lease = self._lease_ms(DEFAULT_LEASE_MS if n.lease_ms is None else n.lease_ms)
+        if n.timeout_s is not None and (isinstance(n.timeout_s, bool) or not isinstance(n.timeout_s, (int, float))
+                                        or not 0 < n.timeout_s <= 30 * 86_400):
+            raise InvalidArgument(f"timeout_s must be a number of seconds in (0, 30 days], got {n.timeout_s!r}")
+        delay_ms, run_at_ms = _due_args(n.delay_s, n.run_at)
+        if n.priority is not None:
+            check_int(n.priority, what="priority", low=1, high=9)
+        text, payload_digest = encode_payload(n.payload)
+        policy = n.retry_policy or RetryPolicy()
+        try:
+            manifest = Manifest(handler=n.handler, payload_digest=payload_digest,
+                                policy_version=n.policy_version or policy.version,
+                                executor=n.executor, model=n.model, context=dict(n.context or {}),
+                                base_sha=n.base_sha, lease_ms=lease, timeout_s=n.timeout_s)
+        except ValueError as exc:
+            raise InvalidArgument(f"invalid manifest: {exc}") from None
+        tid = n.task_id or new_task_id(n.queue)
+        tk = self._task_keys(tid)
+        if tk.pending != self.keys.pending(n.queue):
+            raise InvalidArgument(f"task id {tid!r} does not belong to queue {n.queue!r}")
+        return tk, {
+            "task_id": tid, "queue": n.queue, "handler": n.handler, "payload": text,
+            "payload_digest": payload_digest, "idem_key": n.idempotency_key or "",
+            "manifest": compact("manifest", manifest.model_dump(mode="json"),
+                                task={"handler": n.handler, "payload_digest": payload_digest}),
+            "retry_policy": compact("retry_policy", policy.model_dump(mode="json")),
+            "budget": compact("budget", (n.budget or Budget()).model_dump(mode="json")),
+            "lease_ms": lease, "delay_ms": delay_ms, "run_at_ms": run_at_ms,
+            "start_by_ms": self._deadline(n.start_by, "start_by"),
+            "finish_by_ms": self._deadline(n.finish_by, "finish_by"),
+            "priority": "" if n.priority is None else n.priority}
 
     def _deadline(self, value: datetime | timedelta | None, what: str) -> str:
         """A deadline as the enqueue script takes it: ms since the epoch ('' for none); a timedelta is

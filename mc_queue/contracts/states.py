@@ -38,6 +38,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # ------------------------------------------------------------------ Task
     _edges("task", "-", "pending|scheduled", "enqueue", "producer",
            "a new task with its first Attempt; scheduled while a delay or run_at keeps it from being due")
+    + _edges("task", "-", "pending|scheduled", "enqueue_many", "producer",
+             "many new tasks, all or nothing, each as enqueue makes it")
     + _edges("task", "pending|backoff|scheduled", "running", "claim", "worker", "backoff and scheduled only once due")
     + _edges("task", "running", "succeeded", "complete", "worker holding the fence")
     + _edges("task", "running", _DECIDED, "fail", "worker holding the fence; the policy decides",
@@ -55,6 +57,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
              "retention or `mcq tasks purge`: deleted with every key and index entry; a tombstone stays")
     # ------------------------------------------------------------------ Attempt
     + _edges("attempt", "-", "pending", "enqueue", "producer", "Attempt 1")
+    + _edges("attempt", "-", "pending", "enqueue_many", "producer", "Attempt 1 of each new task")
     + _edges("attempt", "-", "pending", "fail", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "reconcile_settle", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "retry", "operator or policy", "Attempt N+1 with its reason")

@@ -6,12 +6,15 @@ message lost between the two is sent again by the sweeper, and one sent twice is
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
 
 from ..client import DEFAULT_LEASE_MS, Client
+from ..client.producer import NewTask
 from ..contracts.config import Budget, RetryPolicy
+from ..contracts.errors import InvalidArgument
 from ..contracts.models import Attempt, AttemptState, Task, TaskState
 from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
 
@@ -61,6 +64,35 @@ class AppClient:
         if latest is not None and latest.state is AttemptState.PENDING and task.state is not TaskState.SCHEDULED:
             self.dispatch(task, latest)
         return task
+
+    def enqueue_many(self, items: Sequence[Mapping[str, Any]]) -> list[Task]:
+        """Enqueue many tasks of this App's handlers in one round trip, all or nothing
+        (:meth:`Producer.enqueue_many`), then send each new one that is due to RQ. Each item is a mapping
+        with ``handler`` and ``payload`` and any option of :meth:`enqueue` (``idempotency_key``, ``queue``,
+        ``delay_s``, ``priority``, ``start_by`` ...); an unknown handler refuses the batch, naming the item."""
+        batch = []
+        for i, item in enumerate(items, 1):
+            opts = dict(item)
+            try:
+                spec = self.app.spec(opts.pop("handler", ""))
+                handler = item["handler"]
+                payload = opts.pop("payload")
+            except (KeyError, InvalidArgument) as exc:
+                raise InvalidArgument(f"item {i}: {exc}; each item needs a registered handler and a payload") \
+                    from None
+            queue = opts.pop("queue", None) or spec.queue
+            try:
+                batch.append(NewTask(queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
+                                     lease_ms=spec.lease_ms, timeout_s=spec.timeout_s, **opts))
+            except TypeError as exc:
+                raise InvalidArgument(f"item {i}: {exc}") from None
+        tasks = self.client.producer.enqueue_many(batch)
+        for task in tasks:
+            latest = task.latest
+            if latest is not None and latest.state is AttemptState.PENDING and task.state is not TaskState.SCHEDULED \
+                    and not latest.dispatches:
+                self.dispatch(task, latest)
+        return tasks
 
     def dispatch(self, task: Task, attempt: Attempt, *, recheck_ms: int = DEFAULT_RECHECK_MS) -> None:
         dispatch(self.client, self._rq, task, attempt, recheck_ms=recheck_ms)

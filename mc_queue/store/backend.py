@@ -37,7 +37,7 @@ from ..contracts.keys import Keys
 from ..contracts.models import NamespaceInfo
 from .lineage import Replication, SlotStore, Watermark, judge
 from .namespace import NamespaceState
-from .scripts import ACKNOWLEDGED, ScriptRunner
+from .scripts import ACKNOWLEDGED, Items, ScriptRunner
 from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, make_redis, parse_url
 
 # The default lease: a heartbeat thread renews it every third (~3.3 s) whatever the handler does,
@@ -185,11 +185,11 @@ class Backend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
+    def run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any], items: Items = ()) -> list[Any]:
         if name in ACKNOWLEDGED:
             self._precheck(name)  # the link broke or the primary changed since the last write: judge first
         try:
-            return self.runner.run(name, keys, argv)
+            return self.runner.run(name, keys, argv, items)
         except ReplicationUnconfirmed:
             # The node this write reached has no replica confirming it: maybe not the primary any more (a
             # planned failover leaves the old one taking writes for seconds). The next call asks anew.

@@ -35,7 +35,7 @@ from redis.exceptions import NoScriptError
 from ..contracts.errors import SUCCESS_CODES, OutcomeUnknown, replication_unconfirmed
 from .lineage import Replication
 
-_HEADER_RE = re.compile(r"^--\s+(KEYS|ARGV)\[(\d+)\]\s+(\w+)")
+_HEADER_RE = re.compile(r"^--\s+(KEYS|ARGV|ITEMKEYS|ITEMARGV)\[(\d+)\]\s+(\w+)")
 _IDEMPOTENT_RE = re.compile(r"^--\s+Idempotent:\s*(\S+)", re.M)
 _INCLUDE_RE = re.compile(r"^--@include\s+(\w+)\s*$", re.M)
 RESENDS = 3  # resends of an idempotent script after a connection error or a timeout
@@ -46,7 +46,7 @@ RESENDS = 3  # resends of an idempotent script after a connection error or a tim
 ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
-    "queue_pause", "periodic_publish", "periodic_pause",
+    "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
@@ -75,23 +75,38 @@ class ScriptSpec:
     keys: tuple[str, ...]
     argv: tuple[str, ...]
     idempotent: bool  # the header says a resend is safe
+    # A script of many items (enqueue_many): after its own KEYS and ARGV, each item's, in these groups
+    item_keys: tuple[str, ...] = ()
+    item_argv: tuple[str, ...] = ()
 
 
 def parse_header(name: str, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    found: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}}
+    """The script's own KEYS and ARGV names, in order (:func:`parse_items` reads a many-item script's)."""
+    found = _header_lines(name, text)
+    return found["KEYS"], found["ARGV"]
+
+
+def parse_items(name: str, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A many-item script's KEYS and ARGV of each item (``-- ITEMKEYS[i] name``, ``-- ITEMARGV[i] name``),
+    which follow its own in groups, one per item; empty for every other script."""
+    found = _header_lines(name, text)
+    return found["ITEMKEYS"], found["ITEMARGV"]
+
+
+def _header_lines(name: str, text: str) -> dict[str, tuple[str, ...]]:
+    found: dict[str, dict[int, str]] = {"KEYS": {}, "ARGV": {}, "ITEMKEYS": {}, "ITEMARGV": {}}
     for line in text.splitlines():
         if not line.startswith("--"):
             break
         m = _HEADER_RE.match(line)
         if m:
             found[m.group(1)][int(m.group(2))] = m.group(3)
-    out = []
-    for kind in ("KEYS", "ARGV"):
-        idx = found[kind]
+    out = {}
+    for kind, idx in found.items():
         if sorted(idx) != list(range(1, len(idx) + 1)):
             raise ValueError(f"{name}.lua: {kind} in the header are not numbered 1..{len(idx)}")
-        out.append(tuple(idx[i] for i in range(1, len(idx) + 1)))
-    return out[0], out[1]
+        out[kind] = tuple(idx[i] for i in range(1, len(idx) + 1))
+    return out
 
 
 def parse_idempotent(name: str, text: str) -> bool:
@@ -116,8 +131,9 @@ def load_specs(directory: Path | None = None) -> dict[str, ScriptSpec]:
         def include(m: re.Match[str]) -> str:
             return includes[m.group(1)]
 
+        item_keys, item_argv = parse_items(path.stem, text)
         specs[path.stem] = ScriptSpec(path.stem, _INCLUDE_RE.sub(include, text), keys, argv,
-                                      parse_idempotent(path.stem, text))
+                                      parse_idempotent(path.stem, text), item_keys, item_argv)
     return specs
 
 
@@ -129,6 +145,9 @@ def specs() -> dict[str, ScriptSpec]:
     if _SPECS is None:
         _SPECS = load_specs()
     return _SPECS
+
+
+Items = Sequence[tuple[Mapping[str, str], Mapping[str, Any]]]  # a many-item script's (KEYS, ARGV) per item
 
 
 class Observer(Protocol):
@@ -165,25 +184,37 @@ class ScriptRunner:
     def spec(self, name: str) -> ScriptSpec:
         return self._scripts[name][0]
 
-    def _args(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    def _args(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any],
+              items: Items = ()) -> tuple[list[str], list[Any]]:
         spec = self._scripts[name][0]
         if set(keys) != set(spec.keys) or set(argv) != set(spec.argv):
             raise TypeError(
                 f"{name}.lua expects KEYS {spec.keys} and ARGV {spec.argv}; "
                 f"got KEYS {tuple(keys)} and ARGV {tuple(argv)}"
             )
-        return [keys[k] for k in spec.keys], [_arg(argv[a]) for a in spec.argv]
+        k, a = [keys[x] for x in spec.keys], [_arg(argv[x]) for x in spec.argv]
+        if bool(items) != bool(spec.item_keys):
+            raise TypeError(f"{name}.lua takes {'items' if spec.item_keys else 'no items'}; got {len(items)}")
+        for ik, ia in items:
+            if set(ik) != set(spec.item_keys) or set(ia) != set(spec.item_argv):
+                raise TypeError(f"{name}.lua expects each item's KEYS {spec.item_keys} and ARGV {spec.item_argv}; "
+                                f"got KEYS {tuple(ik)} and ARGV {tuple(ia)}")
+            k += [ik[x] for x in spec.item_keys]
+            a += [_arg(ia[x]) for x in spec.item_argv]
+        return k, a
 
-    def call(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any], client: Any = None) -> Any:
+    def call(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any], client: Any = None,
+             items: Items = ()) -> Any:
         """One send, no resend (``client`` may be a pipeline)."""
-        k, a = self._args(name, keys, argv)
+        k, a = self._args(name, keys, argv, items)
         return self._scripts[name][1](keys=k, args=a, client=client or self._client)
 
-    def _acknowledged(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> tuple[Any, int, Any]:
+    def _acknowledged(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any],
+                      items: Items = ()) -> tuple[Any, int, Any]:
         """One pipeline on one connection: EVALSHA, then (min_replicas) a counter increment, (tracking)
         INFO replication, (min_replicas) WAIT. Returns (script reply, replicas that confirmed, INFO)."""
         spec, script = self._scripts[name]
-        k, a = self._args(name, keys, argv)
+        k, a = self._args(name, keys, argv, items)
         for _ in range(2):
             pipe: Any = self._client.pipeline(transaction=False)  # execute_command is untyped
             pipe.execute_command("EVALSHA", script.sha, len(k), *k, *a)
@@ -206,9 +237,12 @@ class ScriptRunner:
         acked = replies[-1] if self.min_replicas else 0
         return replies[0], (acked if isinstance(acked, int) else -1), info
 
-    def run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> list[Any]:
-        """Run a script; after a connection error or timeout, resend it only if its header says that is safe."""
-        tokens = [o.before(name, keys, argv) for o in self.observers]
+    def run(self, name: str, keys: Mapping[str, str], argv: Mapping[str, Any], items: Items = ()) -> list[Any]:
+        """Run a script; after a connection error or timeout, resend it only if its header says that is safe.
+        ``items``: a many-item script's (KEYS, ARGV) of each item."""
+        # (an observer sees a many-item script once, then once for each item, under the same name)
+        watched = [(o, o.before(name, keys, argv)) for o in self.observers]
+        watched += [(o, o.before(name, ik, ia)) for ik, ia in items for o in self.observers]
         attempts = (self._resends if self.spec(name).idempotent else 0) + 1
         acknowledged = name in ACKNOWLEDGED and (self.min_replicas > 0 or self.track)
         last: Exception | None = None
@@ -217,11 +251,11 @@ class ScriptRunner:
                 if i and self.before_resend is not None:
                     self.before_resend(name)  # the link broke: maybe another primary now (raises to stop the resend)
                 if acknowledged:
-                    reply, acked, info = self._acknowledged(name, keys, argv)
+                    reply, acked, info = self._acknowledged(name, keys, argv, items)
                 else:
-                    reply, acked, info = self.call(name, keys, argv), 0, None
+                    reply, acked, info = self.call(name, keys, argv, items=items), 0, None
                 out = reply if isinstance(reply, list) else [reply]
-                for o, t in zip(self.observers, tokens, strict=True):
+                for o, t in watched:
                     o.after(t, out)
                 if acknowledged and str(out[0]) in SUCCESS_CODES:
                     if self.min_replicas and acked < self.min_replicas:

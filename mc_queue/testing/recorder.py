@@ -35,7 +35,8 @@ class TransitionRecorder:
         return fields.get("state") or "", {k.split(".", 1)[0]: v for k, v in att.items() if k.endswith(".state")}
 
     def before(self, name: str, keys: Any, argv: Any) -> Any:
-        task, attempts = keys.get("task"), keys.get("attempts")
+        task = keys.get("task")
+        attempts = keys.get("attempts") or task  # (an item of enqueue_many: a new task keeps them in its hash)
         if not task or not attempts:
             return None
         return name, task, attempts, self._read(task, attempts)

@@ -167,6 +167,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import mc_queue
 from mc_queue import Backoff, Budget, Decision, FailureClass, RetryPolicy, reconcile_attempt, recover
+from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import (
     AttemptNotRunning,
     CancelRequested,
@@ -505,24 +506,26 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ operations: predict, call, compare, apply
 
-    def _op_enqueue(self, queue: str, handler: str, payload: int, idem: str | None,
-                    task_id: str | None, delay_ms: int = 0) -> str | None:
-        """Returns the id of the task enqueue returned (None when it refused)."""
-        # enqueue.lua: the idempotency key first, then the task id, then the id's tombstone, else a new task.
+    def _predict_enqueue(self, queue: str, handler: str, payload: int, idem: str | None,
+                         task_id: str | None) -> tuple[type[McqError] | None, str | None, Callable[[], None]]:
+        """What enqueue.lua (admit.lua's enqueue_check) decides for one task: the error expected (None),
+        the task a replay returns (None), and the audit a refusal records (applied by the caller)."""
+        # the idempotency key first, then the task id, then the id's tombstone, else a new task.
         expected: type[McqError] | None = None
         existing: str | None = None
+        audit: Callable[[], None] = lambda: None  # noqa: E731
         entry = self.idem.get(idem) if idem is not None else None
         if task_id is not None and not task_id.startswith(queue + ":"):
             expected = InvalidArgument  # the client: the id does not belong to the queue
         elif entry is not None and entry.purged == "refused":
             expected = TaskPurged
-            self.nslog["enqueue_refused"] += 1
+            audit = lambda: self.nslog.update(["enqueue_refused"])  # noqa: E731
         elif entry is not None and entry.purged is None:
             if (entry.payload, entry.handler, entry.queue) == (payload, handler, queue):
                 existing = entry.task
             else:
                 expected = IdempotencyConflict
-                self.nslog["enqueue_refused"] += 1
+                audit = lambda: self.nslog.update(["enqueue_refused"])  # noqa: E731
         if expected is None and existing is None and task_id is not None:
             if task_id in self.model:
                 e = self.model[task_id]
@@ -530,16 +533,32 @@ class QueueMachine(RuleBasedStateMachine):
                     existing = e.id
                 else:
                     expected = IdempotencyConflict
-                    e.events["enqueue_refused"] += 1  # recorded in that task's history
+                    audit = lambda: e.events.update(["enqueue_refused"])  # noqa: E731 (that task's history)
             elif task_id in self.purged and self.purged[task_id].refused:
                 expected = TaskPurged
-                self.nslog["enqueue_refused"] += 1
+                audit = lambda: self.nslog.update(["enqueue_refused"])  # noqa: E731
+        return expected, existing, audit
+
+    def _op_enqueue(self, queue: str, handler: str, payload: int, idem: str | None,
+                    task_id: str | None, delay_ms: int = 0) -> str | None:
+        """Returns the id of the task enqueue returned (None when it refused)."""
+        expected, existing, audit = self._predict_enqueue(queue, handler, payload, idem, task_id)
+        if expected is not None:
+            audit()
         policy, budget = CONFIGS[CONFIG_OF[(handler, payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
                                retry_policy=policy, budget=budget, delay_s=delay_ms / 1000 if delay_ms else None)
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
             return None
+        out = self._enqueued(task, existing, queue, handler, payload, idem, task_id, delay_ms)
+        if existing is None and delay_ms == SHORT_MS:
+            _let_clock_pass()
+        return out
+
+    def _enqueued(self, task: Any, existing: str | None, queue: str, handler: str, payload: int, idem: str | None,
+                  task_id: str | None, delay_ms: int) -> str:
+        """The model after an enqueue (or one item of a batch) that was not refused."""
         if existing is not None:
             assert task.id == existing, "a replay must return the task it first created"
             return existing
@@ -555,13 +574,41 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.floor >= self.purged[task.id].fence
         t.attempts.append(ModelAttempt(1, "first dispatch", due=delay_ms != LONG_MS))
         t.state = "scheduled" if delay_ms else "pending"
-        if delay_ms == SHORT_MS:
-            _let_clock_pass()
         t.events.update(["task_created", "attempt_created"])
         self.model[task.id] = t
         if idem is not None:
             self.idem[idem] = IdemEntry(task.id, queue, handler, payload)
         return str(task.id)
+
+    def _op_enqueue_many(self, items: list[tuple[str, str, int, str | None, str | None, int]]) -> None:
+        """enqueue_many.lua: the client's checks of every item, then the script's (the same key or id twice),
+        then each item's enqueue_check in order: the first refusal refuses the batch, its audit alone
+        recorded, nothing written; else every item as enqueue would make it, all at once."""
+        preds = [self._predict_enqueue(q, h, p, k, tid) for q, h, p, k, tid, _ in items]
+        keys = [k for _, _, _, k, _, _ in items if k is not None]
+        ids = [tid for _, _, _, _, tid, _ in items if tid is not None]
+        expected: type[McqError] | None = None
+        if any(e is InvalidArgument for e, _, _ in preds) or len(set(keys)) < len(keys) or len(set(ids)) < len(ids):
+            expected = InvalidArgument  # (a bad id: the client's check; the same key or id twice: the script's)
+        else:
+            for e, _, audit in preds:
+                if e is not None:
+                    expected = e
+                    audit()
+                    break
+        batch = []
+        for q, h, p, k, tid, delay_ms in items:
+            policy, budget = CONFIGS[CONFIG_OF[(h, p)]]
+            batch.append(NewTask(q, h, _payload(p), k, task_id=tid, retry_policy=policy, budget=budget,
+                                 delay_s=delay_ms / 1000 if delay_ms else None))
+        tasks, exc = self._call(self.q.producer.enqueue_many, batch)
+        self._expect(f"enqueue_many({items})", expected, exc)
+        if exc is not None:
+            return
+        for task, (q, h, p, k, tid, delay_ms), (_, existing, _) in zip(tasks, items, preds, strict=True):
+            self._enqueued(task, existing, q, h, p, k, tid, delay_ms)
+        if any(d == SHORT_MS for *_, d in items):
+            _let_clock_pass()
 
     def _op_claim(self, task: str, worker: str, lease_ms: int, request_id: str | None) -> bool:
         """claim.lua. Returns whether a new lease was handed out."""
@@ -1149,6 +1196,22 @@ class QueueMachine(RuleBasedStateMachine):
         if other_queue:
             queue = QUEUES[1 - QUEUES.index(queue)]
         self._op_enqueue(queue, handler, payload, idem, task)
+
+    @rule(data=st.data(), n=st.integers(1, 3))
+    def enqueue_many(self, data: st.DataObject, n: int) -> None:
+        """A batch of 1-3 tasks, all or nothing: new ones, replays of keys or ids, conflicts, purged ones."""
+        items = []
+        for i in range(n):
+            queue = data.draw(st.sampled_from(QUEUES), label=f"item {i} queue")
+            handler = data.draw(st.sampled_from(HANDLERS), label=f"item {i} handler")
+            payload = data.draw(st.integers(0, 2), label=f"item {i} payload")
+            idem = data.draw(st.none() | st.sampled_from(["k1", "k2", "k3"]), label=f"item {i} key")
+            task_id = None
+            if self.model and data.draw(st.booleans(), label=f"item {i} names a task id"):
+                task_id = self._pick_task(data, lambda t: True)
+            delay_ms = data.draw(st.sampled_from([0, 0, SHORT_MS, LONG_MS]), label=f"item {i} delay")
+            items.append((queue, handler, payload, idem, task_id, delay_ms))
+        self._op_enqueue_many(items)
 
     @rule(data=st.data(), change=st.sampled_from(["nothing", "payload", "handler", "queue"]))
     def enqueue_resend(self, data: st.DataObject, change: str) -> None:

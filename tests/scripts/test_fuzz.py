@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import fakeredis
@@ -30,6 +31,7 @@ import redis
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
+from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code
 from mc_queue.contracts.periodic import PeriodicSchedule
 from mc_queue.store.scripts import specs
@@ -142,6 +144,9 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
     return {
         "init": q.backend.open_namespace,
         "enqueue": lambda: q.producer.enqueue("jobs", "h", {"new": 1}, "k-new"),
+        "enqueue_many": lambda: q.producer.enqueue_many([NewTask("jobs", "h", {"bulk": i}, f"k-bulk-{i}",
+                                                                 priority=2, start_by=timedelta(hours=1))
+                                                         for i in range(2)]),
         "claim": lambda: q.leases.claim_attempt(w.ids["pending"], "w2", 60_000),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
         "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",
@@ -186,17 +191,21 @@ class _Captured(Exception):
     pass
 
 
-def capture(q: mc_queue.Client, name: str, call: Callable[[], Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The KEYS and ARGV the Client sends to ``name`` for this call (nothing is sent)."""
+Call = tuple[dict[str, str], dict[str, Any], list[tuple[dict[str, str], dict[str, Any]]]]  # KEYS, ARGV, items
+
+
+def capture(q: mc_queue.Client, name: str, call: Callable[[], Any]) -> Call:
+    """The KEYS, ARGV (and a many-item script's items) the Client sends to ``name`` for this call (nothing
+    is sent)."""
     runner = q.runner
-    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+    seen: list[Call] = []
     orig = runner.call
 
-    def spy(n: str, keys: Any, argv: Any, client: Any = None) -> Any:
+    def spy(n: str, keys: Any, argv: Any, client: Any = None, items: Any = ()) -> Any:
         if n == name:
-            seen.append((dict(keys), dict(argv)))
+            seen.append((dict(keys), dict(argv), [(dict(k), dict(a)) for k, a in items]))
             raise _Captured
-        return orig(n, keys, argv, client)
+        return orig(n, keys, argv, client, items)
 
     runner.call = spy  # type: ignore[method-assign]
     try:
@@ -335,9 +344,10 @@ class Outcome:
     problem: str = ""
 
 
-def _send(q: mc_queue.Client, name: str, keys: dict[str, str], argv: dict[str, Any]) -> str:
+def _send(q: mc_queue.Client, name: str, keys: dict[str, str], argv: dict[str, Any],
+          items: list[tuple[dict[str, str], dict[str, Any]]] | None = None) -> str:
     try:
-        reply = q.runner.call(name, keys, argv)
+        reply = q.runner.call(name, keys, argv, items=items or ())
     except redis.ResponseError as exc:
         return f"LUA_ERROR {str(exc)[:300]}"
     reply = reply if isinstance(reply, list) else [reply]
@@ -350,6 +360,12 @@ def cases(argv_names: list[str]) -> Iterator[tuple[str, str | bytes]]:
         for arg in argv_names:
             yield arg, value
         yield "*", value
+
+
+def argument_names(name: str) -> list[str]:
+    """A script's arguments as the cases name them: its own, then a many-item script's first item's
+    ("item:<name>")."""
+    return [*specs()[name].argv, *(f"item:{a}" for a in specs()[name].item_argv)]
 
 
 def run_case(make: Callable[[], mc_queue.Client], state: dict[str, Any], name: str, arg: str,
@@ -366,10 +382,15 @@ def run_case(make: Callable[[], mc_queue.Client], state: dict[str, Any], name: s
     if state["dirty"]:
         restore(raw, tag, state["saved"])
         state["dirty"] = False
-    keys, good = state["call"]
-    argv = dict.fromkeys(good, value) if arg == "*" else {**good, arg: value}
+    keys, good, items = state["call"]
+    argv = dict.fromkeys(good, value) if arg == "*" else {**good, arg: value} if arg in good else dict(good)
+    if items:
+        first_keys, first = items[0]
+        hostile = dict.fromkeys(first, value) if arg == "*" else \
+            {**first, arg[5:]: value} if arg.startswith("item:") else first
+        items = [(first_keys, hostile), *items[1:]]
     before = snapshot(raw, tag)
-    code = _send(q, name, keys, argv)
+    code = _send(q, name, keys, argv, items)
     after = snapshot(raw, tag)
     out = Outcome(name, arg, repr(value)[:40], code)
     if after != before and audit_only(tag, before, after, False)[0]:
@@ -401,12 +422,12 @@ def all_outcomes(make: Callable[[], mc_queue.Client], names: list[str],
     for name in names:
         q = make()
         w = build_world(q)
-        keys, argv = capture(q, name, good_calls(w)[name])
-        assert _send(q, name, keys, argv) in SUCCESS, (
+        keys, argv, items = capture(q, name, good_calls(w)[name])
+        assert _send(q, name, keys, argv, items) in SUCCESS, (
             f"the good call of {name}.lua does not succeed: the hostile cases would prove nothing")
         q.close()
         state: dict[str, Any] = {}
-        for arg, value in cases(list(specs()[name].argv)):
+        for arg, value in cases(argument_names(name)):
             if sample is not None and (name, arg, repr(value)[:40]) not in sample:
                 continue
             results.append(run_case(make, state, name, arg, value))
@@ -428,7 +449,7 @@ def test_hostile_arguments_never_change_state_beyond_the_audit_trail(name: str) 
     outcomes = all_outcomes(_fake_maker(), [name])
     problems = [o for o in outcomes if o.problem]
     assert not problems, "\n".join(f"{o.script} {o.arg}={o.value}: {o.code}: {o.problem}" for o in problems[:20])
-    assert len(outcomes) == (len(specs()[name].argv) + 1) * len(HOSTILE)
+    assert len(outcomes) == (len(argument_names(name)) + 1) * len(HOSTILE)
     # the hostile values are refused, not taken: most cases must be E_BADARG
     refused = sum(o.code == "E_BADARG" for o in outcomes)
     assert refused >= len(outcomes) // 2, f"{name}: only {refused}/{len(outcomes)} hostile calls were refused"
@@ -443,7 +464,7 @@ def fuzz_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer
 
 def test_a_sample_on_a_real_redis_server_agrees_with_fakeredis(fuzz_redis: RedisServer) -> None:
     rng = random.Random(20261130)
-    every = [(name, arg, repr(value)[:40]) for name in NAMES for arg, value in cases(list(specs()[name].argv))]
+    every = [(name, arg, repr(value)[:40]) for name in NAMES for arg, value in cases(argument_names(name))]
     sample = set(rng.sample(every, 400))
     names = sorted({s[0] for s in sample})
     real = all_outcomes(lambda: mc_queue.Client(fuzz_redis.url, prefix=unique_prefix("fuzz"), actor="fuzz"),

@@ -16,6 +16,7 @@ import pytest
 
 import mc_queue
 from mc_queue import FailureClass, make_failure, reconcile_attempt, recover
+from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code, McqError, raise_for_reply
 from mc_queue.contracts.periodic import PeriodicSchedule
 from mc_queue.store.scripts import ScriptRunner, load_specs, lua_dir, parse_header
@@ -24,7 +25,7 @@ LUA = lua_dir()
 SPECS = load_specs()
 NAMES = sorted(SPECS)
 INCLUDES = {p.stem: p.read_text() for p in sorted((LUA / "includes").glob("*.lua"))}
-COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions"))  # every shared helper
+COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions", "admit"))  # every shared helper
 
 # Redis commands the scripts may use, by where their keys are: one key first, or every argument a key.
 SINGLE_KEY_COMMANDS = frozenset({
@@ -306,17 +307,42 @@ def test_the_body_declares_exactly_the_header_keys_and_arguments_in_order(name: 
     assert tuple(argv) == SPECS[name].argv, f"{name}.lua: args() names {argv}, the header {SPECS[name].argv}"
 
 
+def item_keys_in_body(name: str) -> list[str]:
+    """A many-item script's item key names, as its body hands them to each_keys(KEYS, first, {...})."""
+    _, body = script(name)
+    m = re.search(r"each_keys\(\s*KEYS\s*,", body)
+    if not m:
+        return []
+    args = split_args(body, m.start() + len("each_keys"))
+    return [a.strip().strip("'") for a in split_args("(" + args[2].strip()[1:], 0) if a.strip()]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].item_keys])
+def test_a_many_item_script_declares_its_items_in_the_header_order(name: str) -> None:
+    assert tuple(item_keys_in_body(name)) == SPECS[name].item_keys
+    _, body = script(name)
+    m = re.search(r"args\(\s*ARGV\s*,", body)
+    assert m
+    each = split_args(body, m.start() + len("args"))[2].strip()
+    names = NAMED_LISTS[each[:-2]] if each.endswith("()") and each[:-2] in NAMED_LISTS else flat_names(each)
+    assert tuple(names) == SPECS[name].item_argv
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_keys_and_arguments_are_used_only_by_name(name: str) -> None:
     _, body = script(name)
     keys, argv = declared_in_body(name)
+    items = bool(SPECS[name].item_keys)  # each_keys(KEYS, ...) hands out the items' keys
     assert len(re.findall(r"\bKEYS\[", body)) == len(keys), f"{name}.lua indexes KEYS outside local K = {{...}}"
-    assert len(re.findall(r"\bKEYS\b", body)) == len(keys), f"{name}.lua uses KEYS as a whole"
+    assert len(re.findall(r"\bKEYS\b", body)) == len(keys) + items, f"{name}.lua uses KEYS as a whole"
     assert len(re.findall(r"\bARGV\b", body)) == 1, f"{name}.lua uses ARGV outside args()"
     used_keys = set(re.findall(r"\bK\.(\w+)", body))
+    keys = [*keys, *SPECS[name].item_keys]  # (in a many-item script's loops, K is the item's)
     assert used_keys <= set(keys), f"{name}.lua uses undeclared keys {sorted(used_keys - set(keys))}"
     used_args = set(re.findall(r"\bA\.(\w+)", body)) | set(re.findall(r"\bA\.raw\.(\w+)", body))
     used_args.discard("raw")
+    if items:
+        used_args.discard("items")  # A.items: each item's arguments, checked by args() against the header
     assert used_args <= set(argv), f"{name}.lua uses undeclared arguments {sorted(used_args - set(argv))}"
     # every declared key is used by the body or by a helper it hands K to
     reach = set(used_keys)
@@ -336,6 +362,7 @@ def test_every_helper_key_a_script_relies_on_is_declared_by_it(name: str) -> Non
     """fence_check(K, ...) reads K.fence and K.lease: every script that calls it declares them."""
     _, body = script(name)
     keys, _ = declared_in_body(name)
+    keys = [*keys, *SPECS[name].item_keys]  # (in a many-item script's loops, K is the item's)
     for h in helpers_called(body):
         needed = set(re.findall(r"\bK\.(\w+)", HELPERS[h][1]))
         if re.search(rf"(?<![\w.]){h}\s*\(\s*K\s*[,)]", body) or any(
@@ -414,7 +441,7 @@ def _check_key_args(where: str, args: list[str], allowed: set[str]) -> None:
 def test_every_key_a_script_touches_comes_from_keys(name: str) -> None:
     _, body = script(name)
     keys, _ = declared_in_body(name)
-    allowed = {f"K.{k}" for k in keys}
+    allowed = {f"K.{k}" for k in [*keys, *SPECS[name].item_keys]}
     for args in redis_calls(body):
         assert not args[0].startswith("unpack"), f"{name}.lua: redis.call(unpack(...)) outside the helpers"
         _check_key_args(f"{name}.lua", args, allowed)
@@ -607,9 +634,11 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str],
     calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
     original = ScriptRunner.call
 
-    def spy(self: ScriptRunner, name: str, keys: Any, argv: Any, client: Any = None) -> Any:
+    def spy(self: ScriptRunner, name: str, keys: Any, argv: Any, client: Any = None, items: Any = ()) -> Any:
         calls.append((name, dict(keys), dict(argv)))
-        return original(self, name, keys, argv, client)
+        for ik, ia in items:  # each item of a many-item script, as a call of its own under the item names
+            calls.append((f"{name}:item", dict(ik), dict(ia)))
+        return original(self, name, keys, argv, client, items)
 
     monkeypatch.setattr(ScriptRunner, "call", spy)
     return calls
@@ -619,6 +648,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     failure = make_failure(FailureClass.PROVIDER, "RateLimited", "429")
     q.backend.open_namespace()
     a = q.producer.enqueue("jobs", "h", {"n": 1}, "key-1")
+    q.producer.enqueue_many([NewTask("jobs", "h", {"bulk": i}, f"bulk-{i}") for i in range(2)])
     q.schedule.mark_dispatched(f"{a.id}/1", recheck_ms=60_000)
     q.maintenance.due_dispatches()
     la = q.leases.claim_attempt(a.id, "w", 60_000)
@@ -681,12 +711,13 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
 def test_the_client_passes_exactly_the_header_names_to_every_script(
         q: mc_queue.Client, recorded: list[tuple[str, dict[str, str], dict[str, Any]]]) -> None:
     _full_lifecycle(q)
-    called = {name for name, _, _ in recorded}
+    called = {name for name, _, _ in recorded if not name.endswith(":item")}
     assert called == set(NAMES), f"scripts never called by the lifecycle: {sorted(set(NAMES) - called)}"
     for name, keys, argv in recorded:
-        spec = SPECS[name]
-        assert tuple(sorted(keys)) == tuple(sorted(spec.keys)), f"{name}: KEYS {sorted(keys)} != {spec.keys}"
-        assert tuple(sorted(argv)) == tuple(sorted(spec.argv)), f"{name}: ARGV {sorted(argv)} != {spec.argv}"
+        spec = SPECS[name.removesuffix(":item")]
+        want_keys, want_argv = (spec.item_keys, spec.item_argv) if name.endswith(":item") else (spec.keys, spec.argv)
+        assert tuple(sorted(keys)) == tuple(sorted(want_keys)), f"{name}: KEYS {sorted(keys)} != {want_keys}"
+        assert tuple(sorted(argv)) == tuple(sorted(want_argv)), f"{name}: ARGV {sorted(argv)} != {want_argv}"
         for key_name, value in keys.items():
             assert value.startswith(q.keys.tag + ":"), f"{name}: key {key_name}={value!r} outside the namespace slot"
             assert _expected_key(q, key_name, value), f"{name}: KEYS {key_name!r} is given {value!r}"

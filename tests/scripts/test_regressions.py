@@ -319,7 +319,7 @@ def test_7_the_runner_resends_only_what_the_header_declares_idempotent(q: mc_que
     runner = ScriptRunner(q.writer, sleep=lambda s: None)
     sent: list[str] = []
 
-    def broken(name: str, keys: Any, argv: Any, client: Any = None) -> Any:
+    def broken(name: str, keys: Any, argv: Any, client: Any = None, items: Any = ()) -> Any:
         sent.append(name)
         raise redis.ConnectionError("reply lost")
 

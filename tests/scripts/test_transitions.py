@@ -11,6 +11,7 @@ import time
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
+from mc_queue.client.producer import NewTask
 from mc_queue.contracts.states import TRANSITIONS
 from mc_queue.testing import TransitionRecorder
 
@@ -74,6 +75,9 @@ def _tour(q: mc_queue.Client) -> None:
     time.sleep(0.06)
     q.leases.claim_attempt(tid, "w", LONG)
     q.operator.cancel_task(q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600).id, REASON)
+    # a batch: a task due now and one scheduled, each with its Attempt 1
+    q.producer.enqueue_many([NewTask("tour", "h", {"n": time.monotonic_ns()}),
+                             NewTask("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600)])
     # fail and each decision
     for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
         tid, lease = running()

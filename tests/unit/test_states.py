@@ -30,7 +30,7 @@ def written_states(src: str) -> dict[str, set[str]]:
     for m in re.finditer(r"redis\.call\('HSET', K\.task,([^)]*)\)", src, re.S):
         for v in re.findall(r"'state',\s*([^,\s)]+)", m.group(1)):
             out["task"].add(v.strip("'") if v.startswith("'") else "?")
-    for v in re.findall(r"aset\(K\.attempts,\s*\w+,\s*\{'state',\s*([^,\s}]+)", src):
+    for v in re.findall(r"aset\(K\.(?:attempts|task),\s*\w+,\s*\{'state',\s*([^,\s}]+)", src):
         out["attempt"].add(v.strip("'") if v.startswith("'") else "?")
     return out
 
@@ -48,12 +48,16 @@ def test_every_literal_state_a_script_writes_is_a_listed_edge_of_that_script() -
     decides = {n for n in specs() if re.search(r"\bapply_decision\(", _body(n))}
     assert decides == {"fail", "reconcile_settle"}
     helper = written_states(_helper("apply_decision"))
+    admits = written_states(_helper("enqueue_write"))  # a new task (its state computed) and its Attempt 1
     writers = set()
     for name in specs():
         found = written_states(_body(name))
         if name in decides:
             for entity in found:
                 found[entity] |= helper[entity]
+        if re.search(r"\benqueue_write\(", _body(name)):
+            for entity in found:
+                found[entity] |= admits[entity] | ({"?"} if entity == "task" else set())
         if re.search(r"redis\.call\('DEL', K\.task", _body(name)) and name != "pack":
             found["task"].add("")  # pack writes the hash anew in the same script, its state unchanged
         for entity, states in found.items():
