@@ -43,9 +43,12 @@ PREFIX = "bprio"
 def run_workers(server: RedisServer, n: int, extra: list[str], tmp: Path) -> None:
     cmd = [sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX, "worker", "--app",
            "tests.apps.basic:app", "--kind", "simple", "--workspace-root", str(tmp / "ws"), *extra]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
-    for p in procs:
+    logs = [open(tmp / f"worker-{i}.log", "wb") for i in range(n)]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+             for log in logs]
+    for p, log in zip(procs, logs, strict=True):
         p.wait(600)
+        log.close()
 
 
 def main() -> None:
@@ -66,6 +69,7 @@ def main() -> None:
                for i in range(args.tasks)]
         t0 = time.monotonic()
         run_workers(server, args.workers, ["--burst"], tmp)
+        print(f"drained in {time.monotonic() - t0:.1f}s; worker logs in {tmp}", file=sys.stderr)
         took = time.monotonic() - t0
         pipe = q.redis.pipeline(transaction=False)
         for tid in ids:

@@ -210,6 +210,8 @@ def attention(obj: Ctx, as_json: bool) -> None:
                    "queues' pending indexes), running (lease and suspect indexes), succeeded, canceled (the queues' "
                    "done indexes, newest first), failed, blocked, quarantined (the queues' held indexes).")
 @click.option("--handler", default=None, help="Only tasks of this handler.")
+@click.option("--priority", type=click.IntRange(1, 9), default=None, help="Only tasks of this priority (5: none set).")
+@click.option("--schedule", "schedule_name", default=None, help="Only tasks this periodic schedule made.")
 @click.option("--older-than", default=None, metavar="DUR", help="Created more than DUR ago (90s, 15m, 2h, 7d).")
 @click.option("--since", default=None, metavar="DUR", help="Created within the last DUR.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
@@ -218,7 +220,8 @@ def attention(obj: Ctx, as_json: bool) -> None:
 @click.pass_context
 @handle_errors
 def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], handler: str | None,
-          older_than: str | None, since: str | None, limit: int, as_json: bool) -> None:
+          priority: int | None, schedule_name: str | None, older_than: str | None, since: str | None, limit: int,
+          as_json: bool) -> None:
     """Tasks found through the indexes (no scan of the keyspace); `mcq tasks purge` deletes ended ones."""
     if ctx.invoked_subcommand is not None:
         return
@@ -228,8 +231,8 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
     older = duration_ms(older_than, "--older-than")
     newer = duration_ms(since, "--since")
     rows, truncated = client.reads.list_tasks(
-        queue=queue_name, states=list(states) or None, handler=handler, limit=limit,
-        created_before_ms=None if older is None else now - older,
+        queue=queue_name, states=list(states) or None, handler=handler, limit=limit, priority=priority,
+        schedule=schedule_name, created_before_ms=None if older is None else now - older,
         created_after_ms=None if newer is None else now - newer)
     if as_json:
         emit_json({"tasks": rows, "truncated": truncated})
@@ -237,7 +240,7 @@ def tasks(ctx: click.Context, queue_name: str | None, states: tuple[str, ...], h
     for r in rows:
         age_s = max(0, now - r["created_at_ms"]) / 1000
         click.echo(f"{r['task_id']}  {r['state']:<11} {r['handler']:<24} attempts {r['attempts']:<3} "
-                   f"age {age_s:.0f}s")
+                   f"age {age_s:.0f}s" + (f"  priority {r['priority']}" if r["priority"] != 5 else ""))
     if truncated:
         click.echo(f"(the first {10 * limit} index entries looked at: more may match; narrow the filters)", err=True)
 

@@ -160,12 +160,15 @@ class Reads(Role):
 
     def list_tasks(self, *, queue: str | None = None, states: Sequence[str] | None = None,
                    handler: str | None = None, created_before_ms: int | None = None,
-                   created_after_ms: int | None = None, limit: int = 50) -> tuple[list[dict[str, Any]], bool]:
+                   created_after_ms: int | None = None, limit: int = 50, priority: int | None = None,
+                   schedule: str | None = None) -> tuple[list[dict[str, Any]], bool]:
         """Tasks found through the indexes (never a scan of the keyspace), oldest index entry first:
         scheduled, pending and backoff (the queues' pending indexes, by due time), running (lease and suspect indexes),
         succeeded and canceled (the queues' done indexes, newest first), failed, blocked and
         quarantined (the queues' held indexes). At most ``LIST_SCAN_FACTOR * limit`` index
-        entries are looked at; the second value says whether that bound was reached (more may match)."""
+        entries are looked at; the second value says whether that bound was reached (more may match).
+        ``priority``: only tasks of that priority (5: those without one); ``schedule``: only tasks a periodic
+        schedule of that name made (its ticks and its triggers)."""
         wanted = set(states or LISTABLE_STATES)
         unknown = wanted - set(LISTABLE_STATES)
         if unknown:
@@ -222,13 +225,17 @@ class Reads(Role):
                 if queue is not None and parse_task_id(tid) != queue:
                     continue
                 pipe.hmget(self.keys.task(tid).task, "state", "queue", "handler", "created_at", "updated_at",
-                           "attempts")
+                           "attempts", "priority", "idem_key")
                 keep.append(tid)
             except ValueError:
                 continue  # an unreadable index member: the sweeper drops those
         rows: list[dict[str, Any]] = []
-        for tid, (state, q, h, created, updated, n) in zip(keep, pipe.execute(), strict=True):
+        for tid, (state, q, h, created, updated, n, prio, key) in zip(keep, pipe.execute(), strict=True):
             if state is None or state not in wanted or (handler is not None and h != handler):
+                continue
+            if priority is not None and int(prio or 5) != priority:
+                continue
+            if schedule is not None and not (key or "").startswith(f"periodic:{schedule}:"):
                 continue
             created_ms = int(created or 0)
             if created_before_ms is not None and created_ms > created_before_ms:
@@ -236,7 +243,8 @@ class Reads(Role):
             if created_after_ms is not None and created_ms < created_after_ms:
                 continue
             rows.append({"task_id": tid, "queue": q, "handler": h, "state": state, "created_at_ms": created_ms,
-                         "updated_at_ms": int(updated or created or 0), "attempts": int(n or 0)})
+                         "updated_at_ms": int(updated or created or 0), "attempts": int(n or 0),
+                         "priority": int(prio or 5)})
             if len(rows) >= limit:
                 break
         return rows, truncated

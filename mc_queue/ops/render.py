@@ -231,7 +231,7 @@ def describe_event(e: Event) -> str:
     return ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in f.items() if v != "")
 
 
-def _periodic_origin(key: str) -> str:
+def periodic_origin(key: str) -> str:
     """' (periodic schedule NAME, tick TIME)' for a producer key a periodic schedule made, else ''."""
     parts = key.split(":")
     if len(parts) < 3 or parts[0] != "periodic":
@@ -259,7 +259,7 @@ def print_task(task: Task, console: Console | None = None, effects: dict[str, Ef
            iso(finished) + (f" (took {_between(task.created_at, finished)} in all)" if finished else ""))
     if task.idempotency_key:
         key = task.idempotency_key
-        _field(console, "idempotency key", key + _periodic_origin(key))
+        _field(console, "idempotency key", key + periodic_origin(key))
     if task.start_by or task.finish_by:
         _field(console, "deadlines", ", ".join(
             f"{what} {iso(when)}" for what, when in (("start by", task.start_by), ("finish by", task.finish_by))

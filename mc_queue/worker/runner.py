@@ -158,6 +158,7 @@ LIVENESS_SEEN_MS = 86_400_000  # "<liveness key>:seen": the worker kept one (ref
 HEARTBEAT_EVERY_S = 5.0  # the same heartbeat (same TTL: worker_ttl + 60 = 95 s) at most this often
 SUSPENSION_CHECK_EVERY_S = 1.0  # `rq suspend` is seen within this (RQ: before every job)
 BURST_PING_EVERY_S = 1.0  # a burst worker's reachability check before a dequeue (see dequeue_job_and_maintain_ttl)
+PUBSUB_WAKE_S = 0.2  # how often the thread of RQ's command channel wakes (a socket wait, no Redis command)
 
 
 class McqBaseWorker(BaseWorker):
@@ -208,6 +209,17 @@ class McqBaseWorker(BaseWorker):
             # force stop): the process says so by its exit code, in a pool's worker process too.
             raise SystemExit(EXIT_STOPPED_MIDWAY)
         return worked
+
+    def subscribe(self) -> None:
+        """RQ's command channel (``rq`` stop and kill commands), its thread waking every PUBSUB_WAKE_S, not
+        every 60 s (RQ's): leaving, RQ stops that thread and closes its connection, which with redis-py 8.2 waited
+        until the thread woke, so a stopped or drained worker's process lingered up to 60 s
+        (tests/integration/test_example_app.py's stop grace, bench_priority's drain)."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = cast(Any, self.pubsub.run_in_thread(  # (typed None in RQ until then)
+            sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler))
 
     def _liveness(self, stop: threading.Event) -> None:
         """mc_queue's own liveness key for this process, ``{prefix}:w:<worker id>`` ("<host> <pid>"), PX

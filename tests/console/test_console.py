@@ -51,6 +51,26 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert c.get("/healthz").text == "ok"
 
 
+def test_a_task_page_shows_its_priority_deadlines_and_periodic_tick(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    from datetime import timedelta
+
+    from mc_queue.contracts.periodic import PeriodicSchedule
+
+    urgent = q.producer.enqueue("agents", "fix-issue", {"n": "urgent"}, priority=1, start_by=timedelta(hours=1))
+    q.periodic.publish(PeriodicSchedule(name="nightly", handler="fix-issue", queue="agents", every_s=60))
+    q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 61_000)
+    ticked = next(t for t in q.periodic.run_due() if t.outcome == "ran")
+    c = local(app)
+    html = c.get(f"/tasks/{urgent.id}").text
+    assert "<dt>priority</dt><dd>1 (1 most urgent, 5 default)</dd>" in html
+    assert "<dt>deadlines</dt><dd>start by " in html and "(in 59m " in html
+    html = c.get(f"/tasks/{ticked.task_id}").text
+    assert "(periodic schedule nightly, tick " in html
+    plain = c.get(f"/tasks/{story.pending}").text
+    assert "<dt>priority</dt>" not in plain and "<dt>deadlines</dt>" not in plain
+
+
 def test_the_timeline_shows_the_refused_stale_write_and_the_reconciliation(app, story: Story) -> None:  # type: ignore[no-untyped-def]
     html = local(app).get(f"/tasks/{story.reconciled}").text
     assert "stale write refused" in html

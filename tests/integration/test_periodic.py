@@ -337,5 +337,10 @@ def test_mcq_schedule_as_typed(redis_server: RedisServer, prefix: str, q: mc_que
         "schedule nightly resumed"
     trig = _mcq(redis_server, prefix, "schedule", "trigger", "nightly")
     assert trig.returncode == 0 and q.reads.get_task(trig.stdout.strip()).handler == "noop"
+    listed = _mcq(redis_server, prefix, "tasks", "--schedule", "nightly").stdout
+    assert trig.stdout.strip() in listed
+    assert trig.stdout.strip() not in _mcq(redis_server, prefix, "tasks", "--schedule", "other").stdout
+    shown = _mcq(redis_server, prefix, "show", trig.stdout.strip()).stdout
+    assert "(periodic schedule nightly, triggered by hand)" in shown
     missing = _mcq(redis_server, prefix, "schedule", "pause", "nope", "--reason", REASON)
     assert missing.returncode != 0 and "no periodic schedule named nope" in missing.stderr

@@ -132,6 +132,15 @@ def test_aging_moves_a_waiting_message_up_a_level_per_period_and_not_before(h: H
     assert h.task(low.id).state is TaskState.SUCCEEDED
 
 
+def test_mcq_tasks_filters_by_priority(h: Harness) -> None:
+    urgent = h.basic.enqueue("noop", {"n": 1}, priority=1)
+    plain = h.basic.enqueue("noop", {"n": 2})
+    out = h.mcq("tasks", "--priority", "1")
+    assert out.returncode == 0 and urgent.id in out.stdout and plain.id not in out.stdout and "priority 1" in out.stdout
+    out = h.mcq("tasks", "--priority", "5")
+    assert plain.id in out.stdout and urgent.id not in out.stdout
+
+
 def test_mcq_workers_names_each_queue_once(h: Harness) -> None:
     from mc_queue.worker.runner import live_workers
 

@@ -23,7 +23,7 @@ from ...client.reads import LISTABLE_STATES
 from ...contracts.errors import InvalidArgument
 from ...contracts.models import Attempt, Event, Task, TaskState
 from ...worker.runner import live_workers
-from ..render import budget_left, describe_event, duration, iso, next_step, preview, state_text
+from ..render import budget_left, describe_event, duration, iso, next_step, periodic_origin, preview, state_text
 from .samples import chart, finished_totals, read_series, redis_now_ms
 
 STATES = [s.value for s in TaskState]  # the order the overview's depth columns use
@@ -319,8 +319,11 @@ def task_page(client: Client, task_id: str) -> dict[str, Any]:
         "reconciled": sum(1 for e in events if e["type"] == "attempt_reconciled"),
         "can_retry": task.state in (TaskState.FAILED, TaskState.BLOCKED),
         "can_replay": quarantined,
-        "can_cancel": task.state in (TaskState.PENDING, TaskState.BACKOFF, TaskState.RUNNING, TaskState.FAILED,
-                                     TaskState.BLOCKED),
+        "can_cancel": task.state in (TaskState.PENDING, TaskState.BACKOFF, TaskState.SCHEDULED, TaskState.RUNNING,
+                                     TaskState.FAILED, TaskState.BLOCKED),
+        "origin": periodic_origin(task.idempotency_key or "").strip(" ()"),
+        "deadlines": ", ".join(f"{what} {when(at, now)}" for what, at in (("start by", task.start_by),
+                                                                          ("finish by", task.finish_by)) if at),
         "next_step": next_step(item or {"task_id": task_id}, quarantined) if item or quarantined else None,
     }
 
