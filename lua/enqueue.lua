@@ -57,7 +57,7 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], qu
   tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
-local A, bad = args(ARGV, with({'epoch', 'epoch', false, false, 'actor', 'id', 200, false}, enqueue_args()))
+local A, bad = args(ARGV, enqueue_args())
 if bad then return bad end
 local m = meta_read(K.meta)
 bad = enqueue_shape(A, m.max_lease)

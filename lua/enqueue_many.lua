@@ -47,7 +47,7 @@
 --@include admit
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5], counts = KEYS[6]}
-local A, bad = args(ARGV, {'epoch', 'epoch', false, false, 'actor', 'id', 200, false}, enqueue_args())
+local A, bad = args(ARGV, {'epoch', 'epoch', false, false, 'actor', 'id', 200, false}, enqueue_args(), 2)
 if bad then return bad end
 local ITEMS = each_keys(KEYS, 7, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
   #A.items)

@@ -186,11 +186,13 @@ end
 
 -- The script's arguments by header name, validated; or nil and the E_BADARG reply. A.raw holds every
 -- argument as the string it came as (an integer's digits, without formatting the number again). each: a
--- many-item script's arguments of each item (specs as above), which follow its own in groups, one per
--- item: A.items is then the list of each item's, validated alike (an item's raw in its .raw).
-local function args(argv, specs, each)
+-- many-item script's arguments of each item (specs as above, the first ``skip`` of them left out), which
+-- follow its own in groups, one per item: A.items is then the list of each item's, validated alike (an
+-- item's raw in its .raw).
+local function args(argv, specs, each, skip)
   local count = #specs / 4
-  local per = each and #each / 4 or 0
+  local first = skip or 0
+  local per = each and #each / 4 - first or 0
   local extra = #argv - count
   if (per == 0 and extra ~= 0) or (per > 0 and (extra <= 0 or extra % per ~= 0)) then
     return nil, {'E_BADARG', 'expected ' .. count .. ' arguments' ..
@@ -211,7 +213,7 @@ local function args(argv, specs, each)
     for n = 1, extra / per do
       local item, iraw = {}, {}
       for i = 1, per do
-        local j = 4 * i - 3
+        local j = 4 * (i + first) - 3
         local name, v = each[j], argv[count + (n - 1) * per + i]
         local value, why = check_arg(v, each[j + 1], each[j + 2], each[j + 3])
         if why then return nil, {'E_BADARG', 'item ' .. n .. ': ' .. name .. ' ' .. why, n} end
