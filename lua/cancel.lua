@@ -17,6 +17,7 @@
 -- KEYS[11] attention attention items (a blocked task's item is resolved by its cancellation)
 -- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] released  tasks that ended with dependents waiting (the sweeper's release.lua)
 -- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
@@ -30,7 +31,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], cancels = KEYS[9],
-  stats = KEYS[10], attention = KEYS[11], done = KEYS[12], held = KEYS[13]}
+  stats = KEYS[10], attention = KEYS[11], done = KEYS[12], held = KEYS[13], released = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,

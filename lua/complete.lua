@@ -16,6 +16,7 @@
 -- KEYS[11] lease     the task's lease key
 -- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] released  tasks that ended with dependents waiting (the sweeper's release.lua)
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
@@ -40,7 +41,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
-  done = KEYS[12], held = KEYS[13]}
+  done = KEYS[12], held = KEYS[13], released = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

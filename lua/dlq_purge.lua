@@ -31,6 +31,7 @@
 -- ARGV[4] request_id   a resend with the same id reports the same purge
 -- ARGV[5] epoch
 -- Returns: {'OK', attempts} | {'DUP', attempts} | {'E_STATE', task_state} | {'E_NOTASK', why}
+--          {'E_CHANGED', why} (tasks wait for it and the sweeper has not released them yet)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_purged (nslog) | purge_refused
 -- Idempotent: by request id
@@ -53,7 +54,8 @@ local count, reason = chars(A.reason)
 if count < 10 then return {'E_BADARG', 'reason: a purge needs a reason of at least ten characters'} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
-local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler')
+local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler',
+  'dependents', 'released_at')
 if not t[1] then
   local tomb = tomb_get(K.tombs0, K.tombs1, K.tombs2, K.tomb, string.match(K.task, ':t:(.+)$') or '')
   if tomb and A.request_id ~= '' and tomb.request_id == A.request_id then return {'DUP', tomb.attempts} end
@@ -62,6 +64,9 @@ end
 if t[3] ~= 'quarantined' then
   return refuse(K.events, K.stats, 'purge_refused', {'E_STATE', t[3]},
     {'actor', A.actor, 'reason', 'only a quarantined task is purged; this one is ' .. t[3]})
+end
+if t[8] and not t[9] then  -- its end's obligation to them is not carried out yet (release.lua)
+  return {'E_CHANGED', 'tasks wait for it and the sweeper has not released them yet: purge it again in a moment'}
 end
 local ts = now_ms()
 local until_ms = ts + A.tombstone_ms

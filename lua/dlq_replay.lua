@@ -14,6 +14,7 @@
 -- KEYS[11] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[14] released  tasks that ended with dependents waiting (index_end; a retry or replay ends nothing)
 -- ARGV[1] reason      why it may run again (>= 10 characters)
 -- ARGV[2] hypothesis  what is different now
 -- ARGV[3] actor
@@ -27,7 +28,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], dlq = KEYS[9],
-  attention = KEYS[10], stats = KEYS[11], done = KEYS[12], held = KEYS[13]}
+  attention = KEYS[10], stats = KEYS[11], done = KEYS[12], held = KEYS[13], released = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,

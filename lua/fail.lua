@@ -21,6 +21,7 @@
 -- KEYS[14] lease     the task's lease key
 -- KEYS[15] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[16] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[17] released  tasks that ended with dependents waiting (the sweeper's release.lua)
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -55,7 +56,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
   dlq = KEYS[11], stats = KEYS[12], fence = KEYS[13], lease = KEYS[14],
-  done = KEYS[15], held = KEYS[16]}
+  done = KEYS[15], held = KEYS[16], released = KEYS[17]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

@@ -6,7 +6,7 @@
 -- lost: it answers E_CHANGED and the sweeper reads again. After it the task is one small hash: the
 -- fields the scripts read, its fence counter (field 'fence', where it is counted), and the
 -- document in chunks of at most 64 bytes (fields z0, z1, ...: Redis keeps a hash of short values as
--- one compact listpack). Its Attempts hash, event stream and effects hash are gone. Every other
+-- one compact listpack), and the ids of the tasks that wait for it, if any ('dependents', 'released_at'). Its Attempts hash, event stream and effects hash are gone. Every other
 -- script refuses a write to it as before; the refusal's event goes to the namespace log rather than
 -- growing a stream back. Only a succeeded or canceled task is packed: nothing moves it again.
 -- KEYS[1] meta       namespace meta hash
@@ -52,7 +52,7 @@ if not string.find(A.last_event, '^%d+%-%d+$') then return {'E_BADARG', "last_ev
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'handler', 'state', 'payload_digest', 'attempts', 'created_at',
-  'updated_at', 'packed', 'idem_key')
+  'updated_at', 'packed', 'idem_key', 'dependents', 'released_at')
 if not t[1] then
   redis.call('ZREM', K.topack, string.match(K.task, ':t:(.+)$'))
   return {'NOOP', 'no such task'}
@@ -77,6 +77,9 @@ redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
 redis.call('HSET', K.task, 'id', t[1], 'queue', t[2], 'handler', t[3], 'state', t[4], 'payload_digest', t[5],
   'attempts', t[6], 'active', '', 'created_at', t[7], 'updated_at', t[8])
 if t[10] and t[10] ~= '' then redis.call('HSET', K.task, 'idem_key', t[10]) end
+-- The tasks waiting for it, and whether the sweeper released them (release.lua and retire read both).
+if t[11] then redis.call('HSET', K.task, 'dependents', t[11]) end
+if t[12] then redis.call('HSET', K.task, 'released_at', t[12]) end
 -- Chunks of 64 bytes while the hash can stay a listpack (at most 128 fields); a larger document is
 -- kept whole in one field (the hash is a hash table then, whatever the chunks).
 local size = (#A.blob <= PACK_CHUNK * PACK_LISTPACK_CHUNKS) and PACK_CHUNK or #A.blob

@@ -19,6 +19,7 @@
 --                    fin|<queue>|<handler>|<outcome>|<bucket>, fin_ms|<queue>|<handler>)
 -- KEYS[13] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[14] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[15] released  tasks that ended with dependents waiting (the sweeper's release.lua)
 -- ARGV[1] n               attempt number
 -- ARGV[2] actor           reconciler id
 -- ARGV[3] outcome         'succeeded' | 'failed' | 'canceled'
@@ -46,7 +47,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
-  attention = KEYS[10], dlq = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14]}
+  attention = KEYS[10], dlq = KEYS[11], stats = KEYS[12], done = KEYS[13], held = KEYS[14], released = KEYS[15]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,

@@ -42,7 +42,7 @@
 --                      deleted only if it is still that version, so nothing recorded after the archive's
 --                      read (a refused stale write's event) is deleted unarchived
 -- Returns: {'OK', state, attempts} | {'NOOP', why} (no such task, its index entry or, with seen, the task
---          changed since read)
+--          changed since read, or tasks wait for it that the sweeper has not released yet)
 --          {'E_STATE', task_state} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: task_retired (nslog, when log is 'task') | retire_refused
 -- Idempotent: yes (a retired task is gone: NOOP)
@@ -81,8 +81,11 @@ if count < 10 then return {'E_BADARG', 'reason: a retirement needs a reason of a
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'queue', 'state', 'attempts', 'idem_key', 'payload_digest', 'handler',
-  'active')
+  'active', 'dependents', 'released_at')
 if not t[1] then return {'NOOP', 'no such task'} end
+if t[9] and not t[10] then  -- its end's obligation to them is not carried out yet (release.lua)
+  return {'NOOP', 'tasks wait for it and the sweeper has not released them yet: retire it after'}
+end
 if not letgo[t[3]] or (t[8] and t[8] ~= '') then
   return refuse(K.events, nil, 'retire_refused', {'E_STATE', t[3]},
     {'actor', A.actor, 'reason', 'the task is ' .. t[3] .. ', not one of ' .. A.states .. ' with nothing running'})

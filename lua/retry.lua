@@ -14,6 +14,7 @@
 -- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[11] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[12] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
+-- KEYS[13] released  tasks that ended with dependents waiting (index_end; a retry or replay ends nothing)
 -- ARGV[1] reason      why another Attempt (>= 10 characters)
 -- ARGV[2] hypothesis  what is different this time, or ''
 -- ARGV[3] actor       who decides (operator, policy)
@@ -28,7 +29,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], attention = KEYS[9],
-  stats = KEYS[10], done = KEYS[11], held = KEYS[12]}
+  stats = KEYS[10], done = KEYS[11], held = KEYS[12], released = KEYS[13]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,

@@ -104,14 +104,16 @@ end
 
 -- Write the task enqueue_check planned: its hash (holding Attempt 1), its producer key, its queue's
 -- indexes and counts (a new task keeps its Attempts in its own hash). K: idem, queues, counts, task, pending,
--- deadlines.
+-- deadlines. plan.waiting (enqueue_after): the task waits for others.
 local function enqueue_write(K, A, plan, ts, actor)
   if plan.purged_key then redis.call('HDEL', K.idem, A.idem_key) end
   -- Numbers go to redis.call as strings: Redis would format each Lua number with '%.17g'.
   local tss = fmt(ts)
   -- A task not due yet waits 'scheduled' in the pending index, scored by its due time (the sweeper sends
   -- it once due, the claim refuses it before); a due time not after now is the plain path.
-  local state = plan.due > ts and 'scheduled' or 'pending'
+  -- A task waiting for others (enqueue_after: plan.waiting) is 'waiting' whatever its due time, and its
+  -- pending entry scores +inf (no walk reaches it) until release.lua scores it by its due time.
+  local state = plan.waiting and 'waiting' or (plan.due > ts and 'scheduled' or 'pending')
   local dues = plan.due > ts and fmt(plan.due) or tss
   -- Left out until they say something (readers fill them in): updated_at while it is created_at, the
   -- fence counter while no fence was issued ('0'), a retry policy or budget that is the default ('{"$v":1}').
@@ -127,13 +129,13 @@ local function enqueue_write(K, A, plan, ts, actor)
   -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
   -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the
   -- task's created_at (readers fill them in: not stored).
-  aset(K.task, 1, {'state', 'pending', unpack(state == 'scheduled' and {'due_at', dues} or {})})
+  aset(K.task, 1, {'state', 'pending', unpack(plan.due > ts and {'due_at', dues} or {})})
   if A.idem_key ~= '' then
     redis.call('HSET', K.task, 'idem_key', A.idem_key)
     redis.call('HSET', K.idem, A.idem_key, A.task_id .. ' ' .. plan.sig)
   end
   redis.call('SADD', K.queues, A.queue)
-  redis.call('ZADD', K.pending, dues, A.task_id)
+  redis.call('ZADD', K.pending, plan.waiting and '+inf' or dues, A.task_id)
   if A.start_by_ms or A.finish_by_ms then  -- the sweeper checks it then (the earlier deadline first)
     redis.call('ZADD', K.deadlines, A.start_by_ms and A.raw.start_by_ms or A.raw.finish_by_ms, A.task_id)
   end

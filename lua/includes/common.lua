@@ -188,13 +188,13 @@ end
 -- argument as the string it came as (an integer's digits, without formatting the number again). each: a
 -- many-item script's arguments of each item (specs as above, the first ``skip`` of them left out), which
 -- follow its own in groups, one per item: A.items is then the list of each item's, validated alike (an
--- item's raw in its .raw).
-local function args(argv, specs, each, skip)
+-- item's raw in its .raw). none_ok: no item at all is allowed (A.items is then empty).
+local function args(argv, specs, each, skip, none_ok)
   local count = #specs / 4
   local first = skip or 0
   local per = each and #each / 4 - first or 0
   local extra = #argv - count
-  if (per == 0 and extra ~= 0) or (per > 0 and (extra <= 0 or extra % per ~= 0)) then
+  if (per == 0 and extra ~= 0) or (per > 0 and (extra < 0 or (extra == 0 and not none_ok) or extra % per ~= 0)) then
     return nil, {'E_BADARG', 'expected ' .. count .. ' arguments' ..
       (per > 0 and (' and ' .. per .. ' for each item') or '') .. ', got ' .. #argv}
   end
@@ -563,14 +563,17 @@ end
 -- ----------------------------------------------------------------------------------- finished tasks
 
 -- The states a task waits in for a person (retention keeps them longer) and the ones it ends in.
-local TASK_STATES = {'scheduled', 'pending', 'running', 'backoff', 'succeeded', 'failed', 'blocked', 'quarantined', 'canceled'}
+local TASK_STATES = {'scheduled', 'waiting', 'pending', 'running', 'backoff', 'succeeded', 'failed', 'blocked', 'quarantined', 'canceled'}
 local HELD = {failed = true, blocked = true, quarantined = true}
 local DONE = {succeeded = true, canceled = true}
 
 -- Keep the queue's finished and held indexes in step with a task's move (K.done, K.held): a task
 -- that finished enters done (retention; the sweeper walks it to pack the task's history a minute
 -- later: Maintenance.pack_due); one that waits for a person enters held, and leaves it when a retry,
--- a replay or a cancel takes it out.
+-- a replay or a cancel takes it out. A task that ends (done or held) with dependents waiting on it
+-- (its 'dependents' field, enqueue_after.lua) enters the namespace's released index (K.released), in
+-- the same step: the obligation to release or cancel them is recorded with the end itself, and the
+-- sweeper carries it out (release.lua) within its next look (~50 ms). One HEXISTS per end.
 local function index_end(K, task_id, from, to, ts)
   if from == to then return end
   if HELD[from] and not HELD[to] then redis.call('ZREM', K.held, task_id) end
@@ -578,6 +581,9 @@ local function index_end(K, task_id, from, to, ts)
     redis.call('ZADD', K.held, fmt(ts), task_id)
   elseif DONE[to] then
     redis.call('ZADD', K.done, fmt(ts), task_id)
+  end
+  if K.released and (HELD[to] or DONE[to]) and redis.call('HEXISTS', K.task, 'dependents') == 1 then
+    redis.call('ZADD', K.released, fmt(ts), task_id)
   end
 end
 

@@ -37,12 +37,18 @@ from .root import main
 @click.option("--finish-by", default=None, metavar="DUR|TIME",
               help="Deadline: if it has not ended within DUR or by TIME, it is canceled (a running Attempt is "
                    "signalled, then reconciled).")
+@click.option("--after", "after", multiple=True, metavar="TASK",
+              help="Wait for this task to end first (repeatable): the task is waiting until each has ended, then "
+                   "pending; see --after-mode.")
+@click.option("--after-mode", type=click.Choice(["succeeded", "ended"]), default="succeeded", show_default=True,
+              help="succeeded: each task of --after must succeed, and one that ends otherwise cancels this one; "
+                   "ended: any end counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole task as JSON.")
 @click.pass_obj
 @handle_errors
 def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | None, idempotency_key: str | None,
             delay: str | None, run_at: str | None, priority: int | None, start_by: str | None,
-            finish_by: str | None, as_json: bool) -> None:
+            finish_by: str | None, after: tuple[str, ...], after_mode: str, as_json: bool) -> None:
     """Create a task of an App's handler and hand it to the workers; prints its id."""
     from ..producer.dispatch import AppClient
 
@@ -62,7 +68,8 @@ def enqueue(obj: Ctx, handler: str, app_spec: str, payload: str, queue: str | No
     try:
         task = producer.enqueue(handler, data, idempotency_key=idempotency_key, queue=queue,
                                 delay_s=None if delay_ms is None else delay_ms / 1000, run_at=at,
-                                priority=priority, **{k: v for k, v in deadlines.items() if v is not None})
+                                priority=priority, **{k: v for k, v in deadlines.items() if v is not None},
+                                **({"after": list(after), "after_mode": after_mode} if after else {}))
     finally:
         producer.close()
     if as_json:
@@ -204,9 +211,9 @@ def attention(obj: Ctx, as_json: bool) -> None:
 @main.group(invoke_without_command=True)
 @click.option("--queue", "queue_name", default=None, help="Only this queue.")
 @click.option("--state", "states", multiple=True,
-              type=click.Choice(["scheduled", "pending", "backoff", "running", "succeeded", "canceled", "failed",
-                                 "blocked", "quarantined"]),
-              help="Only tasks in this state (repeatable), from the indexes: scheduled, pending, backoff (the "
+              type=click.Choice(["scheduled", "waiting", "pending", "backoff", "running", "succeeded", "canceled",
+                                 "failed", "blocked", "quarantined"]),
+              help="Only tasks in this state (repeatable), from the indexes: scheduled, waiting, pending, backoff (the "
                    "queues' pending indexes), running (lease and suspect indexes), succeeded, canceled (the queues' "
                    "done indexes, newest first), failed, blocked, quarantined (the queues' held indexes).")
 @click.option("--handler", default=None, help="Only tasks of this handler.")

@@ -50,8 +50,9 @@ class Role:
         return self.backend.epoch()
 
     def _end_keys(self, tk: TaskKeys) -> dict[str, str]:
-        """The indexes a task's end moves (lua index_end): its queue's done and held."""
-        return {"done": tk.done, "held": tk.held}
+        """The indexes a task's end moves (lua index_end): its queue's done and held, and the namespace's
+        released index (a task with dependents enters it as it ends)."""
+        return {"done": tk.done, "held": tk.held, "released": self.keys.released}
 
     def _ns_keys(self) -> dict[str, str]:
         return self.backend.ns_keys()

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.backend import Backend
+from .dependencies import Dependencies
 from .holder import LeaseHolder
 from .maintenance import Maintenance
 from .operator import Operator
@@ -35,12 +36,12 @@ from .schedule import Schedule
 class Client:
     """A connection to one mc_queue namespace (the arguments are :class:`Backend`'s), handing out its roles.
 
-    ``producer`` enqueues; ``leases`` is what a worker calls under its lease; ``operator`` what a person
-    decides (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
-    what is due to be sent to the transport;
-    ``reads`` everything that explains what happened; ``results`` waits for tasks to end; ``periodic``
-    publishes, ticks and steers periodic schedules. ``backend`` runs the scripts and keeps the namespace
-    epoch and replication lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
+    ``producer`` enqueues; ``leases`` is what a worker calls under its lease; ``operator`` what a person decides
+    (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
+    what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
+    for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
+    tasks whose parents ended. ``backend`` runs the scripts and keeps the namespace epoch and replication
+    lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -55,6 +56,7 @@ class Client:
         self.operator = Operator(backend, self.maintenance)
         self.results = Results(backend, self.reads)
         self.periodic = Periodic(backend, self.producer, self.operator)
+        self.dependencies = Dependencies(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

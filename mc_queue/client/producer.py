@@ -50,6 +50,12 @@ class NewTask:
     start_by: datetime | timedelta | None = None
     finish_by: datetime | timedelta | None = None
     priority: int | None = None
+    after: Sequence[str] | None = None
+    after_mode: str = "succeeded"
+
+
+MAX_AFTER = 100  # tasks one task may wait for (lua/enqueue_after.lua MAX_PARENTS)
+AFTER_MODES = ("succeeded", "ended")
 
 
 def _item_error(exc: McqError, item: int) -> McqError:
@@ -88,17 +94,31 @@ class Producer(Role):
 
         ``priority``: 1 (most urgent) to 9, 5 by default. Its Attempts go to the RQ queue of that priority,
         and a worker takes from a more urgent one first (``mc_queue.producer.transport.PRIORITIES``).
+
+        ``after`` (task ids, at most 100) makes the task wait for those tasks to end first: it is
+        ``waiting`` (no Attempt claimable, no transport message) until each has ended, then pending (or
+        scheduled until its own due time). ``after_mode`` ``"succeeded"`` (the default): each must
+        succeed, and one that ends otherwise (failed, blocked, quarantined, canceled) cancels this task,
+        its reason naming the parent; ``"ended"``: any end counts. A parent that ended already counts at
+        once (in mode succeeded, one that did not succeed refuses the enqueue: TransitionRefused); one
+        not in Redis refuses it (TaskNotFound). The sweeper releases dependents within ~50 ms of their
+        parents' end (``lua/release.lua``), from an obligation the parent's end records atomically.
         """
         tk, argv = self._item(NewTask(queue, handler, payload, idempotency_key, **options))
+        parents: list[str] = argv.pop("after")
+        script = "enqueue_after" if parents else "enqueue"
+        items = [({"parent": self.keys.task(p).task}, {"parent_id": p}) for p in parents]
+        if not parents:
+            del argv["after_mode"]
 
         def call(epoch: str) -> list[Any]:
-            return self._run("enqueue", {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
-                                         "counts": self.keys.counts, **self._item_keys(tk)},
-                             {**argv, "actor": self.actor, "epoch": epoch})
+            return self._run(script, {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
+                                      "counts": self.keys.counts, **self._item_keys(tk)},
+                             {**argv, "actor": self.actor, "epoch": epoch}, items)
 
         reply = self._with_epoch(call)
         tid = argv["task_id"]
-        raise_for_reply(reply, script="enqueue", task_id=tid)
+        raise_for_reply(reply, script=script, task_id=tid)
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
             fields, att = split_attempts(pairs(reply[2]), pairs(reply[3]))
             return Task.from_redis(fields, att,
@@ -117,10 +137,15 @@ class Producer(Role):
         for i, item in enumerate(items, 1):
             if not isinstance(item, NewTask):
                 raise InvalidArgument(f"item {i}: expected a NewTask, got {type(item).__name__}")
+            if item.after:
+                raise _item_error(InvalidArgument("enqueue_many does not take after=[...]; enqueue a task that "
+                                                  "waits for others with enqueue(after=...)"), i)
             try:
-                built.append(self._item(item))
+                tk, argv = self._item(item)
             except InvalidArgument as exc:
                 raise _item_error(exc, i) from None
+            del argv["after"], argv["after_mode"]
+            built.append((tk, argv))
         # (a new task keeps its Attempts in its own hash: no attempts key of the old kind for enqueue_many)
         per_item = [({k: v for k, v in self._item_keys(tk).items() if k != "attempts"}, argv) for tk, argv in built]
 
@@ -184,6 +209,7 @@ class Producer(Role):
         tk = self._task_keys(tid)
         if tk.pending != self.keys.pending(n.queue):
             raise InvalidArgument(f"task id {tid!r} does not belong to queue {n.queue!r}")
+        after = self._after(n.after, n.after_mode, tid)
         return tk, {
             "task_id": tid, "queue": n.queue, "handler": n.handler, "payload": text,
             "payload_digest": payload_digest, "idem_key": n.idempotency_key or "",
@@ -194,7 +220,29 @@ class Producer(Role):
             "lease_ms": lease, "delay_ms": delay_ms, "run_at_ms": run_at_ms,
             "start_by_ms": self._deadline(n.start_by, "start_by"),
             "finish_by_ms": self._deadline(n.finish_by, "finish_by"),
-            "priority": "" if n.priority is None else n.priority}
+            "priority": "" if n.priority is None else n.priority, "after": after, "after_mode": n.after_mode}
+
+    def _after(self, after: Sequence[str] | None, mode: str, task_id: str) -> list[str]:
+        """The task ids a task waits for, checked (InvalidArgument: nothing is sent)."""
+        if mode not in AFTER_MODES:
+            raise InvalidArgument(f"after_mode must be one of {', '.join(AFTER_MODES)}, got {mode!r}")
+        if after is None:
+            return []
+        if isinstance(after, str) or not isinstance(after, Sequence):
+            raise InvalidArgument(f"after must be a list of task ids, got {type(after).__name__} {after!r:.100}")
+        ids = list(after)
+        if len(ids) > MAX_AFTER:
+            raise InvalidArgument(f"after names {len(ids)} tasks: at most {MAX_AFTER} (wait for a task that waits "
+                                  "for the rest)")
+        for p in ids:
+            if not isinstance(p, str):
+                raise InvalidArgument(f"after: {p!r} is not a task id")
+            self._task_keys(p)  # InvalidArgument for a malformed id
+            if p == task_id:
+                raise InvalidArgument("after: a task cannot wait for itself")
+        if len(set(ids)) != len(ids):
+            raise InvalidArgument(f"after: {next(p for p in ids if ids.count(p) > 1)} is named twice")
+        return ids
 
     def _deadline(self, value: datetime | timedelta | None, what: str) -> str:
         """A deadline as the enqueue script takes it: ms since the epoch ('' for none); a timedelta is

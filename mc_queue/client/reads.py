@@ -22,7 +22,7 @@ from .base import ENDED_STATES, INDEXES, Role, raised
 
 log = logging.getLogger("mc_queue.client")
 
-LISTABLE_STATES = ("scheduled", "pending", "backoff", "running", *ENDED_STATES)  # states an index finds
+LISTABLE_STATES = ("scheduled", "waiting", "pending", "backoff", "running", *ENDED_STATES)  # states an index finds
 LIST_SCAN_FACTOR = 10  # list_tasks looks at no more than this many index entries per row asked for
 ENQUEUE_MEMORY_SHARE = 0.9  # lua/includes/common.lua's ENQUEUE_MEMORY_SHARE: enqueue refuses above it
 
@@ -201,6 +201,10 @@ class Reads(Role):
         if wanted & {"scheduled", "pending", "backoff"}:
             for q in qs:
                 reads.zrange(self.keys.pending(q), 0, cap)
+            groups.append((len(qs), False))
+        if "waiting" in wanted:  # (scored +inf in the pending index until released)
+            for q in qs:
+                reads.zrangebyscore(self.keys.pending(q), "+inf", "+inf", start=0, num=cap + 1)
             groups.append((len(qs), False))
         if "running" in wanted:
             reads.zrange(self.keys.leases, 0, cap)

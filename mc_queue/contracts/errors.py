@@ -225,6 +225,7 @@ _STATE_MESSAGES: dict[str, Callable[[str, str], str]] = {
     "recover_finish": lambda where, first: f"recovery cannot finish: {first}",
     "index_drop": lambda where, first: f"the index entry {where} is right (attempt {first}): not dropped",
     "periodic_pause": lambda where, first: f"{first}: `mcq schedule list` shows the published ones",
+    "enqueue_after": lambda where, first: f"enqueue of {where} refused: {first}",
 }
 
 
@@ -279,7 +280,7 @@ def raise_for_reply(
         text = message(where, first) if message else f"{script} of {where} refused: attempt is {first}"
         raise TransitionRefused(text, **ctx)
     if code is Code.E_CONFLICT:
-        if script == "enqueue":
+        if script in ("enqueue", "enqueue_after"):
             raise IdempotencyConflict(
                 f"idempotency key already names task {first} with a different payload or handler; "
                 "send the same payload to get that task back, or use a new key for new work", **ctx)
@@ -294,6 +295,8 @@ def raise_for_reply(
             "(ms, Redis clock): the work does not run again. Use a new key for new work", **ctx)
     if code is Code.E_CHANGED:
         raise TransitionRefused(f"{script} of {where} refused: {first or 'the task changed since it was read'}", **ctx)
+    if code is Code.E_NOTASK and script == "enqueue_after":
+        raise TaskNotFound(f"enqueue of {where} refused: {first}", **ctx)
     if code is Code.E_NOTASK:
         raise TaskNotFound(f"no task {task_id or where!s} in this namespace", **ctx)
     if code is Code.E_NOEFFECT:

@@ -201,6 +201,7 @@ class Keys:
         self.idem_until = f"{tag}:idem_until"
         self.retention = f"{tag}:retention"
         self.periodic = f"{tag}:periodic"
+        self.released = f"{tag}:released"  # tasks that ended with dependents waiting: parent id -> when (ms)
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

@@ -22,6 +22,7 @@ from .packing import join_long
 
 class TaskState(StrEnum):
     SCHEDULED = "scheduled"  # its first Attempt is not due yet (enqueue with delay_s or run_at)
+    WAITING = "waiting"  # it waits for other tasks to end first (enqueue with after=[...])
     PENDING = "pending"
     RUNNING = "running"
     BACKOFF = "backoff"
@@ -280,6 +281,10 @@ class Task(_Record):
     priority: int = 5  # 1 (most urgent) .. 9: the RQ queue its Attempts are sent to (5: not stored)
     start_by: datetime | None = None  # deadlines (Redis clock): started by, ended by; else the sweeper cancels it
     finish_by: datetime | None = None
+    after: list[str] = Field(default_factory=list)  # the tasks it waits for (enqueue with after=[...]) ...
+    after_mode: str | None = None  # ... 'succeeded' (each must succeed, else it is canceled) or 'ended'
+    after_left: list[str] = Field(default_factory=list)  # those still to end (empty once released)
+    dependents: list[str] = Field(default_factory=list)  # the tasks that waited or wait for this one
     attempts: list[Attempt] = Field(default_factory=list)
     events: list[Event] = Field(default_factory=list)
 
@@ -323,6 +328,10 @@ class Task(_Record):
             priority=int(f["priority"]) if f.get("priority") else 5,
             start_by=ms_to_dt(int(f["start_by"])) if f.get("start_by") else None,
             finish_by=ms_to_dt(int(f["finish_by"])) if f.get("finish_by") else None,
+            after=(f.get("after") or "").split(),
+            after_mode=f.get("after_mode") or None,
+            after_left=(f.get("after_left") or "").split(),
+            dependents=(f.get("dependents") or "").split(),
             attempts=attempts,
             events=[Event.from_stream(i, filled_in(e, f, by_n)) for i, e in events],
         )

@@ -40,6 +40,11 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
            "a new task with its first Attempt; scheduled while a delay or run_at keeps it from being due")
     + _edges("task", "-", "pending|scheduled", "enqueue_many", "producer",
              "many new tasks, all or nothing, each as enqueue makes it")
+    + _edges("task", "-", "pending|scheduled|waiting", "enqueue_after", "producer",
+             "a new task that waits for others (after=[...]) until each ended; at once as enqueue if all have")
+    + _edges("task", "waiting", "pending|scheduled|canceled", "release", "sweeper",
+             "its last parent ended: due now or at its own due time; canceled when a parent did not succeed "
+             "and it asked that each succeed")
     + _edges("task", "pending|backoff|scheduled", "running", "claim", "worker", "backoff and scheduled only once due")
     + _edges("task", "running", "succeeded", "complete", "worker holding the fence")
     + _edges("task", "running", _DECIDED, "fail", "worker holding the fence; the policy decides",
@@ -48,7 +53,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
              "after an expired or voided lease: proven done, canceled, or a failure and its decision")
     + _edges("task", "failed|blocked", "pending|backoff", "retry", "operator or policy",
              "Mission Control's rules: no active Attempt, the latest failed, a reason >= 10 characters")
-    + _edges("task", "pending|backoff|scheduled|failed|blocked", "canceled", "cancel",
+    + _edges("task", "pending|backoff|scheduled|waiting|failed|blocked", "canceled", "cancel",
              "operator, or the sweeper for a missed deadline",
              "nothing running; a running Attempt is signalled instead and reconciliation ends it")
     + _edges("task", "quarantined", "pending", "dlq_replay", "operator", "a person's decision, with a reason")
@@ -58,6 +63,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # ------------------------------------------------------------------ Attempt
     + _edges("attempt", "-", "pending", "enqueue", "producer", "Attempt 1")
     + _edges("attempt", "-", "pending", "enqueue_many", "producer", "Attempt 1 of each new task")
+    + _edges("attempt", "-", "pending", "enqueue_after", "producer", "Attempt 1, not claimable while its task waits")
     + _edges("attempt", "-", "pending", "fail", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "reconcile_settle", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "retry", "operator or policy", "Attempt N+1 with its reason")
@@ -73,6 +79,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "reconciling", "succeeded|failed|canceled", "reconcile_settle", "sweeper or operator",
              "with the evidence the decision rests on")
     + _edges("attempt", "pending", "canceled", "cancel", "operator, or the sweeper for a missed deadline")
+    + _edges("attempt", "pending", "canceled", "release", "sweeper", "a parent of its task did not succeed")
     + _edges("attempt", "failed", "-", "dlq_purge", "operator",
              "the history of a quarantined task (its Attempts all failed), deleted with it")
     + _edges("attempt", "succeeded|failed|canceled", "-", "retire", "sweeper or operator",

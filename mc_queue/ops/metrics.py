@@ -71,6 +71,10 @@ mcq_periodic_ticks_total                   schedule, outcome (ran | failed | ski
                                            periodic schedule and what they came to
 mcq_deadlines_missed_total                 queue, deadline (start_by | finish_by): tasks the sweeper
                                            canceled for a missed deadline
+mcq_dependents_total                       queue, outcome (released | canceled): tasks that waited for
+                                           others (after=[...]) released, or canceled by a parent that did
+                                           not succeed
+mcq_released_pending                       parents ended whose dependents the sweeper has not released yet
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -185,12 +189,18 @@ class NamespaceCollector(Collector):
             pipe.zrange(self.client.keys.deadlines(queue), 0, 0, withscores=True)
         (now_s, now_us), *firsts = pipe.execute() if queues else ((0, 0),)
         now = int(now_s) * 1000 + int(now_us) // 1000
+        dependents = CounterMetricFamily("mcq_dependents", "Tasks that waited for others, released or canceled",
+                                         labels=["queue", "outcome"])
         for queue, first in zip(queues, firsts, strict=True):
             for kind in ("start_by", "finish_by"):
                 missed.add_metric([queue, kind], stats.get(f"deadline_missed|{queue}|{kind}", 0))
             if first:
                 slack.add_metric([queue], (first[0][1] - now) / 1000)
-        yield from (missed, slack)
+            for outcome in ("released", "canceled"):
+                dependents.add_metric([queue, outcome], stats.get(f"dependents|{queue}|{outcome}", 0))
+        owed = GaugeMetricFamily("mcq_released_pending", "Parents ended whose dependents are not released yet",
+                                 value=int(self.client.redis.zcard(self.client.keys.released)))
+        yield from (missed, slack, dependents, owed)
 
     def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
         """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and

@@ -178,6 +178,9 @@ def state_text(task: Task, now: datetime | None = None) -> str:
             when = f", at {latest.due_at.isoformat(timespec='seconds')}" if task.state == TaskState.SCHEDULED else ""
             return f"{task.state.value} (due in {duration(left)}{when})"
         return f"{task.state.value} (due since {duration(-left)}, waiting for a worker)"
+    if task.state == TaskState.WAITING:
+        return (f"waiting (for {len(task.after_left)} of {len(task.after)} task(s) to "
+                f"{'succeed' if task.after_mode == 'succeeded' else 'end'}: {' '.join(task.after_left)})")
     if task.state == TaskState.PENDING and latest is not None and latest.due_at is not None \
             and latest.due_at < now and latest.state.value == "pending":
         return f"pending (due since {duration((now - latest.due_at).total_seconds() * 1000)}, waiting for a worker)"
@@ -224,6 +227,10 @@ def describe_event(e: Event) -> str:
     if typ == "attempt_failed":
         return (f"failed: {f.get('failure_class')} ({f.get('fingerprint')}) "
                 f"(worker {f.get('worker')}, fence {f.get('fence')})")
+    if typ == "dependency_met":
+        still = str(f.get("left", "?"))
+        return (f"task {f.get('parent')} it waits for ended {f.get('parent_state')}: "
+                + (f"{still} left" if still != "0" else f"released, {f.get('state', 'pending')}"))
     if typ == "retry_refused":
         return f"retry by {f.get('actor')} refused: {f.get('reason')}"
     if typ == "completion_conflict":
@@ -264,6 +271,12 @@ def print_task(task: Task, console: Console | None = None, effects: dict[str, Ef
         _field(console, "deadlines", ", ".join(
             f"{what} {iso(when)}" for what, when in (("start by", task.start_by), ("finish by", task.finish_by))
             if when))
+    if task.after:
+        _field(console, "after", f"{' '.join(task.after)} (each must "
+               f"{'succeed' if task.after_mode == 'succeeded' else 'end'}"
+               + (f"; still waiting for {' '.join(task.after_left)})" if task.after_left else ")"))
+    if task.dependents:
+        _field(console, "dependents", " ".join(task.dependents))
     _field(console, "payload", preview(task.payload))
     _field(console, "result", preview(task.result) if task.result is not None else "none")
     if task.cancel_requested:
@@ -335,7 +348,8 @@ def _print_attempt(console: Console, a: Attempt) -> None:
 
 def status_lines(status: dict[str, dict[str, Any]], overview: dict[str, Any] | None = None,
                  width: int = MAX_WIDTH) -> list[str]:
-    states = ["scheduled", "pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined", "canceled"]
+    states = ["scheduled", "waiting", "pending", "backoff", "running", "succeeded", "failed", "blocked", "quarantined",
+              "canceled"]
     lines = wrap("Queues (tasks by state; queue age: the oldest due pending Attempt's wait)", width, "", "  ")
     if not status:
         lines.append("  no queues")

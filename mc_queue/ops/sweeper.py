@@ -2,6 +2,8 @@
 
 Each pass:
 
+0. carries out what ended tasks owe the tasks waiting for them (``after=[...]``): released (pending,
+   sent at once) or canceled (``lua/release.lua``); also between passes, in :meth:`Sweeper.promote`;
 1. expires every lease past its expiry (Redis clock): the Attempt turns suspect, the fence moves;
    voids the leases of executors that did not acknowledge a cancel in time;
 2. reconciles suspect Attempts in bounded batches and applies the task's frozen retry policy
@@ -79,10 +81,13 @@ class SweepReport:
     ticks: list[str] = field(default_factory=list)  # periodic ticks decided: "<schedule>@<tick ms> <outcome>"
     deadlines: list[str] = field(default_factory=list)  # "<task id> start_by|finish_by": canceled for it
     aged: list[str] = field(default_factory=list)  # "<attempt id> p<from>-><to>": messages moved up by aging
+    released: list[str] = field(default_factory=list)  # tasks whose parents all ended as they wait for: pending
+    canceled: list[str] = field(default_factory=list)  # tasks canceled because a parent did not succeed
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
-                "ticks": self.ticks, "deadlines": self.deadlines, "aged": self.aged,
+                "ticks": self.ticks, "deadlines": self.deadlines, "aged": self.aged, "released": self.released,
+                "canceled": self.canceled,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
                 "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
@@ -151,6 +156,7 @@ class Sweeper:
     def _sweep(self, report: SweepReport) -> None:
         try:
             self._tick(report)
+            self._release(report)
             self._deadlines(report)
             self._age(report)
             self._expire(report)
@@ -176,6 +182,17 @@ class Sweeper:
         if made:
             paused = set(self.client.reads.paused_queues())
             self._send([aid for aid in made if aid.split(":", 1)[0] not in paused], report)
+
+    def _release(self, report: SweepReport) -> None:
+        """Tasks waiting for others whose parents ended (``Dependencies.release_due``): the pending ones go to
+        RQ at once unless their queue is paused (the dispatch walk covers a crash in between)."""
+        r = self.client.dependencies.release_due(limit=self.batch, actor=self.actor)
+        report.released.extend(r.released)
+        report.canceled.extend(r.canceled)
+        report.errors.extend(r.errors)
+        if r.released:
+            paused = set(self.client.reads.paused_queues())
+            self._send([f"{t}/1" for t in r.released if parse_task_id(t) not in paused], report)
 
     def _deadlines(self, report: SweepReport) -> None:
         missed, errors = enforce_deadlines(self.client, actor=self.actor, limit=self.batch)
@@ -280,22 +297,26 @@ class Sweeper:
         backoff is over (``Maintenance.came_due``), without waiting for the next pass; a paused queue's
         wait for the pass (which lists them). Cheap enough to run between passes (:meth:`run` does,
         every ``promote_every_s``): two round trips when nothing came due, and one for the periodic
-        schedules (their ticks are decided here too). Returns the Attempts sent."""
+        schedules (their ticks are decided here too); tasks whose parents ended are released here as well (a
+        round trip per parent, none when no parent ended). Returns the Attempts sent."""
         self._tick(SweepReport())
         pipe = self.client.redis.pipeline(transaction=False)
         pipe.smembers(self.client.keys.queues)
         pipe.hkeys(self.client.keys.paused)
         pipe.time()
-        queues, paused, (now_s, now_us) = pipe.execute()
+        pipe.zcard(self.client.keys.released)
+        queues, paused, (now_s, now_us), released = pipe.execute()
+        report = SweepReport()
+        if released:  # parents ended with tasks waiting for them (no round trip of its own when none did)
+            self._release(report)
         now = int(now_s) * 1000 + int(now_us) // 1000
         live = set(queues) - set(paused)
         for queue in live - set(self._came_due):
             self._came_due[queue] = (now - PROMOTE_LOOKBACK_MS, 0)  # older ones are the walk's
         cursors = {queue: self._came_due[queue] for queue in live}
         if not cursors:
-            return []
+            return report.dispatched
         due, self._came_due = self.client.schedule.came_due(cursors, limit=self.batch)
-        report = SweepReport()
         self._send(due, report)
         return report.dispatched
 
@@ -435,7 +456,7 @@ class Sweeper:
             try:
                 r = self.run_once()
                 if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired \
-                        or r.ticks:
+                        or r.ticks or r.released or r.canceled:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

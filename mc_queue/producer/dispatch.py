@@ -60,8 +60,10 @@ class AppClient:
                                    retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
                                    timeout_s=spec.timeout_s, **manifest)
         latest = task.latest
-        # (a scheduled task is sent by the sweeper once due: no message waits in RQ before then)
-        if latest is not None and latest.state is AttemptState.PENDING and task.state is not TaskState.SCHEDULED:
+        # (a scheduled task is sent by the sweeper once due, a waiting one once released: no message waits
+        # in RQ before then)
+        if latest is not None and latest.state is AttemptState.PENDING and \
+                task.state not in (TaskState.SCHEDULED, TaskState.WAITING):
             self.dispatch(task, latest)
         return task
 

@@ -46,7 +46,7 @@ RESENDS = 3  # resends of an idempotent script after a connection error or a tim
 ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
-    "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many",
+    "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many", "enqueue_after",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
@@ -54,9 +54,10 @@ ACKNOWLEDGED = frozenset({
 # A pack, a retirement or a trim lost is done again by the next sweep (the task is still finished, still
 # past its retention; an archive record written twice is read as its last); so is a forgotten queue.
 # A periodic tick decided or closed and lost is decided again by the next sweep: its producer key
-# (periodic:<name>:<tick>) makes the same task once, whichever task id the new decision chose.
+# (periodic:<name>:<tick>) makes the same task once, whichever task id the new decision chose. A release
+# lost leaves the parent in the released index its (acknowledged) end wrote: the next sweep releases again.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
-                       "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done"})
+                       "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release"})
 
 
 def lua_dir() -> Path:
@@ -193,7 +194,7 @@ class ScriptRunner:
                 f"got KEYS {tuple(keys)} and ARGV {tuple(argv)}"
             )
         k, a = [keys[x] for x in spec.keys], [_arg(argv[x]) for x in spec.argv]
-        if bool(items) != bool(spec.item_keys):
+        if items and not spec.item_keys:
             raise TypeError(f"{name}.lua takes {'items' if spec.item_keys else 'no items'}; got {len(items)}")
         for ik, ia in items:
             if set(ik) != set(spec.item_keys) or set(ia) != set(spec.item_argv):

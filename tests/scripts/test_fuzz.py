@@ -130,6 +130,11 @@ def build_world(q: mc_queue.Client) -> World:
     emptied = q.producer.enqueue("emptied", "h", {"task": "emptied"}).id
     q.operator.cancel_task(emptied, REASON)
     q.operator.retire_task(emptied, states=["canceled"], reason=REASON, tombstone_s=3600)
+    # Tasks that wait for others: one whose parent is pending, one whose parent ended (release owes it).
+    w.ids["waiting"] = q.producer.enqueue("jobs", "h", {"task": "waiting"}, after=[w.ids["pending"]]).id
+    task("parent")
+    w.ids["released"] = q.producer.enqueue("jobs", "h", {"task": "released"}, after=[w.ids["parent"]]).id
+    q.leases.complete_attempt(w.aid("parent"), claim("parent"), {"ok": True}, worker_id="w1")
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
     # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
     q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
@@ -147,6 +152,9 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "enqueue_many": lambda: q.producer.enqueue_many([NewTask("jobs", "h", {"bulk": i}, f"k-bulk-{i}",
                                                                  priority=2, start_by=timedelta(hours=1))
                                                          for i in range(2)]),
+        "enqueue_after": lambda: q.producer.enqueue("jobs", "h", {"new": 2}, "k-after", after=[w.ids["pending"]],
+                                                    after_mode="ended"),
+        "release": lambda: q.dependencies.release_due(),
         "claim": lambda: q.leases.claim_attempt(w.ids["pending"], "w2", 60_000),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
         "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",

@@ -617,7 +617,8 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
         return value == fixed[key_name]
     if key_name == "index":  # due.lua and index_drop.lua take any time index
         return value in (q.keys.leases, q.keys.outbox, q.keys.cancels, q.keys.suspect)
-    patterns = {"task": r":t:([^:]+:[0-9A-Z]{26}|-)", "attempts": r":t:([^:]+:[0-9A-Z]{26}|-):a",
+    patterns = {"task": r":t:([^:]+:[0-9A-Z]{26}|-)", "parent": r":t:[^:]+:[0-9A-Z]{26}",
+                "attempts": r":t:([^:]+:[0-9A-Z]{26}|-):a",
                 "events": r":t:[^:]+:[0-9A-Z]{26}:ev", "pending": r":q:[^:]+:pending",
                 "effects": r":t:[^:]+:[0-9A-Z]{26}:fx", "fence": r":t:[^:]+:[0-9A-Z]{26}:fence",
                 "lease": r":t:[^:]+:[0-9A-Z]{26}:lease", "tomb": r":tomb:[^:]+:[0-9A-Z]{26}",
@@ -700,6 +701,10 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     assert [t.outcome for t in q.periodic.run_due()] == ["ran", "ran", "ran"]  # decide, enqueue and done each
     q.periodic.pause("every-minute", reason="header test pauses a schedule")
     q.periodic.resume("every-minute", reason="header test resumes a schedule")
+    parent = q.producer.enqueue("jobs", "h", {"n": 6})
+    q.producer.enqueue("jobs", "h", {"n": 7}, after=[parent.id])
+    q.operator.cancel_task(parent.id, reason="header test ends a parent")
+    assert len(q.dependencies.release_due().canceled) == 1
     q.redis.zadd(q.keys.suspect, {"not an attempt id": 1})
     q.maintenance.drop_index_entry("suspect", "not an attempt id", reason="header test plants an orphan")
     c = q.producer.enqueue("jobs", "h", {"n": 3})

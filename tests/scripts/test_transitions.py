@@ -78,6 +78,21 @@ def _tour(q: mc_queue.Client) -> None:
     # a batch: a task due now and one scheduled, each with its Attempt 1
     q.producer.enqueue_many([NewTask("tour", "h", {"n": time.monotonic_ns()}),
                              NewTask("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600)])
+    # tasks that wait for others: enqueued waiting, or pending / scheduled when their parent already ended;
+    # released to pending or scheduled, canceled by a parent that did not succeed, canceled while waiting
+    ended, lease = running()
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w")
+    q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, after=[ended])
+    q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, after=[ended], delay_s=3600)
+    parent, doomed = new(), new()
+    for kw in ({}, {"delay_s": 3600}):
+        q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, after=[parent], **kw)
+    q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, after=[doomed])
+    q.operator.cancel_task(q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, after=[parent]).id, REASON)
+    _, lease = running(parent)
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": 1}, worker_id="w")
+    q.operator.cancel_task(doomed, REASON)
+    q.dependencies.release_due()
     # fail and each decision
     for decision in (None, _retry(0), _retry(30), STOP, QUARANTINE):
         tid, lease = running()
