@@ -11,7 +11,9 @@ forced voids (``void_leases``) and the sweeper's voiding of unacknowledged cance
 (``due_cancels``), reconciliation (``reconcile_attempt``: canceled, succeeded from a
 ``result_pending`` checkpoint, blocked on an unknown effect, failed and waiting, or the task's
 frozen RetryPolicy/Budget deciding with ``apply_policy=True``; a late direct settlement),
-retry_task, cancel_task, acknowledge_cancel, dlq_replay, dlq_purge, and recovery: ``recover()`` on a
+retry_task, cancel_task, acknowledge_cancel, dlq_replay, dlq_purge, dependencies (``enqueue(after=...)``
+in both modes, with parents in any state, gone or named twice, and the sweeper's ``release_due``: the
+released index holds exactly the parents whose end is not released yet), and recovery: ``recover()`` on a
 healthy namespace, the same by its steps (claims refused while recovering, recover_finish refused
 while a lease is left), and ``recover()`` after a loss signal (the namespace meta vanishes: the next
 write marks the namespace lost and claims are refused until the recovery).
@@ -26,8 +28,8 @@ After every step the real records are read back and compared with the model, and
 * every refused fenced write adds exactly one ``stale_write_refused`` event, with the refusal the
   model predicts (stale_fence, attempt_<state>, lease_expired, cancel_requested), and nothing else
   adds one; every other event type (task streams and the namespace log) is counted as the model says;
-* ``status()`` counts, the lease / suspect / cancels / outbox / pending indexes, the DLQ and the
-  attention items equal the model's;
+* ``status()`` counts, the lease / suspect / cancels / outbox / pending / released indexes, the DLQ and
+  the attention items equal the model's; each task's after, after_left and dependents too;
 * every state change a script makes is an edge of ``mc_queue.contracts.states.TRANSITIONS``
   (``TransitionRecorder`` on both clients);
 * a purged task is gone (``TaskNotFound``) and leaves a tombstone.
@@ -206,6 +208,7 @@ VALID_REASONS = ("provider timed out, retry", "0123456789", "  padded-but-long-e
 INVALID_REASONS = ("", "too short", "   short    \t", "ééééé ééé")
 LUA_SPACE = " \t\n\r\f\v"  # Lua's %s in the C locale (the scripts trim reasons with it)
 TERMINAL = frozenset({"succeeded", "failed", "canceled"})
+ENDED = frozenset({"succeeded", "failed", "blocked", "quarantined", "canceled"})  # a task's (common.lua HELD, DONE)
 GHOST = new_task_id(QUEUES[0])  # a task id no run has enqueued (until enqueue_with_task_id names it)
 
 # The retry policy and budget frozen into a task follow from its (handler, payload); the backoff is
@@ -303,6 +306,20 @@ class ModelTask:
     cancel_due: bool = False  # the running attempt's acknowledgement deadline has passed
     attention: bool = False
     effects: dict[str, ModelEffect] = field(default_factory=dict)
+    after: list[str] = field(default_factory=list)  # enqueue_after's parents ...
+    mode: str | None = None  # ... 'succeeded' | 'ended'
+    after_left: list[str] = field(default_factory=list)  # the parents not counted yet
+    dependents: list[str] = field(default_factory=list)  # the tasks that waited or wait for it
+    owed: bool = False  # in the released index: it ended with dependents, release.lua has not run since
+    released: bool = False  # release.lua ran since its last dependent was added ('released_at')
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Every move into an ended state of a task with dependents puts it in the released index
+        # (common.lua index_end), however many moves one step makes.
+        if name == "state" and value in ENDED and value != getattr(self, "state", None) \
+                and getattr(self, "dependents", None):
+            object.__setattr__(self, "owed", True)
+        object.__setattr__(self, name, value)
 
     @property
     def latest(self) -> ModelAttempt:
@@ -397,6 +414,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.claims_ok: Counter[str] = Counter()  # per task: claims that handed out a new lease
         self.terminal_snapshots: dict[tuple[str, int], dict[str, Any]] = {}
         self.last_fence: dict[str, int] = {}
+        self.owed_gone: set[str] = set()  # purged tasks the released index still names
 
     def teardown(self) -> None:
         for r in self.recorders:
@@ -569,6 +587,7 @@ class QueueMachine(RuleBasedStateMachine):
             for key in [k for k in self.terminal_snapshots if k[0] == task.id]:
                 del self.terminal_snapshots[key]
             self.claims_ok.pop(task.id, None)  # the purge deleted the old history
+            self.last_fence.pop(task.id, None)  # a new incarnation: no fence issued yet (then above the floor)
             # BUG-1: the purge raised the namespace floor to the old incarnation's last fence, so the
             # new one's fences lie above every fence the old one issued (its counter starts again at 0).
             assert self.floor >= self.purged[task.id].fence
@@ -609,6 +628,76 @@ class QueueMachine(RuleBasedStateMachine):
             self._enqueued(task, existing, q, h, p, k, tid, delay_ms)
         if any(d == SHORT_MS for *_, d in items):
             _let_clock_pass()
+
+    def _op_enqueue_after(self, queue: str, payload: int, parents: list[str], mode: str) -> None:
+        """enqueue_after.lua for a new task (no key, no id): the client's checks (a parent named twice), then
+        each parent in order: not in Redis (TaskNotFound); ended otherwise than succeeded in mode succeeded
+        (TransitionRefused); nothing recorded for either. Else the task waits for the parents not ended."""
+        expected: type[McqError] | None = None
+        if len(set(parents)) < len(parents):
+            expected = InvalidArgument
+        else:
+            for p in parents:
+                pt = self.model.get(p)
+                if pt is None:
+                    expected = TaskNotFound
+                    break
+                if mode == "succeeded" and pt.state in ENDED and pt.state != "succeeded":
+                    expected = TransitionRefused
+                    break
+        policy, budget = CONFIGS[CONFIG_OF[(HANDLERS[0], payload)]]
+        task, exc = self._call(self.q.producer.enqueue, queue, HANDLERS[0], _payload(payload), retry_policy=policy,
+                               budget=budget, after=parents, after_mode=mode)
+        self._expect(f"enqueue(after={parents}, after_mode={mode})", expected, exc)
+        if exc is not None:
+            return
+        self._enqueued(task, None, queue, HANDLERS[0], payload, None, None, 0)
+        t = self.model[task.id]
+        t.after, t.mode = list(parents), mode
+        t.after_left = [p for p in parents if self.model[p].state not in ENDED]
+        for p in t.after_left:
+            self.model[p].dependents.append(t.id)
+            self.model[p].released = False
+        if t.after_left:
+            t.state = "waiting"
+
+    def _op_release(self) -> None:
+        """Dependencies.release_due (release.lua for each parent the released index holds, in its order: read
+        from Redis, the set itself is the invariant's to check). A parent no longer ended owes nothing yet;
+        for an ended one each waiting dependent that still counts it is canceled (mode succeeded, a parent
+        that did not succeed), counts it (dependency_met), or, with none left, becomes pending."""
+        order = [str(p) for p in self.sw.redis.zrange(self.sw.keys.released, 0, -1)]
+        got, exc = self._call(self.sw.dependencies.release_due, limit=10_000)
+        self._expect("release_due()", None, exc)
+        assert got.errors == [], f"release_due errors: {got.errors}"
+        released: list[str] = []
+        canceled: list[str] = []
+        for pid in order:
+            self.owed_gone.discard(pid)
+            p = self.model.get(pid)
+            if p is None:  # purged after its release, then ended again: nothing left to release
+                continue
+            p.owed = False
+            if p.state not in ENDED:
+                continue
+            p.released = True
+            for did in p.dependents:
+                d = self.model.get(did)
+                if d is None or d.state != "waiting" or pid not in d.after_left:
+                    continue
+                d.after_left.remove(pid)
+                if d.mode == "succeeded" and p.state != "succeeded":
+                    d.state = "canceled"
+                    d.latest.state, d.latest.settled_by = "canceled", "cancel"
+                    d.events["task_canceled"] += 1
+                    canceled.append(did)
+                    continue
+                d.events["dependency_met"] += 1
+                if not d.after_left:
+                    d.state = "pending"
+                    released.append(did)
+        assert (got.released, got.canceled) == (released, canceled), (
+            f"release_due released {got.released}, canceled {got.canceled}; model {released}, {canceled}")
 
     def _op_claim(self, task: str, worker: str, lease_ms: int, request_id: str | None) -> bool:
         """claim.lua. Returns whether a new lease was handed out."""
@@ -1097,6 +1186,8 @@ class QueueMachine(RuleBasedStateMachine):
         elif t.state != "quarantined":
             expected = TransitionRefused
             t.events["purge_refused"] += 1
+        elif t.dependents and not t.released:
+            expected = TransitionRefused  # it owes its dependents a release first (E_CHANGED, nothing recorded)
         got, exc = self._call(self.q.operator.dlq_purge, task, reason=reason, keep_key_s=keep_s, request_id=req)
         self._expect(f"dlq_purge({task}, {reason!r}, keep={keep_s}, request_id={req})", expected, exc)
         if exc is not None:
@@ -1107,6 +1198,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert t is not None
         assert got == len(t.attempts), f"purge reported {got} attempts, model {len(t.attempts)}"
         del self.model[task]
+        if t.owed:
+            self.owed_gone.add(task)
         self.nslog["task_purged"] += 1
         self.purged[task] = Purged(req, len(t.attempts), keep_s > 1, t.fence)
         self.floor = max(self.floor, t.fence)  # dlq_purge raises the floor to the task's last fence
@@ -1212,6 +1305,36 @@ class QueueMachine(RuleBasedStateMachine):
             delay_ms = data.draw(st.sampled_from([0, 0, SHORT_MS, LONG_MS]), label=f"item {i} delay")
             items.append((queue, handler, payload, idem, task_id, delay_ms))
         self._op_enqueue_many(items)
+
+    @rule(data=st.data(), queue=st.sampled_from(QUEUES), payload=st.integers(0, 2), n=st.integers(1, 2),
+          mode=st.sampled_from(["succeeded", "ended"]))
+    def enqueue_after(self, data: st.DataObject, queue: str, payload: int, n: int, mode: str) -> None:
+        """A new task that waits for one or two others (any task: running, ended, waiting, purged, GHOST,
+        sometimes the same one twice)."""
+        parents = [self._pick_task(data, lambda t: t.state not in ENDED) for _ in range(n)]
+        self._op_enqueue_after(queue, payload, parents, mode)
+
+    @rule(data=st.data(), mode=st.sampled_from(["succeeded", "ended"]),
+          end=st.sampled_from(["complete", "fail", "quarantine", "cancel", "nothing"]))
+    def dependency_cycle(self, data: st.DataObject, mode: str, end: str) -> None:
+        """A task waits for a claimable one, which then ends (or not), and the sweeper releases: the paths
+        a random walk reaches too rarely (a parent's end, a chain when the parent itself waits)."""
+        parent = self._pick_task(data, lambda t: _claimable(t) or t.state == "waiting")
+        self._op_enqueue_after(QUEUES[0], 0, [parent], mode)
+        t = self.model.get(parent)
+        if end == "cancel":
+            self._op_cancel(parent, "the operator no longer needs it", 0)
+        elif end != "nothing" and t is not None and _claimable(t) and self._op_claim(parent, "w1", LONG_MS, None):
+            if end == "complete":
+                self._op_complete(parent, t.latest.n, t.fence, 0, "w1")
+            else:
+                self._op_fail(parent, t.latest.n, t.fence, 0, "w1", "quarantine" if end == "quarantine" else "none")
+        self._op_release()
+
+    @rule()
+    def release(self) -> None:
+        """The sweeper's release step: what the ended parents owe their dependents."""
+        self._op_release()
 
     @rule(data=st.data(), change=st.sampled_from(["nothing", "payload", "handler", "queue"]))
     def enqueue_resend(self, data: st.DataObject, change: str) -> None:
@@ -1688,6 +1811,9 @@ class QueueMachine(RuleBasedStateMachine):
         for r in self.recorders:
             assert not r.violations, f"state changes outside mc_queue.contracts.states.TRANSITIONS: {r.violations}"
         assert self.q.reads.namespace().state == "ok", "the namespace must never be marked lost"
+        released = {str(x) for x in self.q.redis.zrange(self.q.keys.released, 0, -1)}
+        want_released = {t.id for t in self.model.values() if t.owed} | self.owed_gone
+        assert released == want_released, f"released index {sorted(released)}, model {sorted(want_released)}"
         counts: dict[str, Counter[str]] = {}
         for tid, t in self.model.items():
             counts.setdefault(t.queue, Counter())[t.state] += 1
@@ -1762,6 +1888,9 @@ class QueueMachine(RuleBasedStateMachine):
         want_task = (t.state, t.fence, t.queue, t.handler, len(t.attempts), t.cancel)
         assert got_task == want_task, (
             f"{tid}: (state, fence, queue, handler, attempts, cancel) {got_task}, model {want_task}")
+        got_deps = (real.after, real.after_mode, real.after_left, real.dependents)
+        want_deps = (t.after, t.mode, t.after_left, t.dependents)
+        assert got_deps == want_deps, f"{tid}: (after, mode, left, dependents) {got_deps}, model {want_deps}"
         active = t.latest.n if t.latest.state not in TERMINAL else None
         assert real.active_attempt == active, f"{tid}: active attempt {real.active_attempt}, model {active}"
         # The lease key exists exactly while the latest attempt runs on a live lease.
