@@ -76,17 +76,22 @@ class Schedule(Role):
         due: list[str] = []
         for queue, page in zip(queues, pages, strict=True):
             score, seen = cursors[queue]
+            last = score
             ahead = False  # an entry not due yet was reached: everything due up to now was seen
             for tid, s in page:
                 if s > now:
                     ahead = True
                     break
                 due.append(str(tid))
-                seen = seen + 1 if int(s) == score else 1
-                score = int(s)
+                last = int(s)
+            # The next look starts at a score, not after a count of entries: a claim removes its entry from
+            # the index meanwhile, and a count would then skip one never seen (a task sent up to a pass
+            # late). Entries at that score are read again; the dispatched ones are left out below. Only a
+            # full page all at one score (more than ``limit`` due in one millisecond) goes on by count.
             if ahead or len(page) < limit:  # seen up to now: go on from now
-                seen, score = (seen if score == now else 0), now
-            nxt[queue] = (score, seen)
+                nxt[queue] = (now, 0)
+            else:
+                nxt[queue] = (last, 0) if last != score else (score, seen + len(page))
         out = [aid for aid, state, at, own_due in self._pending_attempts(due)
                if state == "pending" and not at and (own_due or not aid.endswith("/1"))]
         return out, nxt
