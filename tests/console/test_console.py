@@ -71,6 +71,18 @@ def test_a_task_page_shows_its_priority_deadlines_and_periodic_tick(app, story: 
     assert "<dt>priority</dt>" not in plain and "<dt>deadlines</dt>" not in plain
 
 
+def test_a_waiting_task_page_links_its_parents_and_offers_cancel(app, story: Story) -> None:  # type: ignore[no-untyped-def]
+    q = story.client
+    parent = q.producer.enqueue("agents", "fix-issue", {"n": "parent"})
+    child = q.producer.enqueue("agents", "fix-issue", {"n": "child"}, after=[parent.id])
+    c = local(app)
+    html = c.get(f"/tasks/{child.id}").text
+    assert f'<a href="/tasks/{parent.id}"><code>{parent.id}</code></a> (waiting)' in html
+    assert "(each must succeed)" in html and 'action="/actions/cancel"' in html
+    assert f'<a href="/tasks/{child.id}"><code>{child.id}</code></a>' in c.get(f"/tasks/{parent.id}").text
+    assert child.id in c.get("/tasks?state=waiting").text
+
+
 def test_the_timeline_shows_the_refused_stale_write_and_the_reconciliation(app, story: Story) -> None:  # type: ignore[no-untyped-def]
     html = local(app).get(f"/tasks/{story.reconciled}").text
     assert "stale write refused" in html
