@@ -104,12 +104,13 @@ class Producer(Role):
         not in Redis refuses it (TaskNotFound). The sweeper releases dependents within ~50 ms of their
         parents' end (``lua/release.lua``), from an obligation the parent's end records atomically.
         """
-        tk, argv = self._item(NewTask(queue, handler, payload, idempotency_key, **options))
-        parents: list[str] = argv.pop("after")
+        n = NewTask(queue, handler, payload, idempotency_key, **options)
+        tk, argv = self._item(n)
+        parents = self._after(n.after, n.after_mode, argv["task_id"])
         script = "enqueue_after" if parents else "enqueue"
         items = [({"parent": self.keys.task(p).task}, {"parent_id": p}) for p in parents]
-        if not parents:
-            del argv["after_mode"]
+        if parents:
+            argv["after_mode"] = n.after_mode
 
         def call(epoch: str) -> list[Any]:
             return self._run(script, {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
@@ -141,11 +142,9 @@ class Producer(Role):
                 raise _item_error(InvalidArgument("enqueue_many does not take after=[...]; enqueue a task that "
                                                   "waits for others with enqueue(after=...)"), i)
             try:
-                tk, argv = self._item(item)
+                built.append(self._item(item))
             except InvalidArgument as exc:
                 raise _item_error(exc, i) from None
-            del argv["after"], argv["after_mode"]
-            built.append((tk, argv))
         # (a new task keeps its Attempts in its own hash: no attempts key of the old kind for enqueue_many)
         per_item = [({k: v for k, v in self._item_keys(tk).items() if k != "attempts"}, argv) for tk, argv in built]
 
@@ -209,7 +208,6 @@ class Producer(Role):
         tk = self._task_keys(tid)
         if tk.pending != self.keys.pending(n.queue):
             raise InvalidArgument(f"task id {tid!r} does not belong to queue {n.queue!r}")
-        after = self._after(n.after, n.after_mode, tid)
         return tk, {
             "task_id": tid, "queue": n.queue, "handler": n.handler, "payload": text,
             "payload_digest": payload_digest, "idem_key": n.idempotency_key or "",
@@ -220,7 +218,7 @@ class Producer(Role):
             "lease_ms": lease, "delay_ms": delay_ms, "run_at_ms": run_at_ms,
             "start_by_ms": self._deadline(n.start_by, "start_by"),
             "finish_by_ms": self._deadline(n.finish_by, "finish_by"),
-            "priority": "" if n.priority is None else n.priority, "after": after, "after_mode": n.after_mode}
+            "priority": "" if n.priority is None else n.priority}
 
     def _after(self, after: Sequence[str] | None, mode: str, task_id: str) -> list[str]:
         """The task ids a task waits for, checked (InvalidArgument: nothing is sent)."""

@@ -179,9 +179,7 @@ class Sweeper:
                 report.errors.append(f"periodic {t.schedule}@{t.tick_ms}: {t.outcome}: {t.why}")
             elif t.outcome == "ran" and t.task_id:
                 made.append(f"{t.task_id}/1")
-        if made:
-            paused = set(self.client.reads.paused_queues())
-            self._send([aid for aid in made if aid.split(":", 1)[0] not in paused], report)
+        self._send_unpaused(made, report)
 
     def _release(self, report: SweepReport) -> None:
         """Tasks waiting for others whose parents ended (``Dependencies.release_due``): the pending ones go to
@@ -190,9 +188,14 @@ class Sweeper:
         report.released.extend(r.released)
         report.canceled.extend(r.canceled)
         report.errors.extend(r.errors)
-        if r.released:
+        self._send_unpaused([f"{t}/1" for t in r.released], report)
+
+    def _send_unpaused(self, aids: list[str], report: SweepReport) -> None:
+        """Send these Attempts 1 of new or released tasks now, but not those of a paused queue (the dispatch
+        walk sends them once it is resumed). One read of the paused queues, none when there is nothing."""
+        if aids:
             paused = set(self.client.reads.paused_queues())
-            self._send([f"{t}/1" for t in r.released if parse_task_id(t) not in paused], report)
+            self._send([aid for aid in aids if parse_task_id(parse_attempt_id(aid)[0]) not in paused], report)
 
     def _deadlines(self, report: SweepReport) -> None:
         missed, errors = enforce_deadlines(self.client, actor=self.actor, limit=self.batch)
