@@ -29,7 +29,11 @@
 -- ARGV[6] expect_n   the attempt number the caller was sent to run, or '' for whichever is pending
 -- ARGV[7] with_task  '1': the reply also holds the task's hash and its attempts hash (what a worker about
 --                    to run the Attempt reads: one round trip less), '' not
--- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at[, task, attempts]} | {'DUP', ...same...}
+-- ARGV[8] budget_ms  the Attempt's timeout budget (ms; the task's timeout_s, which the worker enforces), or ''
+--                    for none: the Attempt's deadline is now + budget_ms on Redis's clock, never after the
+--                    task's finish_by (which alone sets it when budget_ms is ''); recorded as its 'deadline'
+-- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at, deadline_ms[, task, attempts]}
+--          | {'DUP', ...same...}  (deadline_ms: '' when the Attempt has none)
 --          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
 --          have lost effect records, so its worker asks the provider before each first call; task and
 --          attempts: HGETALL of each, as they are after the claim, with with_task; attempts is empty
@@ -52,6 +56,7 @@ local A, bad = args(ARGV, {
   'request_id', 'reqid', false, false,
   'expect_n', 'int?', 1, MAX_N,
   'with_task', 'enum', '||1|', false,
+  'budget_ms', 'int?', 1, MAX_INT,
 })
 if bad then return bad end
 
@@ -71,7 +76,7 @@ local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker,
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at',
-  'start_by')
+  'start_by', 'finish_by')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -82,12 +87,12 @@ if not lease_ms then  -- the task's own, never above the ceiling
 end
 local aid = task_id .. '/' .. n
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
-  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms')
+  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline')
 local ts = now_ms()
 local due = tonumber(a[6] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
 
 if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
-  return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or ''})
+  return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or '', a[9] or ''})
 end
 
 local why = nil
@@ -115,10 +120,16 @@ local fence = fmt(next_fence(K.meta, K.fence, K.task, t[7] or (K.attempts == K.t
 local seq = redis.call('HINCRBY', K.meta, 'seq', 1)
 local exp = ts + lease_ms
 local ts_s, exp_s = fmt(ts), fmt(exp)
+-- The timeout budget: from now on Redis's clock, never past the task's finish_by.
+local deadline = A.budget_ms and ts + A.budget_ms or nil
+local finish_by = tonumber(t[10] or '')
+if finish_by and (not deadline or finish_by < deadline) then deadline = finish_by end
+local deadline_s = deadline and fmt(deadline) or ''
 redis.call('SET', K.lease, n .. ':' .. fence, 'PXAT', exp_s)
 redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts_s)
 aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s, 'hb_at', ts_s,
-  'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s})
+  'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s,
+  unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
 move_count(K.counts, queue, state, 'running')
@@ -126,4 +137,4 @@ move_count(K.counts, queue, state, 'running')
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).
 emit(K.events, 'attempt_claimed', {'attempt', n, '~', '1'})
 observe(K.stats, t[6], 'wait', queue, nil, ts - (due > 0 and due or ts))
-return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or ''})
+return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or '', deadline_s})

@@ -63,6 +63,7 @@ from .policy.classify import (
     ProviderError,
     RepositoryError,
     Retry,
+    TimeoutBudgetExceeded,
     ValidationFailure,
     classify,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "WaitTimedOut",
     "TaskPurged",
     "TaskState",
+    "TimeoutBudgetExceeded",
     "TransitionRefused",
     "ValidationFailure",
     "WriteRefused",

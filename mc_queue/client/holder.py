@@ -10,7 +10,16 @@ from typing import Any
 
 import redis
 
-from ..contracts.codec import MAX_TOKENS, canonical_json, check_int, check_text, decimal_text, digest, model_json
+from ..contracts.codec import (
+    MAX_TOKENS,
+    canonical_json,
+    check_int,
+    check_seconds,
+    check_text,
+    decimal_text,
+    digest,
+    model_json,
+)
 from ..contracts.config import Decision
 from ..contracts.errors import Code, InvalidArgument, McqError, raise_for_reply
 from ..contracts.keys import attempt_id
@@ -53,6 +62,7 @@ class Claim:
     expect_attempt: int | None
     lease_ms: int | None
     request_id: str
+    budget_ms: int | None = None  # the Attempt's timeout budget (the claim sets its deadline from it)
 
 
 @dataclass(frozen=True)
@@ -81,27 +91,33 @@ class LeaseHolder(Role):
 
     def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int | None = DEFAULT_LEASE_MS, *,
                       request_id: str | None = None, expect_attempt: int | None = None,
-                      with_task: bool = False) -> Lease:
+                      with_task: bool = False, budget_s: float | None = None) -> Lease:
         """Atomically take the task's pending Attempt and a lease with a new fence.
 
         ``lease_ms=None``: the lease length frozen in the task at enqueue. ``expect_attempt``: refuse
         unless the pending Attempt is this one (a transport message for Attempt N must not run N+1).
         ``with_task``: the lease also carries the task as the claim left it (``Lease.task``: its fields
         and Attempts, no events), read by the claim itself: a worker needs no read after its claim.
+        ``budget_s``: the Attempt's timeout budget: the claim records its deadline (now + budget_s on
+        Redis's clock, never after the task's finish_by; ``Lease.deadline_ms``).
         """
-        claim = self._claim_request(task_id, lease_ms, expect_attempt, request_id)
+        claim = self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s)
         check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
         reply = self._with_epoch(
             lambda epoch: self._run("claim", *self._claim_call(claim, worker_id, with_task, epoch)))
         return self._lease(reply, claim.task_id, worker_id, with_task)
 
     def _claim_request(self, task_id: str, lease_ms: int | None, expect_attempt: int | None,
-                       request_id: str | None) -> Claim:
+                       request_id: str | None, budget_s: float | None = None) -> Claim:
         self._task_keys(task_id)
         lease = None if lease_ms is None else self._lease_ms(lease_ms)
         if expect_attempt is not None:
             check_int(expect_attempt, what="expect_attempt", low=1, high=1_000_000)
-        return Claim(task_id, expect_attempt, lease, request_id or uuid.uuid4().hex)
+        budget_ms = None
+        if budget_s is not None:
+            check_seconds(budget_s, what="budget_s", high=30 * 86_400)
+            budget_ms = max(1, round(budget_s * 1000))
+        return Claim(task_id, expect_attempt, lease, request_id or uuid.uuid4().hex, budget_ms)
 
     def _claim_call(self, c: Claim, worker_id: str, with_task: bool,
                     epoch: str) -> tuple[dict[str, str], dict[str, Any]]:
@@ -110,7 +126,8 @@ class LeaseHolder(Role):
                  "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
                  "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused},
                 {"worker": worker_id, "lease_ms": c.lease_ms, "epoch": epoch, "min_seq": self.ns.seq_seen,
-                 "request_id": c.request_id, "expect_n": c.expect_attempt, "with_task": "1" if with_task else ""})
+                 "request_id": c.request_id, "expect_n": c.expect_attempt, "with_task": "1" if with_task else "",
+                 "budget_ms": c.budget_ms})
 
     def _lease(self, reply: list[Any], task_id: str, worker_id: str, with_task: bool) -> Lease:
         """The Lease a claim's reply grants (its error raised)."""
@@ -120,11 +137,12 @@ class LeaseHolder(Role):
         self.ns.note_claim(aid, fence, seq)
         task = None
         if with_task:
-            own, att = split_attempts(pairs(reply[8]), pairs(reply[9]))
+            own, att = split_attempts(pairs(reply[9]), pairs(reply[10]))
             task = Task.from_redis(own, att, [], fence=str(fence),
                                    lease_pttl_ms=max(0, int(reply[3]) - int(reply[5])))
         return Lease(attempt_id=aid, fence=fence, expires_at_ms=int(reply[3]), worker_id=worker_id, task_id=task_id,
-                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0), task=task)
+                     number=n, seq=seq, lease_ms=int(reply[6] or 0), recovered_at_ms=int(reply[7] or 0), task=task,
+                     claimed_now_ms=int(reply[5]), deadline_ms=int(reply[8] or 0))
 
     def renew_lease(self, attempt_id: str, fence: int, *, worker_id: str = "",
                     lease_ms: int | None = None) -> int:
@@ -234,10 +252,11 @@ class LeaseHolder(Role):
         return out
 
     def claim_request(self, task_id: str, *, lease_ms: int | None = None, expect_attempt: int | None = None,
+                      budget_s: float | None = None,
                       request_id: str | None = None) -> Claim:
         """One claim of a :meth:`batch`, its arguments checked now (as :meth:`claim_attempt` takes them;
         the lease length is the task's unless ``lease_ms``)."""
-        return self._claim_request(task_id, lease_ms, expect_attempt, request_id)
+        return self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s)
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | Mapping[str, Any], *,
                      worker_id: str = "", cost: float = 0.0, tokens: int = 0,

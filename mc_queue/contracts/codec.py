@@ -129,6 +129,14 @@ def check_int(value: Any, *, what: str, low: int = 0, high: int = MAX_INT) -> in
     return value
 
 
+def check_seconds(value: Any, *, what: str, high: float, low: float = 0.0) -> float:
+    """A duration in seconds: a finite int or float in (low, high]; bools and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low < value <= high:
+        raise InvalidArgument(f"{what} must be a number of seconds in ({low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
 def decimal_text(value: Any, *, what: str, high: float = MAX_COST) -> str:
     """A cost as the plain decimal the scripts take: finite, >= 0, at most 9 decimals, no exponent."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -113,6 +113,7 @@ class Attempt(_Record):
     created_at: datetime | None = None
     due_at: datetime | None = None
     started_at: datetime | None = None
+    deadline_at: datetime | None = None  # when its timeout budget ends (set at claim, Redis clock)
     suspect_at: datetime | None = None
     ended_at: datetime | None = None
     failure: Failure | None = None
@@ -166,6 +167,7 @@ class Attempt(_Record):
             created_at=ms("created_at"),
             due_at=ms("due_at"),
             started_at=ms("started_at"),
+            deadline_at=ms("deadline"),
             suspect_at=ms("suspect_at"),
             ended_at=ms("ended_at"),
             failure=Failure.model_validate_json(f["failure"]) if f.get("failure") else None,
@@ -353,6 +355,8 @@ class Lease:
     # The task as the claim left it, when asked for (claim_attempt(with_task=True)): its fields and
     # Attempts, not its events (a worker runs the Attempt from these; get_task reads the whole history).
     task: Task | None = None
+    claimed_now_ms: int = field(default=0, compare=False)  # Redis's clock when the claim (or its resend) ran
+    deadline_ms: int = 0  # when the Attempt's timeout budget ends (Redis clock), 0: it has none
 
     @property
     def expires_at(self) -> datetime:

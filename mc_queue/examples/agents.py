@@ -58,18 +58,23 @@ def fix_issue(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     # replacement moved the branch (--force-with-lease is a fence only with a value read this early).
     expected = remote.expected_head(branch)
 
+    # Each provider call gets its own timeout, refused before it starts when the Attempt's timeout budget
+    # (the handler's timeout_s, from the claim, on Redis's clock) has less than that left.
     def push(key: str) -> dict[str, Any]:
         return remote.commit_and_push(key, workdir, branch=branch, message=f"Fix issue {issue}",
-                                      files={f"fixes/issue-{issue}.md": change}, expected=expected)
+                                      files={f"fixes/issue-{issue}.md": change}, expected=expected,
+                                      timeout=ctx.time_for("push", remote.push_timeout))
 
-    pushed = ctx.effect("push", identity(branch, content_id), push, assume={"remote_head": expected})
+    pushed = ctx.effect("push", identity(branch, content_id), push, assume={"remote_head": expected},
+                        needs_s=remote.push_timeout)
     ctx.checkpoint("commit_done", {"sha": pushed["sha"]}, scope=scope)
     time.sleep(float(payload.get("think_s", 0)))  # the agent reviews its change before asking for review
     prs = forge()
     try:
         pr = ctx.effect("open-pr", pushed["sha"],
                         lambda key: prs.open_pr(key, repo=repo, head=branch, base=base, title=f"Fix issue {issue}",
-                                                fence=ctx.fence))
+                                                fence=ctx.fence, timeout=ctx.time_for("open-pr", prs.timeout)),
+                        needs_s=prs.timeout)
     finally:
         prs.close()
     return {"branch": branch, "sha": pushed["sha"], "pull_request": pr["number"], "url": pr["url"]}

@@ -319,6 +319,10 @@ def _print_attempt(console: Console, a: Attempt) -> None:
     if a.started_at:
         _field(console, "started", iso(a.started_at) + (f" (waited {_between(a.due_at or a.created_at, a.started_at)})"
                                                         if a.due_at or a.created_at else ""))
+    if a.deadline_at:
+        budget = _between(a.started_at, a.deadline_at) if a.started_at else None
+        _field(console, "timeout budget",
+               f"ends {iso(a.deadline_at)}" + (f" ({budget} from its start)" if budget else ""))
     if a.ended_at:
         ran = duration(a.elapsed_ms) if a.elapsed_ms is not None else _between(a.started_at, a.ended_at)
         _field(console, "finished", iso(a.ended_at) + (f" (ran {ran})" if ran else ""))

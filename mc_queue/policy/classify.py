@@ -59,6 +59,11 @@ class ExecutorError(HandlerError):
     failure_class = FailureClass.EXECUTOR
 
 
+class TimeoutBudgetExceeded(ExecutorError):
+    """A call would not fit in what is left of the Attempt's timeout budget: refused before it started
+    (an executor failure: the Attempt ran out of its time; a retry is a new Attempt with a new budget)."""
+
+
 class ValidationFailure(HandlerError):
     failure_class = FailureClass.VALIDATION
 

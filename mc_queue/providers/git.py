@@ -90,11 +90,12 @@ class GitRemote:
         return self.remote_head(branch) or ""
 
     def commit_and_push(self, key: str, workdir: Path, *, branch: str, message: str,
-                        files: dict[str, str], expected: str) -> dict[str, Any]:
+                        files: dict[str, str], expected: str, timeout: float | None = None) -> dict[str, Any]:
         """Write ``files``, commit with the key's trailer, push with a lease on ``expected`` (the
         remote head recorded in the intent; '' for "the branch must not exist"). Returns the receipt
         ``{"sha", "branch", "key", "expected"}``. A push whose client timed out may still have landed:
-        never call this again for the same key; reconcile with :meth:`find`."""
+        never call this again for the same key; reconcile with :meth:`find`. ``timeout``: the push's
+        (``ctx.time_for(...)``: what is left of the Attempt's timeout budget), else ``push_timeout``."""
         for rel, text in files.items():
             path = workdir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ class GitRemote:
         git("commit", "--quiet", "-m", f"{message}\n\n{TRAILER}: {key}", cwd=workdir)
         sha = git("rev-parse", "HEAD", cwd=workdir).strip()
         git("push", "--quiet", f"--force-with-lease=refs/heads/{branch}:{expected}", self.url,
-            f"HEAD:refs/heads/{branch}", cwd=workdir, timeout=self.push_timeout)
+            f"HEAD:refs/heads/{branch}", cwd=workdir, timeout=self.push_timeout if timeout is None else timeout)
         return {"sha": sha, "branch": branch, "key": key, "expected": expected}
 
     def find(self, key: str) -> dict[str, Any] | None:

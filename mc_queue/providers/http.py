@@ -30,6 +30,7 @@ class HttpPullRequests:
     def __init__(self, base_url: str, *, timeout: float = 5.0, token: str | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, headers=headers,
                                   transport=transport)
 
@@ -37,9 +38,10 @@ class HttpPullRequests:
         self._http.close()
 
     def open_pr(self, key: str, *, repo: str, head: str, base: str, title: str, body: str = "",
-                fence: int | None = None) -> dict[str, Any]:
+                fence: int | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Create the pull request; returns the provider's receipt. ``fence``: the calling Attempt's
-        fence (``ctx.fence``), sent as ``Mcq-Fence`` for the provider to check. Raises httpx errors as
+        fence (``ctx.fence``), sent as ``Mcq-Fence`` for the provider to check. ``timeout``: this call's
+        (``ctx.time_for(...)``: what is left of the Attempt's timeout budget), else the client's. Raises httpx errors as
         they come (401/403 authorization, 409 a stale fence, 429/503 capacity, timeouts provider: see
         mc_queue.policy.classify.classify)."""
         headers = {"Idempotency-Key": key}
@@ -47,7 +49,8 @@ class HttpPullRequests:
             headers["Mcq-Fence"] = str(int(fence))
         resp = self._http.post(f"/repos/{repo}/pulls", headers=headers,
                                json={"head": head, "base": base, "title": title,
-                                     "body": f"{body}\n\nMcq-Operation-Key: {key}"})
+                                     "body": f"{body}\n\nMcq-Operation-Key: {key}"},
+                               timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         if resp.status_code == 422:
             # The forge already has a pull request for this head (GitHub's own uniqueness): if it is
             # ours (same operation key), that is the receipt; if not, the 422 stands.

@@ -185,7 +185,7 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     failpoints.hit("attempt.before_claim", attempt=adm.attempt_id, worker=rt.worker_id)
     try:
         lease = rt.client.leases.claim_attempt(adm.task_id, rt.worker_id, lease_ms=None, expect_attempt=adm.number,
-                                               request_id=uuid.uuid4().hex, with_task=True)
+                                               request_id=uuid.uuid4().hex, with_task=True, budget_s=adm.timeout_s)
     except (TransitionRefused, ReplicationUnconfirmed) as exc:
         return not_claimed(rt, adm, exc)
     started = start_claimed(rt, adm, lease)
@@ -231,7 +231,7 @@ def start_claimed(rt: Runtime, adm: Admission, lease: Lease) -> Started | dict[s
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
                   functools.partial(rt.workspaces.create, adm.attempt_id), rt.app.operations,
-                  recovered_at_ms=lease.recovered_at_ms)
+                  recovered_at_ms=lease.recovered_at_ms, deadline_ms=lease.deadline_ms, now_ms=lease.claimed_now_ms)
     ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
     return Started(adm, lease, ctx, spec)
 

@@ -24,10 +24,10 @@ import redis
 
 from ..client import Client
 from ..contracts import failpoints
-from ..contracts.codec import canonical_json, digest
+from ..contracts.codec import canonical_json, check_seconds, digest
 from ..contracts.errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
 from ..contracts.models import Attempt, Heartbeat, Manifest, Task
-from ..policy.classify import BudgetExceeded, ConfigurationFailure
+from ..policy.classify import BudgetExceeded, ConfigurationFailure, TimeoutBudgetExceeded
 from ..policy.effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from ..producer.app import HandlerSpec
 
@@ -45,7 +45,8 @@ class Context:
 
     def __init__(self, client: Client, spec: HandlerSpec, task: Task, attempt: Attempt, fence: int,
                  worker_id: str, workspace: Path | Callable[[], Path],
-                 operations: Mapping[str, Reconcile] | None = None, *, recovered_at_ms: int = 0) -> None:
+                 operations: Mapping[str, Reconcile] | None = None, *, recovered_at_ms: int = 0,
+                 deadline_ms: int = 0, now_ms: int = 0) -> None:
         self.client = client
         self.spec = spec
         self.task = task
@@ -67,6 +68,10 @@ class Context:
         created_ms = int(task.created_at.timestamp() * 1000) if task.created_at else 0
         self.ask_first = bool(task.idempotency_key) or (recovered_at_ms > 0 and created_ms <= recovered_at_ms)
         self.effects_used = False
+        # The timeout budget: its end on Redis's clock (set by the claim), and Redis's clock at the claim
+        # paired with this process's monotonic clock then (one clock: the host's wall clock plays no part).
+        self.deadline_ms = deadline_ms
+        self._clock = (now_ms, time.monotonic())
         self._lost: str | None = None
         self._cancelled = False
         self._charged = (attempt.cost, attempt.tokens)
@@ -180,6 +185,37 @@ class Context:
         log.warning("heartbeat of %s failed (%s); retrying", self.attempt_id, outcome)
         return True
 
+    # -- the timeout budget
+
+    def now_ms(self) -> int:
+        """Redis's clock now, as far as this process can tell: the claim's reading plus the time since."""
+        at, mono = self._clock
+        return at + round((time.monotonic() - mono) * 1000) if at else round(time.time() * 1000)
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds left of this Attempt's timeout budget (set at claim from the task's timeout_s and its
+        finish_by, on Redis's clock), at least 0; None when the Attempt has no budget."""
+        if not self.deadline_ms:
+            return None
+        return max(0.0, (self.deadline_ms - self.now_ms()) / 1000)
+
+    def time_for(self, what: str, needs_s: float) -> float:
+        """The timeout to give a call that may take up to ``needs_s``: ``needs_s`` itself, or what is left
+        of the budget when that is less and still enough to be worth starting. A call that needs more than
+        is left is refused before it starts: :class:`TimeoutBudgetExceeded` (an executor failure) says what
+        it needed and what was left. Pass the result on as the call's own timeout (httpx, subprocess)."""
+        self.check()
+        check_seconds(needs_s, what="needs_s", high=30 * 86_400)
+        left = self.remaining_s
+        if left is None:
+            return needs_s
+        if left < needs_s:
+            raise TimeoutBudgetExceeded(
+                f"{what} needs up to {needs_s:g}s and {left:.3f}s are left of attempt {self.attempt_id}'s timeout "
+                f"budget (it ends at {self.deadline_ms} ms, Redis clock): not started")
+        return needs_s
+
     # -- the handler's calls
 
     def heartbeat(self) -> None:
@@ -268,7 +304,8 @@ class Context:
                         producer_key=self.task.idempotency_key, namespace=self.client.keys.prefix)
 
     def effect(self, operation: str, identity: str, perform: Perform, reconcile: Reconcile | None = None, *,
-               per_attempt: bool = False, assume: Mapping[str, Any] | None = None) -> Any:
+               per_attempt: bool = False, assume: Mapping[str, Any] | None = None,
+               needs_s: float | None = None) -> Any:
         """Do a side effect at most once per logical operation, and return the provider's receipt.
 
         The intent is persisted (fenced) before ``perform(key)`` is called and the receipt after. A
@@ -285,8 +322,13 @@ class Context:
         ``assume``: what the call may take for granted, read *before* this call and recorded in the
         intent under the fence (a git remote's head for ``--force-with-lease``): the provider fences
         a late call from a worker that lost its lease with it (see the README's provider contract).
+
+        ``needs_s``: how long the call may take; when less than that is left of the Attempt's timeout
+        budget the effect is refused before its intent is written (:meth:`time_for`).
         """
         self.check()
+        if needs_s is not None:
+            self.time_for(f"effect {operation!r}", needs_s)
         ask = reconcile or self.operations.get(operation)
         if ask is None:
             raise InvalidArgument(f"operation {operation!r} has no reconcile: pass one, or register it with "

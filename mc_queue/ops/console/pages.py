@@ -284,6 +284,7 @@ def _attempt_row(a: Attempt, now_ms: int) -> dict[str, Any]:
         "a": a, "state": a.state.value, "created": when(a.created_at, now_ms), "due": when(a.due_at, now_ms),
         "started": when(a.started_at, now_ms), "ended": when(a.ended_at, now_ms),
         "lease_expires": when(a.lease_expires_at, now_ms), "heartbeat": when(a.heartbeat_at, now_ms),
+        "deadline": when(a.deadline_at, now_ms) if a.deadline_at else None,
         "suspect": when(a.suspect_at, now_ms) if a.suspect_at else None,
         "ran": duration(a.elapsed_ms) if a.elapsed_ms is not None else None,
         "failure": f, "evidence": evidence,
