@@ -21,6 +21,10 @@
 -- KEYS[11] fence     the task's fence counter
 -- KEYS[12] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
 -- KEYS[13] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
+-- KEYS[14] limits    rate limits (limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>", "<key>|used",
+--                    "<key>|paused", "<key>|why", "<key>|next"
+-- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
+--                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
 -- ARGV[2] lease_ms   lease length, or '' for the task's own
 -- ARGV[3] epoch      namespace epoch the client knows
@@ -32,21 +36,30 @@
 -- ARGV[8] budget_ms  the Attempt's timeout budget (ms; the task's timeout_s, which the worker enforces), or ''
 --                    for none: the Attempt's deadline is now + budget_ms on Redis's clock, never after the
 --                    task's finish_by (which alone sets it when budget_ms is ''); recorded as its 'deadline'
+-- ITEMARGV[1] limit_key  that limit's key (the task's: a list that differs is refused, E_LIMITKEYS)
+-- Rate limits: a task that names limits ('limits' field, enqueue) is claimed only when each configured one
+-- has room for its cost in the sliding window ending now (Redis clock) and none is paused: then every
+-- one takes its units (an entry in its log), all or none. Otherwise the Attempt is not claimed: it stays
+-- pending with no lease, due again when the units return (the oldest entries leave the window; several
+-- deferred Attempts of a key one slot apart, its 'next'), its dispatch record cleared so the sweeper
+-- sends it then (E_LIMITED). A key with no limit set is not limited (a pause still holds it).
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at, deadline_ms[, task, attempts]}
 --          | {'DUP', ...same...}  (deadline_ms: '' when the Attempt has none)
+--          | {'E_LIMITED', why, due_ms} (over a rate limit or paused: offered again at due_ms)
+--          | {'E_LIMITKEYS', limits} (the logs given are not the task's limits: its 'limits' field, to send again)
 --          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
 --          have lost effect records, so its worker asks the provider before each first call; task and
 --          attempts: HGETALL of each, as they are after the claim, with with_task; attempts is empty
 --          when the task hash holds them, as every task written since 2026-12 does)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
--- Events: attempt_claimed | claim_refused
+-- Events: attempt_claimed | claim_refused | claim_limited
 -- Idempotent: by request id
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
-  stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13]}
+  stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13], limits = KEYS[14]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
@@ -57,8 +70,14 @@ local A, bad = args(ARGV, {
   'expect_n', 'int?', 1, MAX_N,
   'with_task', 'enum', '||1|', false,
   'budget_ms', 'int?', 1, MAX_INT,
-})
+}, {'limit_key', 'lkey', false, false}, 0, true)
 if bad then return bad end
+if #KEYS ~= 14 + #A.items then return {'E_BADARG', 'expected a log key for each of the ' .. #A.items .. ' limits'} end
+for i, I in ipairs(A.items) do
+  if string.sub(KEYS[14 + i], -(#I.limit_key + 7)) ~= ':limit:' .. I.limit_key then
+    return {'E_BADARG', 'item ' .. i .. ': log is not the log of limit ' .. I.limit_key, i}
+  end
+end
 
 local function with_task(reply)
   if A.with_task == '1' then
@@ -76,7 +95,7 @@ local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker,
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at',
-  'start_by', 'finish_by')
+  'start_by', 'finish_by', 'limits')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -87,13 +106,18 @@ if not lease_ms then  -- the task's own, never above the ceiling
 end
 local aid = task_id .. '/' .. n
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
-  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline')
+  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline', n .. '.limited')
 local ts = now_ms()
 local due = tonumber(a[6] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
 
 if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
   return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or '', a[9] or ''})
 end
+
+local wanted = parse_limits(t[11] or '') or {}
+local same = #wanted == #A.items
+for i, w in ipairs(wanted) do same = same and A.items[i].limit_key == w[1] end
+if not same then return {'E_LIMITKEYS', t[11] or ''} end
 
 local why = nil
 if A.expect_n and A.raw.expect_n ~= n then
@@ -114,6 +138,73 @@ if why then
     {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
 end
 
+-- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
+-- that left the window), and when the units this task needs come back (the oldest entries in the window).
+local function units(log, used, win)
+  local gone, old = 0, redis.call('ZRANGEBYSCORE', log, '-inf', ts - win)
+  for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
+  return used - gone, #old
+end
+local plan, over_at, over_why = {}, nil, nil
+for i, w in ipairs(wanted) do
+  local name, cost, log = w[1], w[2], KEYS[14 + i]
+  local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next')
+  local st = {name = name, cost = cost, log = log, next = tonumber(c[5] or '')}
+  local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
+  st.lim, st.win = tonumber(lim), tonumber(win)
+  local at, why_l = nil, nil
+  local paused = tonumber(c[3] or '')
+  if paused and paused > ts then
+    at, why_l = paused, 'paused until ' .. c[3] .. ' ms (Redis clock): ' .. (c[4] or '')
+  elseif st.lim then
+    st.used = redis.call('EXISTS', log) == 1 and (tonumber(c[2] or '0') or 0) or 0  -- (a log that expired: none)
+    local inwin, old = units(log, st.used, st.win)
+    st.inwin, st.old = inwin, old
+    if inwin + cost > st.lim then
+      why_l = inwin .. ' of ' .. st.lim .. ' units used in the last ' .. st.win .. ' ms, ' .. cost .. ' wanted'
+      if cost > st.lim then
+        at, why_l = ts + st.win, 'a cost of ' .. cost .. ' is above the limit of ' .. st.lim .. ' per ' .. st.win ..
+          ' ms: never admitted until the limit is raised'
+      else
+        local need, freed = inwin + cost - st.lim, 0
+        local e = redis.call('ZRANGEBYSCORE', log, '(' .. fmt(ts - st.win), '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+        for j = 1, #e, 2 do
+          freed = freed + (tonumber(string.match(e[j], ' (%d+)$')) or 0)
+          at = tonumber(e[j + 1]) + st.win
+          if freed >= need then break end
+        end
+        if freed < need then at = ts + st.win end  -- (a running total ahead of its log: the window clears it)
+      end
+    end
+  end
+  if at then
+    st.over = true
+    if not over_at or at > over_at then over_at, over_why = at, 'rate limit ' .. name .. ': ' .. why_l end
+  end
+  plan[i] = st
+end
+if over_at then
+  -- Offered again when the units return; several deferred Attempts of a key one slot (window / limit *
+  -- cost) apart, so that a backlog does not wake all at once for one returning unit.
+  for _, st in ipairs(plan) do
+    if st.over and st.lim and st.next and st.next > over_at then over_at = st.next end
+  end
+  local due_s = fmt(over_at)
+  for _, st in ipairs(plan) do
+    if st.over then
+      if st.lim then
+        redis.call('HSET', K.limits, st.name .. '|next', fmt(over_at + math.ceil(st.win * st.cost / st.lim)))
+      end
+      redis.call('HINCRBY', K.stats, 'limited|' .. st.name, 1)
+    end
+  end
+  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', over_why})
+  redis.call('HDEL', K.attempts, n .. '.dispatched_at')
+  redis.call('ZADD', K.pending, 'XX', due_s, task_id)
+  emit(K.events, 'claim_limited', {'attempt', n, 'worker', A.worker, 'reason', over_why, 'due_at', due_s})
+  return {'E_LIMITED', over_why, due_s}
+end
+
 -- (A task that keeps its Attempts in its hash was written after its fence counter moved there: no key
 -- of the old kind to look for, even before its first fence.)
 local fence = fmt(next_fence(K.meta, K.fence, K.task, t[7] or (K.attempts == K.task and '0' or nil)))
@@ -132,6 +223,14 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
+for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units
+  if st.lim then
+    if st.old > 0 then redis.call('ZREMRANGEBYSCORE', st.log, '-inf', ts - st.win) end
+    redis.call('ZADD', st.log, ts_s, aid .. ' ' .. st.cost)
+    redis.call('PEXPIRE', st.log, st.win + 1000)  -- (idle for a window: nothing in it counts any more)
+    redis.call('HSET', K.limits, st.name .. '|used', fmt(st.inwin + st.cost))
+  end
+end
 move_count(K.counts, queue, state, 'running')
 -- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).

@@ -35,6 +35,8 @@
 -- ARGV[15] start_by_ms     the task must have started by then (ms, Redis clock), or '': no such deadline
 -- ARGV[16] finish_by_ms    the task must have ended by then (ms, Redis clock), or '': no such deadline
 -- ARGV[17] priority        1 (most urgent) .. 9, or '' for the default (5): which RQ queue its Attempts go to
+-- ARGV[18] limits          the task's rate limits, '<key>=<cost>' joined by ',' (checked and taken by each claim),
+--                          or '' for none
 -- Returns: {'OK', task_id, task, attempts, events} (task: HGETALL of the task hash, which holds its
 --          Attempt; attempts and events empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)

@@ -42,7 +42,9 @@
 -- ARGV[15] start_by_ms     the task must have started by then (ms, Redis clock), or '': no such deadline
 -- ARGV[16] finish_by_ms    the task must have ended by then (ms, Redis clock), or '': no such deadline
 -- ARGV[17] priority        1 (most urgent) .. 9, or '' for the default (5): which RQ queue its Attempts go to
--- ARGV[18] after_mode      'succeeded' (every parent must succeed) | 'ended' (any end counts)
+-- ARGV[18] limits          the task's rate limits, '<key>=<cost>' joined by ',' (checked and taken by each claim),
+--                          or '' for none
+-- ARGV[19] after_mode      'succeeded' (every parent must succeed) | 'ended' (any end counts)
 -- ITEMKEYS[1] parent       each parent's task hash
 -- ITEMARGV[1] parent_id    each parent's task id (1 to 100 of them, each once, not this task)
 -- Returns: {'OK', task_id, task, attempts, events} (as enqueue; the task hash says 'waiting' while a parent is

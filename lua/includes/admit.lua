@@ -27,6 +27,7 @@ local function enqueue_args()
     'start_by_ms', 'int?', 0, MAX_RUN_AT_MS,
     'finish_by_ms', 'int?', 0, MAX_RUN_AT_MS,
     'priority', 'int?', 1, 9,
+    'limits', 'limits', false, false,
   }
 end
 
@@ -99,7 +100,7 @@ end
 
 -- The bytes an enqueue of these arguments may cost (memory_pressure's estimate).
 local function enqueue_bytes(A)
-  return #A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key
+  return #A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key + #A.limits
 end
 
 -- Write the task enqueue_check planned: its hash (holding Attempt 1), its producer key, its queue's
@@ -125,6 +126,7 @@ local function enqueue_write(K, A, plan, ts, actor)
   if A.start_by_ms then fields[#fields + 1] = 'start_by'; fields[#fields + 1] = A.raw.start_by_ms end
   if A.finish_by_ms then fields[#fields + 1] = 'finish_by'; fields[#fields + 1] = A.raw.finish_by_ms end
   if A.priority and A.priority ~= 5 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = A.raw.priority end
+  if A.limits ~= '' then fields[#fields + 1] = 'limits'; fields[#fields + 1] = A.limits end
   tset(K.task, fields)
   -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
   -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the

@@ -123,6 +123,26 @@ local function json_suspect(v)
   return string.find(v, '[%+xXINin%.]') or string.find(v, '0%d') or string.find(v, '[eE]%d%d%d')
 end
 
+-- A task's rate limits as enqueue stores them: "<key>=<cost>[,<key>=<cost>...]" (at most MAX_LIMITS, keys
+-- distinct, costs 1..999999999), or ''. Returns the list of {name, cost}, or nil and why.
+local MAX_LIMITS = 8
+local function parse_limits(v)
+  local out, seen = {}, {}
+  if v == '' then return out end
+  for item in string.gmatch(v .. ',', '([^,]*),') do
+    local name, cost = string.match(item, '^([%w][%w_%.:%-]*)=([1-9]%d*)$')
+    if not name or #name > 128 or #cost > 9 then
+      return nil, "must be '<key>=<cost>' items joined by ',' (keys of letters, digits, '_', '.', ':', '-', " ..
+        "costs 1..999999999): got '" .. string.sub(item, 1, 80) .. "'"
+    end
+    if seen[name] then return nil, 'names ' .. name .. ' twice' end
+    seen[name] = true
+    out[#out + 1] = {name, tonumber(cost)}
+  end
+  if #out > MAX_LIMITS then return nil, 'names ' .. #out .. ' limits: at most ' .. MAX_LIMITS end
+  return out
+end
+
 local function check_arg(v, kind, p1, p2)
   if kind == 'int' or kind == 'int?' then
     if v == '' and kind == 'int?' then return nil end
@@ -174,6 +194,15 @@ local function check_arg(v, kind, p1, p2)
   elseif kind == 'name' then  -- a queue's or a schedule's name
     if #v > 64 or not string.find(v, '^[%w][%w_%.%-]*$') then
       return nil, "must be 1-64 of letters, digits, '_', '.', '-', starting with a letter or digit"
+    end
+    return v
+  elseif kind == 'limits' then
+    local _, why = parse_limits(v)
+    if why then return nil, why end
+    return v
+  elseif kind == 'lkey' then  -- a rate limit's key
+    if #v > 128 or not string.find(v, '^[%w][%w_%.:%-]*$') then
+      return nil, "must be 1-128 of letters, digits, '_', '.', ':', '-', starting with a letter or digit"
     end
     return v
   elseif kind == 'reqid' then

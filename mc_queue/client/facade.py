@@ -24,6 +24,7 @@ from typing import Any
 from ..store.backend import Backend
 from .dependencies import Dependencies
 from .holder import LeaseHolder
+from .limits import Limits
 from .maintenance import Maintenance
 from .operator import Operator
 from .periodic import Periodic
@@ -40,7 +41,8 @@ class Client:
     (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
     what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
     for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
-    tasks whose parents ended. ``backend`` runs the scripts and keeps the namespace epoch and replication
+    tasks whose parents ended; ``limits`` sets, pauses and reads rate limits.
+    ``backend`` runs the scripts and keeps the namespace epoch and replication
     lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
 
@@ -57,6 +59,7 @@ class Client:
         self.results = Results(backend, self.reads)
         self.periodic = Periodic(backend, self.producer, self.operator)
         self.dependencies = Dependencies(backend)
+        self.limits = Limits(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

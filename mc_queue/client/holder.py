@@ -3,6 +3,7 @@ outcome, acknowledge a cancel. Every write but the claim is fenced: a stale hold
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +22,11 @@ from ..contracts.codec import (
     model_json,
 )
 from ..contracts.config import Decision
-from ..contracts.errors import Code, InvalidArgument, McqError, raise_for_reply
-from ..contracts.keys import attempt_id
+from ..contracts.errors import Code, InvalidArgument, LimitKeysChanged, McqError, raise_for_reply
+from ..contracts.keys import attempt_id, limit_names
 from ..contracts.models import Attempt, EffectRecord, Failure, Heartbeat, Lease, Task, split_attempts
 from ..store.backend import DEFAULT_LEASE_MS
+from ..store.scripts import BatchCall
 from .base import Role, as_failure, attempt_from_snapshot, decision_args, pairs, printable
 
 # The fields of an effect record mc_queue writes itself (lua/includes/common.lua EFFECT_OWN_FIELDS).
@@ -63,6 +65,7 @@ class Claim:
     lease_ms: int | None
     request_id: str
     budget_ms: int | None = None  # the Attempt's timeout budget (the claim sets its deadline from it)
+    limits: tuple[str, ...] = ()  # the task's rate limit keys, in its order (a wrong guess costs a resend)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class LeaseHolder(Role):
 
     def claim_attempt(self, task_id: str, worker_id: str, lease_ms: int | None = DEFAULT_LEASE_MS, *,
                       request_id: str | None = None, expect_attempt: int | None = None,
-                      with_task: bool = False, budget_s: float | None = None) -> Lease:
+                      with_task: bool = False, budget_s: float | None = None,
+                      limits: Sequence[str] = ()) -> Lease:
         """Atomically take the task's pending Attempt and a lease with a new fence.
 
         ``lease_ms=None``: the lease length frozen in the task at enqueue. ``expect_attempt``: refuse
@@ -99,16 +103,25 @@ class LeaseHolder(Role):
         ``with_task``: the lease also carries the task as the claim left it (``Lease.task``: its fields
         and Attempts, no events), read by the claim itself: a worker needs no read after its claim.
         ``budget_s``: the Attempt's timeout budget: the claim records its deadline (now + budget_s on
-        Redis's clock, never after the task's finish_by; ``Lease.deadline_ms``).
+        Redis's clock, never after the task's finish_by; ``Lease.deadline_ms``). ``limits``: the task's
+        rate limit keys as its ``limits`` field names them (a worker reads them with the task before its
+        claim); other ones cost one more round trip. Over a limit: :class:`OverLimit`, nothing held.
         """
-        claim = self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s)
+        claim = self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s, limits)
         check_text(worker_id, what="worker_id", max_bytes=200, spaces=False)
-        reply = self._with_epoch(
-            lambda epoch: self._run("claim", *self._claim_call(claim, worker_id, with_task, epoch)))
-        return self._lease(reply, claim.task_id, worker_id, with_task)
+        try:
+            return self._lease(self._with_epoch(
+                lambda epoch: self._run("claim", *self._claim_call(claim, worker_id, with_task, epoch))),
+                claim.task_id, worker_id, with_task)
+        except LimitKeysChanged as exc:  # the task names other rate limits: once more with its own
+            claim = dataclasses.replace(claim, limits=limit_names(exc.limits))
+            return self._lease(self._with_epoch(
+                lambda epoch: self._run("claim", *self._claim_call(claim, worker_id, with_task, epoch))),
+                claim.task_id, worker_id, with_task)
 
     def _claim_request(self, task_id: str, lease_ms: int | None, expect_attempt: int | None,
-                       request_id: str | None, budget_s: float | None = None) -> Claim:
+                       request_id: str | None, budget_s: float | None = None,
+                       limits: Sequence[str] = ()) -> Claim:
         self._task_keys(task_id)
         lease = None if lease_ms is None else self._lease_ms(lease_ms)
         if expect_attempt is not None:
@@ -117,17 +130,21 @@ class LeaseHolder(Role):
         if budget_s is not None:
             check_seconds(budget_s, what="budget_s", high=30 * 86_400)
             budget_ms = max(1, round(budget_s * 1000))
-        return Claim(task_id, expect_attempt, lease, request_id or uuid.uuid4().hex, budget_ms)
+        names = tuple(limits)
+        for name in names:
+            self.keys.limit_log(name)  # ValueError for a malformed key
+        return Claim(task_id, expect_attempt, lease, request_id or uuid.uuid4().hex, budget_ms, names)
 
     def _claim_call(self, c: Claim, worker_id: str, with_task: bool,
-                    epoch: str) -> tuple[dict[str, str], dict[str, Any]]:
+                    epoch: str) -> tuple[dict[str, str], dict[str, Any], list[tuple[dict[str, str], dict[str, str]]]]:
         tk = self.keys.task(c.task_id)
         return ({**self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
                  "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                 "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused},
+                 "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused, "limits": self.keys.limits},
                 {"worker": worker_id, "lease_ms": c.lease_ms, "epoch": epoch, "min_seq": self.ns.seq_seen,
                  "request_id": c.request_id, "expect_n": c.expect_attempt, "with_task": "1" if with_task else "",
-                 "budget_ms": c.budget_ms})
+                 "budget_ms": c.budget_ms},
+                [({"log": self.keys.limit_log(name)}, {"limit_key": name}) for name in c.limits])
 
     def _lease(self, reply: list[Any], task_id: str, worker_id: str, with_task: bool) -> Lease:
         """The Lease a claim's reply grants (its error raised)."""
@@ -218,7 +235,7 @@ class LeaseHolder(Role):
         if size > MAX_BATCH:
             raise InvalidArgument(f"a batch holds at most {MAX_BATCH} calls, got {size}")
         epoch = self._epoch()
-        calls: list[tuple[str, Mapping[str, str], Mapping[str, Any]]] = []
+        calls: list[BatchCall] = []
         calls += [("complete", *self._complete_call(c, worker_id)) for c in complete]
         calls += [("renew", *self._renew_call(a, f, worker_id, None, 0.0, 0, None)) for a, f in renew]
         calls += [("claim", *self._claim_call(c, worker_id, with_task, epoch)) for c in claim]
@@ -252,11 +269,11 @@ class LeaseHolder(Role):
         return out
 
     def claim_request(self, task_id: str, *, lease_ms: int | None = None, expect_attempt: int | None = None,
-                      budget_s: float | None = None,
+                      budget_s: float | None = None, limits: Sequence[str] = (),
                       request_id: str | None = None) -> Claim:
         """One claim of a :meth:`batch`, its arguments checked now (as :meth:`claim_attempt` takes them;
         the lease length is the task's unless ``lease_ms``)."""
-        return self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s)
+        return self._claim_request(task_id, lease_ms, expect_attempt, request_id, budget_s, limits)
 
     def fail_attempt(self, attempt_id: str, fence: int, failure: Failure | Mapping[str, Any], *,
                      worker_id: str = "", cost: float = 0.0, tokens: int = 0,

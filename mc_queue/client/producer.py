@@ -13,7 +13,7 @@ from ..contracts.config import Budget, RetryPolicy
 from ..contracts.errors import InvalidArgument, McqError, raise_for_reply
 from ..contracts.frozen import compact
 from ..contracts.history import whole_history
-from ..contracts.keys import TaskKeys, check_queue, new_task_id
+from ..contracts.keys import TaskKeys, check_limit_name, check_queue, new_task_id
 from ..contracts.models import Manifest, Task, split_attempts
 from ..store.backend import DEFAULT_LEASE_MS, Backend
 from .base import Role, pairs
@@ -52,6 +52,7 @@ class NewTask:
     priority: int | None = None
     after: Sequence[str] | None = None
     after_mode: str = "succeeded"
+    limits: Mapping[str, int] | None = None
 
 
 MAX_AFTER = 100  # tasks one task may wait for (lua/enqueue_after.lua MAX_PARENTS)
@@ -103,6 +104,11 @@ class Producer(Role):
         once (in mode succeeded, one that did not succeed refuses the enqueue: TransitionRefused); one
         not in Redis refuses it (TaskNotFound). The sweeper releases dependents within ~50 ms of their
         parents' end (``lua/release.lua``), from an obligation the parent's end records atomically.
+
+        ``limits`` (``{"github": 1, "model:openai": 3}``: rate limit key -> cost in that limit's units, at
+        most 8): every claim of the task's Attempts takes those units from each limit, all or none, on
+        Redis's clock (``client.limits``; a key with no limit set is not limited). An Attempt over a limit
+        is not claimed: it stays pending, holds no lease, and is offered again when the units return.
         """
         n = NewTask(queue, handler, payload, idempotency_key, **options)
         tk, argv = self._item(n)
@@ -218,7 +224,7 @@ class Producer(Role):
             "lease_ms": lease, "delay_ms": delay_ms, "run_at_ms": run_at_ms,
             "start_by_ms": self._deadline(n.start_by, "start_by"),
             "finish_by_ms": self._deadline(n.finish_by, "finish_by"),
-            "priority": "" if n.priority is None else n.priority}
+            "priority": "" if n.priority is None else n.priority, "limits": limits_text(n.limits)}
 
     def _after(self, after: Sequence[str] | None, mode: str, task_id: str) -> list[str]:
         """The task ids a task waits for, checked (InvalidArgument: nothing is sent)."""
@@ -257,6 +263,27 @@ class Producer(Role):
         if not 0 <= ms <= MAX_RUN_AT_MS:
             raise InvalidArgument(f"{what} must be between 1970-01-01 and 9999-12-31 UTC, got {value.isoformat()}")
         return str(ms)
+
+
+MAX_LIMITS = 8  # rate limits one task may name (lua/includes/common.lua MAX_LIMITS)
+
+
+def limits_text(limits: Mapping[str, int] | None) -> str:
+    """A task's rate limits as the enqueue script takes them ("<key>=<cost>,...", keys sorted), checked:
+    InvalidArgument before anything is sent."""
+    if not limits:
+        return ""
+    if not isinstance(limits, Mapping):
+        raise InvalidArgument(f"limits must be a mapping of rate limit key -> cost, got {type(limits).__name__}")
+    if len(limits) > MAX_LIMITS:
+        raise InvalidArgument(f"limits names {len(limits)} keys: at most {MAX_LIMITS}")
+    for name, cost in limits.items():
+        try:
+            check_limit_name(name)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        check_int(cost, what=f"the cost of limit {name!r}", low=1, high=999_999_999)
+    return ",".join(f"{name}={limits[name]}" for name in sorted(limits))
 
 
 def _due_args(delay_s: float | None, run_at: datetime | None) -> tuple[str, str]:

@@ -39,6 +39,8 @@ class Code(StrEnum):
     E_PURGED = "E_PURGED"    # the task (of this id or producer key) was purged
     E_OVERLOADED = "E_OVERLOADED"  # Redis memory above the enqueue high-water mark: new work refused
     E_CHANGED = "E_CHANGED"  # pack: the task changed since it was read (the sweeper reads it again)
+    E_LIMITED = "E_LIMITED"  # claim: over a rate limit (or paused); offered again when the units return
+    E_LIMITKEYS = "E_LIMITKEYS"  # claim: the limit logs given are not the task's limits (send them again)
 
 
 SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
@@ -88,6 +90,23 @@ class TransitionRefused(McqError):
 
 class ClaimRejected(TransitionRefused):
     """The Attempt is not claimable: another worker holds it, it is done, or it is not due yet."""
+
+
+class OverLimit(ClaimRejected):
+    """Not claimed: the task's rate limit has no room for its cost now, or is paused. Nothing is held:
+    the Attempt stays pending, due again at ``due_ms`` (Redis clock) when the units return."""
+
+    def __init__(self, message: str, *, due_ms: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.due_ms = due_ms
+
+
+class LimitKeysChanged(ClaimRejected):
+    """The claim named other rate limits than the task's (``limits``: the task's own, to claim again with)."""
+
+    def __init__(self, message: str, *, limits: str = "", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.limits = limits
 
 
 class RetryRefused(TransitionRefused):
@@ -267,6 +286,12 @@ def raise_for_reply(
     if code is Code.E_CLAIM:
         holder = f" (held by {second})" if second else ""
         raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
+    if code is Code.E_LIMITED:
+        raise OverLimit(f"claim of {where} deferred: {first}; offered again at {second} ms (Redis clock)",
+                          due_ms=int(second) if second.isdigit() else 0, **ctx)
+    if code is Code.E_LIMITKEYS:
+        raise LimitKeysChanged(f"claim of {where} named other rate limits than the task's ({first or 'none'})",
+                               limits=first, **ctx)
     if code is Code.E_CANCELED:
         raise CancelRequested(f"{script} of {where} refused: cancellation was requested ({first}); "
                               "acknowledge it instead", **ctx)

@@ -37,6 +37,12 @@ Key schema (``P`` = ``{prefix}``)::
                                   pending ("<tick> <task id> <cancel previous>": a tick decided to run, its task
                                   not yet confirmed made), last_task, last_tick, paused (JSON: reason, actor, at),
                                   counts: ran, skipped_overlap, skipped_missed, skipped_paused, triggered
+    P:limits               hash   rate limits (lua/limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>" (cost
+                                  units admitted per sliding window), "<key>|used" (units in the log), "<key>|paused"
+                                  (until, ms: a provider's 429), "<key>|why" (the pause's reason), "<key>|next" (the
+                                  next re-offer slot of a deferred claim); the claim checks and takes units
+    P:limit:<key>          zset   a rate limit's admission log: "<attempt id> <cost>" -> when it was claimed (ms);
+                                  entries older than the window are dropped by the next claim
     P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
                                   a paused queue's Attempts, the sweeper does not dispatch them)
     P:w:<worker id>        string a live worker's liveness key ("<host> <pid>"), PX a few heartbeats, refreshed
@@ -110,6 +116,22 @@ def check_queue(queue: str) -> str:
             "starting with a letter or digit"
         )
     return queue
+
+
+LIMIT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+def check_limit_name(name: str) -> str:
+    """A rate limit's key ("github", "model:openai"): what tasks name and operators configure."""
+    if not isinstance(name, str) or not LIMIT_NAME_RE.fullmatch(name):
+        raise ValueError(f"invalid rate limit key {name!r}: use 1-128 letters, digits, '_', '.', ':', '-', "
+                         "starting with a letter or digit")
+    return name
+
+
+def limit_names(text: str) -> tuple[str, ...]:
+    """The rate limit keys of a task's ``limits`` field ("<key>=<cost>,..."), in its order."""
+    return tuple(item.rpartition("=")[0] for item in text.split(",") if item)
 
 
 def new_ulid() -> str:
@@ -202,6 +224,7 @@ class Keys:
         self.retention = f"{tag}:retention"
         self.periodic = f"{tag}:periodic"
         self.released = f"{tag}:released"  # tasks that ended with dependents waiting: parent id -> when (ms)
+        self.limits = f"{tag}:limits"  # rate limits: config, units used, pauses (lua/limit_admin.lua, claim.lua)
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"
@@ -219,6 +242,10 @@ class Keys:
     def deadlines(self, queue: str) -> str:
         """The queue's tasks that carry a deadline: task id -> the next one to check (ms, Redis clock)."""
         return f"{self.tag}:q:{queue}:deadlines"
+
+    def limit_log(self, name: str) -> str:
+        """A rate limit's admission log: "<attempt id> <cost>" -> when claimed (ms, Redis clock)."""
+        return f"{self.tag}:limit:{check_limit_name(name)}"
 
     def periodic_state(self, name: str) -> str:
         """A periodic schedule's state: its cursor, the tick being made, its last task, pause, counts."""

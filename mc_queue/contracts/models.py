@@ -125,6 +125,8 @@ class Attempt(_Record):
     elapsed_ms: int | None = None
     phase: str | None = None
     checkpoints: dict[str, Any] = Field(default_factory=dict)
+    limited: int = 0  # how many claims a rate limit deferred (lua/claim.lua E_LIMITED)
+    limited_by: str | None = None  # the last deferral's reason
     dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
 
     @property
@@ -180,6 +182,8 @@ class Attempt(_Record):
             phase=f.get("phase") or None,
             checkpoints={k[5:]: json.loads(v) for k, v in f.items() if k.startswith("ckpt.")},
             dispatches=int(f.get("dispatches") or 0),
+            limited=int(f.get("limited") or 0),
+            limited_by=f.get("limited_by") or None,
         )
 
 

@@ -75,6 +75,11 @@ mcq_dependents_total                       queue, outcome (released | canceled):
                                            others (after=[...]) released, or canceled by a parent that did
                                            not succeed
 mcq_released_pending                       parents ended whose dependents the sweeper has not released yet
+mcq_rate_limit_units                       key: units a rate limit admits per window (set ones only)
+mcq_rate_limit_window_seconds              key: its sliding window
+mcq_rate_limit_used                        key: units taken in the window ending now (Redis clock)
+mcq_rate_limit_paused                      key: 1 while a pause holds its claims (a provider's 429, an operator)
+mcq_rate_limit_deferred_total              key: claims it deferred (over the limit, or paused)
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -175,6 +180,23 @@ class NamespaceCollector(Collector):
         yield from self._counters({f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
         yield from _periodic(c.periodic.status())
         yield from self._deadlines(sorted(status), {f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
+        yield from self._limits()
+
+    def _limits(self) -> Iterator[Metric]:
+        """Each rate limit: its setting, the units in its window now, its pause, the claims it deferred."""
+        units = GaugeMetricFamily("mcq_rate_limit_units", "Units a rate limit admits per window", labels=["key"])
+        window = GaugeMetricFamily("mcq_rate_limit_window_seconds", "A rate limit's sliding window", labels=["key"])
+        used = GaugeMetricFamily("mcq_rate_limit_used", "Units taken in the window ending now", labels=["key"])
+        paused = GaugeMetricFamily("mcq_rate_limit_paused", "1 while a pause holds the key's claims", labels=["key"])
+        deferred = CounterMetricFamily("mcq_rate_limit_deferred", "Claims a rate limit deferred", labels=["key"])
+        for s in self.client.limits.all():
+            if s.limit is not None and s.window_ms is not None:
+                units.add_metric([s.key], s.limit)
+                window.add_metric([s.key], s.window_ms / 1000)
+                used.add_metric([s.key], s.used)
+            paused.add_metric([s.key], 1.0 if s.paused else 0.0)
+            deferred.add_metric([s.key], s.deferred)
+        yield from (units, window, used, paused, deferred)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

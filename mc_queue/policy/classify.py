@@ -51,6 +51,23 @@ class CapacityError(HandlerError):
     failure_class = FailureClass.CAPACITY
 
 
+class RateLimited(CapacityError):
+    """The provider behind rate limit ``key`` refused for capacity (a 429 with Retry-After): the worker
+    pauses that key fleet-wide for ``retry_after`` seconds (every claim of a task naming it waits) and the
+    Attempt fails as a capacity failure, retried after the pause; never counted as the same failure
+    repeating (poison). :meth:`from_response` reads an httpx response's Retry-After."""
+
+    def __init__(self, key: str, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message or f"rate limited by the provider of {key}", retry_after=retry_after)
+        self.key = key
+
+    @classmethod
+    def from_response(cls, key: str, response: Any, *, default_s: float = 1.0) -> RateLimited:
+        wait = _retry_after(response.headers.get("Retry-After"))
+        return cls(key, f"{response.status_code} from the provider of {key}", retry_after=default_s if wait is None
+                   else wait)
+
+
 class ProviderError(HandlerError):
     failure_class = FailureClass.PROVIDER
 
@@ -263,7 +280,7 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
     exhausted = None
     if attempt.number >= budget.max_attempts:
         exhausted = ("attempts", f"all {budget.max_attempts} attempts are used")
-    elif same_fp >= budget.max_same_fingerprint:
+    elif same_fp >= budget.max_same_fingerprint and failure.type != RateLimited.__qualname__:
         return Decision("quarantine", f"poison: the same failure ({failure.fingerprint}) happened {same_fp} times",
                         attention=attention("poison", f"the same failure repeated {same_fp} times; another attempt "
                                             "would fail the same way"), budget_exhausted="same_fingerprint")

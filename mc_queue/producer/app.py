@@ -18,15 +18,17 @@ nothing is ever imported from a name found in Redis. What a handler runs with is
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from ..client import DEFAULT_LEASE_MS
+from ..client.producer import limits_text
+from ..contracts.codec import check_int, check_seconds
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
-from ..contracts.keys import check_queue
+from ..contracts.keys import check_limit_name, check_queue
 from ..contracts.periodic import CatchUp, Overlap, PeriodicSchedule
 from ..policy.effects import Reconcile, mint_key
 from ..store.backend import DEFAULT_MAX_LEASE_MS
@@ -55,6 +57,7 @@ class HandlerSpec:
     timeout_s: float
     phases: tuple[str, ...] | None  # the declared order, or None: any name, in the order an Attempt reaches it
     reusable_phases: frozenset[str]
+    limits: Mapping[str, int] = field(default_factory=dict)  # rate limit key -> cost, its tasks' by default
 
 
 @dataclass
@@ -74,6 +77,8 @@ class App:
     retention: dict[str, Retention] = field(default_factory=dict)
     # name -> periodic schedule (app.periodic); published with the retention policies
     schedules: dict[str, PeriodicSchedule] = field(default_factory=dict)
+    # rate limit key -> (units, per seconds); published like retention (an operator's `mcq limits set` wins)
+    limits: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
@@ -81,6 +86,8 @@ class App:
         declares; an App that declares none leaves every schedule alone (a worker of a smaller App)."""
         for queue, policy in self.retention.items():
             client.operator.set_retention(check_queue(queue), policy, source="app")
+        for key, (units, per_s) in self.limits.items():
+            client.limits.set(key, units, per_s, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -115,6 +122,18 @@ class App:
         self.schedules[name] = schedule
         return schedule
 
+    def limit(self, key: str, units: int, *, per_s: float) -> None:
+        """Declare the rate limit of ``key`` ('github', 'model:openai'): ``units`` per sliding window of
+        ``per_s`` seconds, fleet-wide (published by ``mcq worker`` and ``mcq sweeper --app``; an operator's
+        ``mcq limits set`` wins). Tasks name the keys they need: ``@app.handler(..., limits={key: cost})``."""
+        try:
+            check_limit_name(key)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        check_int(units, what="units", low=1, high=999_999_999)
+        check_seconds(per_s, what="per_s", high=30 * 86_400)
+        self.limits[key] = (units, float(per_s))
+
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.
 
@@ -126,15 +145,16 @@ class App:
 
     def handler(self, name: str, *, queue: str | None = None, retry: RetryPolicy | None = None,
                 budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
-                phases: tuple[str, ...] | None = None,
-                reusable_phases: frozenset[str] | None = None) -> Callable[[Handler], Handler]:
+                phases: tuple[str, ...] | None = None, reusable_phases: frozenset[str] | None = None,
+                limits: Mapping[str, int] | None = None) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time.
 
         ``phases``: the checkpoint phases (``ctx.checkpoint(phase)``) in the order an Attempt must reach
         them; a phase not in the list stops the task as a configuration failure. Without it any phase
         name goes, in the order the Attempt first reaches it (a phase already reached cannot be recorded
         again with other data). ``reusable_phases``: phases whose data a later Attempt may reuse when
-        its scope binding is identical (default: ``source_capture_done``)."""
+        its scope binding is identical (default: ``source_capture_done``). ``limits``: the rate limits its
+        tasks need and the cost of each in units (``{"github": 1}``; :meth:`limit` sets a key's limit)."""
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise InvalidArgument(f"invalid handler name {name!r}: use 1-128 letters, digits, '_', '.', ':', '-'")
         if name in self.handlers:
@@ -159,11 +179,13 @@ class App:
             reusable = frozenset(reusable_phases)
         if ph is not None and not reusable <= set(ph):
             raise InvalidArgument(f"handler {name!r}: reusable phases {sorted(reusable - set(ph))} are not phases")
+        limits_text(limits)  # InvalidArgument for a bad key or cost, now rather than at enqueue
 
         def register(fn: Handler) -> Handler:
             self.handlers[name] = HandlerSpec(
                 name=name, fn=fn, queue=check_queue(queue or self.default_queue), retry=retry or self.retry,
-                budget=budget or self.budget, lease_ms=lease, timeout_s=timeout, phases=ph, reusable_phases=reusable)
+                budget=budget or self.budget, lease_ms=lease, timeout_s=timeout, phases=ph, reusable_phases=reusable,
+                limits=dict(limits or {}))
             return fn
 
         return register

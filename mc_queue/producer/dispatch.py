@@ -38,6 +38,9 @@ class _Spec(Protocol):
     @property
     def timeout_s(self) -> float: ...
 
+    @property
+    def limits(self) -> Mapping[str, int]: ...
+
 
 class Handlers(Protocol):
     """What the producer needs of an App: a handler's spec by name (InvalidArgument when unknown)."""
@@ -56,6 +59,7 @@ class AppClient:
     def enqueue(self, handler: str, payload: Any, *, idempotency_key: str | None = None, queue: str | None = None,
                 **manifest: Any) -> Task:
         spec = self.app.spec(handler)
+        manifest.setdefault("limits", spec.limits or None)
         task = self.client.producer.enqueue(queue or spec.queue, handler, payload, idempotency_key,
                                    retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
                                    timeout_s=spec.timeout_s, **manifest)
@@ -83,6 +87,7 @@ class AppClient:
                 raise InvalidArgument(f"item {i}: {exc}; each item needs a registered handler and a payload") \
                     from None
             queue = opts.pop("queue", None) or spec.queue
+            opts.setdefault("limits", spec.limits or None)
             try:
                 batch.append(NewTask(queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
                                      lease_ms=spec.lease_ms, timeout_s=spec.timeout_s, **opts))

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -37,7 +37,7 @@ from ..contracts.keys import Keys
 from ..contracts.models import NamespaceInfo
 from .lineage import Replication, SlotStore, Watermark, judge
 from .namespace import NamespaceState
-from .scripts import ACKNOWLEDGED, Items, ScriptRunner
+from .scripts import ACKNOWLEDGED, BatchCall, Items, ScriptRunner
 from .urls import DEFAULT_REPLICA_TIMEOUT_MS, MAX_MIN_REPLICAS, TRACK_MODES, make_redis, parse_url
 
 # The default lease: a heartbeat thread renews it every third (~3.3 s) whatever the handler does,
@@ -196,10 +196,10 @@ class Backend:
             self._follow_primary()
             raise
 
-    def run_batch(self, calls: list[tuple[str, Mapping[str, str], Mapping[str, Any]]]) -> list[Any]:
+    def run_batch(self, calls: Sequence[BatchCall]) -> list[Any]:
         """Idempotent scripts of any names in one round trip (:meth:`ScriptRunner.run_batch`), judged
         like :meth:`run`: the lineage first when one of them is an acknowledged write."""
-        acknowledged = [name for name, _, _ in calls if name in ACKNOWLEDGED]
+        acknowledged = [c[0] for c in calls if c[0] in ACKNOWLEDGED]
         if acknowledged:
             self._precheck(acknowledged[0])
         try:

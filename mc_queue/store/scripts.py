@@ -46,7 +46,7 @@ RESENDS = 3  # resends of an idempotent script after a connection error or a tim
 ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
-    "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many", "enqueue_after",
+    "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many", "enqueue_after", "limit_admin",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done
@@ -149,6 +149,8 @@ def specs() -> dict[str, ScriptSpec]:
 
 
 Items = Sequence[tuple[Mapping[str, str], Mapping[str, Any]]]  # a many-item script's (KEYS, ARGV) per item
+# One call of a batch: (script, KEYS, ARGV) or (script, KEYS, ARGV, items)
+BatchCall = tuple[str, Mapping[str, str], Mapping[str, Any]] | tuple[str, Mapping[str, str], Mapping[str, Any], Items]
 
 
 class Observer(Protocol):
@@ -280,7 +282,7 @@ class ScriptRunner:
                                  script=name) from last
         raise last
 
-    def run_batch(self, calls: Sequence[tuple[str, Mapping[str, str], Mapping[str, Any]]]) -> list[Any]:
+    def run_batch(self, calls: Sequence[BatchCall]) -> list[Any]:
         """Many calls of idempotent scripts, of any names, in one round trip (a worker's batch: the
         completions of what it ran and the claims of what it runs next). Each reply comes back as the
         script gave it, or as the exception object (one bad entry hides nothing). After a connection
@@ -288,14 +290,15 @@ class ScriptRunner:
         of the calls is an acknowledged write and ``min_replicas`` > 0 the batch ends with one WAIT,
         which covers every write before it on this connection: fewer confirmations raise
         :class:`~mc_queue.contracts.errors.ReplicationUnconfirmed` with the replies in ``.replies``
-        (applied on the primary only)."""
+        (applied on the primary only). A call may carry a fourth element: a many-item script's items.
+        """
         if not calls:
             return []
-        for name, _, _ in calls:
-            assert self.spec(name).idempotent, f"{name} is not idempotent: run it alone"
-        args = [(name, *self._args(name, k, a)) for name, k, a in calls]
-        tokens = [[o.before(name, k, a) for o in self.observers] for name, k, a in calls]
-        acknowledged = any(name in ACKNOWLEDGED for name, _, _ in calls) and (self.min_replicas > 0 or self.track)
+        for c in calls:
+            assert self.spec(c[0]).idempotent, f"{c[0]} is not idempotent: run it alone"
+        args = [(c[0], *self._args(c[0], c[1], c[2], c[3] if len(c) > 3 else ())) for c in calls]
+        tokens = [[o.before(c[0], c[1], c[2]) for o in self.observers] for c in calls]
+        acknowledged = any(c[0] in ACKNOWLEDGED for c in calls) and (self.min_replicas > 0 or self.track)
         last: Exception | None = None
         for i in range(self._resends + 1):
             try:
@@ -318,8 +321,8 @@ class ScriptRunner:
         for toks, out in zip(tokens, outs, strict=True):
             for o, t in zip(self.observers, toks, strict=True):
                 o.after(t, out)
-        wrote = [(name, out) for (name, _, _), out in zip(calls, outs, strict=True)
-                 if name in ACKNOWLEDGED and isinstance(out, list) and str(out[0]) in SUCCESS_CODES]
+        wrote = [(c[0], out) for c, out in zip(calls, outs, strict=True)
+                 if c[0] in ACKNOWLEDGED and isinstance(out, list) and str(out[0]) in SUCCESS_CODES]
         if acknowledged and wrote:
             if self.min_replicas and acked < self.min_replicas:
                 unconfirmed = replication_unconfirmed(wrote[0][0], acked=max(acked, 0), wanted=self.min_replicas,

@@ -37,10 +37,10 @@ from ..contracts.codec import canonical_json
 from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
 from ..contracts.failures import make_failure
 from ..contracts.frozen import expand
-from ..contracts.keys import parse_attempt_id
+from ..contracts.keys import limit_names, parse_attempt_id
 from ..contracts.models import Attempt, FailureClass, Lease, Manifest, Task
 from ..contracts.packing import LONG_MARK, join_long
-from ..policy.classify import Classified, classify, decision_for
+from ..policy.classify import Classified, RateLimited, classify, decision_for
 from ..policy.reconcile import Reconciler
 from ..producer.app import App, HandlerSpec
 from .context import Context, LeaseLost
@@ -49,6 +49,7 @@ from .workspace import CleanupReport, WorkspaceRoot
 log = logging.getLogger("mc_queue.worker")
 
 DEFAULT_GRACE_S = 30.0
+MAX_PAUSE_S = 3600.0  # the longest pause a provider's Retry-After sets on a rate limit key
 RQ_DEFAULT_TIMEOUT_S = int(Queue.DEFAULT_TIMEOUT)  # RQ's timeout for a job sent without one
 
 
@@ -90,6 +91,7 @@ class Admission:
     queue: str  # the task's mc_queue queue
     handler: str
     timeout_s: int  # the RQ job timeout, from the task's manifest (what the producer sets)
+    limits: tuple[str, ...] = ()  # the task's rate limit keys (its claim takes their units)
 
 
 class Refusal(Exception):
@@ -127,7 +129,7 @@ def admit_many(rt: Runtime, messages: Sequence[tuple[Any, Any]]) -> list[Admissi
             out[i] = Refusal(str(exc), attempt=attempt_id)
             continue
         tk = rt.client.keys.task(task_id)
-        pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest", f"{n}.state"])
+        pipe.hmget(tk.task, ["queue", "handler", "manifest", "payload_digest", f"{n}.state", "limits"])
         pipe.hmget(tk.attempts_v1, [f"{n}.state", f"{n}.manifest"])  # (a task written before 2026-12)
         reads.append((i, task_id, n))
     replies = pipe.execute() if reads else []
@@ -141,7 +143,7 @@ def admit_many(rt: Runtime, messages: Sequence[tuple[Any, Any]]) -> list[Admissi
 
 def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any], old: list[Any]) -> Admission:
     ns = rt.client.keys.prefix
-    (queue, handler, manifest, payload_digest, state), (old_state, attempt_manifest) = own, old
+    (queue, handler, manifest, payload_digest, state, limits), (old_state, attempt_manifest) = own, old
     state = state or old_state
     if (manifest or "")[:1] == LONG_MARK:  # a manifest over 64 bytes, kept in chunks (its fields manifest#<i>)
         manifest = join_long(cast(dict[str, str], rt.client.redis.hgetall(rt.client.keys.task(task_id).task))
@@ -162,7 +164,8 @@ def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any
             timeout_s = Manifest.model_validate_json(
                 expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
     return Admission(prefix=ns, attempt_id=attempt_id, task_id=task_id, number=n, queue=str(queue),
-                     handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S)
+                     handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S,
+                     limits=limit_names(str(limits or "")))
 
 
 def run_attempt(prefix: str, attempt_id: str, lease_ms: int | None = None) -> dict[str, Any]:
@@ -185,7 +188,8 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     failpoints.hit("attempt.before_claim", attempt=adm.attempt_id, worker=rt.worker_id)
     try:
         lease = rt.client.leases.claim_attempt(adm.task_id, rt.worker_id, lease_ms=None, expect_attempt=adm.number,
-                                               request_id=uuid.uuid4().hex, with_task=True, budget_s=adm.timeout_s)
+                                               request_id=uuid.uuid4().hex, with_task=True, budget_s=adm.timeout_s,
+                                               limits=adm.limits)
     except (TransitionRefused, ReplicationUnconfirmed) as exc:
         return not_claimed(rt, adm, exc)
     started = start_claimed(rt, adm, lease)
@@ -270,6 +274,12 @@ def finish_started(rt: Runtime, st: Started, *, defer: list[Completion] | None =
         outcome = _acknowledge(client, rt, attempt_id, st.lease.fence)
     except JobTimeoutException as exc:
         outcome = _timed_out(client, rt, attempt_id, ctx, exc)
+    except RateLimited as exc:  # the provider said so: every worker holds the key's claims until Retry-After
+        with contextlib.suppress(McqError, redis.RedisError):
+            client.limits.pause(exc.key, min(max(exc.retry_after or 1.0, 0.001), MAX_PAUSE_S), source="worker",
+                                reason=f"{exc} (attempt {attempt_id}, worker {rt.worker_id})"[:2000],
+                                actor=rt.worker_id)
+        outcome = _fail(client, rt, task, ctx.attempt, st.lease.fence, classify(exc), exc)
     except Exception as exc:
         outcome = _fail(client, rt, task, ctx.attempt, st.lease.fence, classify(exc), exc)
     except BaseException:

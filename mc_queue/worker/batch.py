@@ -143,7 +143,8 @@ class McqBatchWorker(McqSimpleWorker):
                 if not ready:
                     break
                 chunk, ready = ready[:size], ready[size:]
-                claims = [leases.claim_request(adm.task_id, expect_attempt=adm.number, budget_s=adm.timeout_s)
+                claims = [leases.claim_request(adm.task_id, expect_attempt=adm.number, budget_s=adm.timeout_s,
+                                               limits=adm.limits)
                           for _, adm in chunk]
                 got = self._round_trip(rt, deferred, claims)
                 deferred = []

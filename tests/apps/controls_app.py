@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mc_queue import App, Backoff, Budget, Context, RetryPolicy
+from mc_queue import App, Backoff, Budget, Context, RateLimited, RetryPolicy
 from tests.apps.effects_app import forge, reconcile_pr
 
 app = App(name="test-controls", default_queue="controls",
@@ -36,3 +36,29 @@ def budgeted(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         prs.close()
     return {"left_s": left, "deadline_ms": ctx.deadline_ms, "pull_request": pr["number"]}
+
+
+# ------------------------------------------------------------------------------ rate limits
+
+app.limit("api", 3, per_s=1.0)
+
+
+@app.handler("limited", limits={"api": 1})
+def limited(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Calls the provider once (one unit of 'api'): the forge counts what reaches it."""
+    prs = forge()
+    try:
+        pr = ctx.effect("open-pr", str(payload["id"]),
+                        lambda key: prs.open_pr(key, repo="acme/app", head=f"l-{payload['id']}", base="main",
+                                                title="t", fence=ctx.fence))
+    finally:
+        prs.close()
+    return {"pull_request": pr["number"], "at": ctx.now_ms()}
+
+
+@app.handler("throttled", limits={"api": 1}, budget=Budget(max_attempts=5))
+def throttled(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """The provider answers 429 with Retry-After to the first Attempt: the key is paused fleet-wide."""
+    if ctx.attempt.number == 1:
+        raise RateLimited("api", "429 from the provider", retry_after=float(payload["retry_after"]))
+    return {"attempt": ctx.attempt.number, "at": ctx.now_ms()}

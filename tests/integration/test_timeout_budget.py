@@ -5,37 +5,18 @@ than is left is refused before it starts (no intent, nothing at the provider) an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 import mc_queue
 from mc_queue import TaskState
 from mc_queue.contracts.models import FailureClass
-from mc_queue.testing import ForgeServer, RedisServer
+from mc_queue.testing import ForgeServer
 from tests.apps import controls_app
 from tests.harness import Harness, redis_ms
 
 APP = "tests.apps.controls_app:app"
-
-
-@pytest.fixture
-def forge() -> Iterator[ForgeServer]:
-    with ForgeServer() as server:
-        yield server
-
-
-@pytest.fixture
-def h(redis_server: RedisServer, prefix: str, tmp_path: Path, forge: ForgeServer,
-      monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("MCQ_TEST_FORGE", forge.url)
-    harness = Harness(redis_server, prefix, tmp_path / "home", {"MCQ_TEST_FORGE": forge.url})
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def test_the_claim_sets_the_deadline_on_redis_clock_and_a_resend_gets_the_same(q: mc_queue.Client) -> None:
@@ -81,7 +62,9 @@ def test_a_bad_budget_is_refused_before_anything_is_sent(q: mc_queue.Client, bad
     assert q.redis.hgetall(q.keys.task(t.id).task) == before
 
 
-def test_a_call_that_fits_the_budget_runs_and_the_handler_sees_what_is_left(h: Harness, forge: ForgeServer) -> None:
+def test_a_call_that_fits_the_budget_runs_and_the_handler_sees_what_is_left(controls: Harness,
+                                                                            forge: ForgeServer) -> None:
+    h = controls
     ac = h.app_client(controls_app.app)
     task = ac.enqueue("budgeted", {"id": 1, "needs_s": 1.0, "sleep_s": 0.2})
     done = h.drive(task.id, app=APP)
@@ -93,7 +76,8 @@ def test_a_call_that_fits_the_budget_runs_and_the_handler_sees_what_is_left(h: H
     assert sum(forge.count_by_key().values()) == 1
 
 
-def test_a_call_that_would_exceed_the_budget_is_refused_before_it_starts(h: Harness, forge: ForgeServer) -> None:
+def test_a_call_that_would_exceed_the_budget_is_refused_before_it_starts(controls: Harness, forge: ForgeServer) -> None:
+    h = controls
     ac = h.app_client(controls_app.app)
     task = ac.enqueue("budgeted", {"id": 2, "needs_s": 1.0, "sleep_s": 2.2})
     done = h.drive(task.id, app=APP)

@@ -12,12 +12,14 @@ import mc_queue.cli
 from mc_queue.cli import main
 
 EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split; `wait`, `schedule`)
-    "mcq": ["archive", "attention", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health", "metrics",
+    "mcq": ["archive", "attention", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health", "limits",
+            "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
             "show", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
     "mcq dlq": ["list", "purge", "replay", "show"],
     "mcq health": ["worker"],
+    "mcq limits": ["delete", "pause", "resume", "set"],
     "mcq providers": ["serve", "start", "stop"],
     "mcq queue": ["pause", "resume"],
     "mcq schedule": ["list", "pause", "resume", "trigger"],

@@ -1,0 +1,83 @@
+-- mc_queue: limit_admin
+-- Set, delete, pause or resume a rate limit ('<limit> units per <window_ms>' of a key such as 'github' or
+-- 'model:openai', checked and taken by each claim of a task that names the key: lua/claim.lua). A pause
+-- holds every claim of the key until its end (a provider's 429 with Retry-After, paused fleet-wide by the
+-- worker that saw it, or an operator); pausing a paused key keeps the later end. An App's limit ('app')
+-- does not replace one an operator set ('operator'): that is NOOP. Each change is recorded in the
+-- namespace log with who and why; no task changes state.
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
+--                    "<key>|why", "<key>|next"
+-- KEYS[5] log        the key's admission log (delete drops it)
+-- ARGV[1] epoch
+-- ARGV[2] actor
+-- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume'
+-- ARGV[4] key        the limit's key
+-- ARGV[5] limit      units admitted per window (set), else ''
+-- ARGV[6] window_ms  the sliding window (set; at most 30 days), else ''
+-- ARGV[7] for_ms     how long a pause holds, from now on Redis's clock (pause; at most 30 days), else ''
+-- ARGV[8] source     'operator' | 'app' | 'worker': who sets it
+-- ARGV[9] reason     why, recorded (a pause's reason is what deferred claims say)
+-- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}) | {'NOOP', why}
+--          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
+-- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed
+-- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
+--@include common
+
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], limits = KEYS[4], log = KEYS[5]}
+local MAX_WINDOW_MS = 2592000000
+local A, bad = args(ARGV, {
+  'epoch', 'epoch', false, false,
+  'actor', 'id', 200, false,
+  'op', 'enum', '|set|delete|pause|resume|', false,
+  'key', 'lkey', false, false,
+  'limit', 'int?', 1, 999999999,
+  'window_ms', 'int?', 1, MAX_WINDOW_MS,
+  'for_ms', 'int?', 1, MAX_WINDOW_MS,
+  'source', 'enum', '|operator|app|worker|', false,
+  'reason', 'text', 2000, false,
+})
+if bad then return bad end
+if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
+if A.op == 'set' and not (A.limit and A.window_ms) then return {'E_BADARG', 'set needs a limit and a window_ms'} end
+if A.op == 'pause' and not A.for_ms then return {'E_BADARG', 'pause needs for_ms'} end
+if A.op ~= 'set' and (A.limit or A.window_ms) then return {'E_BADARG', 'limit and window_ms are for set only'} end
+if A.op ~= 'pause' and A.for_ms then return {'E_BADARG', 'for_ms is for pause only'} end
+if A.reason == '' then return {'E_BADARG', 'reason: say why (it is recorded)'} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
+if err then return err end
+
+local ts = now_ms()
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused')
+local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
+local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
+if A.op == 'set' then
+  local value = A.raw.limit .. ' ' .. A.raw.window_ms .. ' ' .. A.source
+  if source == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set limit ' .. A.key .. ' (' .. lim .. ' per ' .. win .. ' ms): the App does not replace it'}
+  end
+  if c[1] == value then return {'NOOP', 'limit ' .. A.key .. ' is already ' .. lim .. ' per ' .. win .. ' ms'} end
+  redis.call('HSET', K.limits, A.key, value)
+  emit(K.nslog, 'limit_set', {'limit', A.raw.limit, 'window_ms', A.raw.window_ms, unpack(ev)})
+  return {'OK', 'set', ts}
+elseif A.op == 'delete' then
+  if not c[1] and not c[2] then return {'NOOP', 'no limit ' .. A.key} end
+  redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next')
+  redis.call('DEL', K.log)
+  emit(K.nslog, 'limit_deleted', ev)
+  return {'OK', 'delete', ts}
+elseif A.op == 'pause' then
+  local untl = ts + A.for_ms
+  local held = tonumber(c[2] or '')
+  if held and held >= untl then return {'NOOP', 'limit ' .. A.key .. ' is paused until ' .. c[2] .. ' ms already'} end
+  redis.call('HSET', K.limits, A.key .. '|paused', fmt(untl), A.key .. '|why', A.reason)
+  emit(K.nslog, 'limit_paused', {'until', fmt(untl), unpack(ev)})
+  return {'OK', 'pause', untl}
+end
+local held = tonumber(c[2] or '')
+if not held or held <= ts then return {'NOOP', 'limit ' .. A.key .. ' is not paused'} end
+redis.call('HDEL', K.limits, A.key .. '|paused', A.key .. '|why')
+emit(K.nslog, 'limit_resumed', ev)
+return {'OK', 'resume', ts}
