@@ -249,7 +249,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench", "delay_ms": "", "run_at_ms": "", "start_by_ms": "",
-                "finish_by_ms": "", "priority": ""}, client=pipe)
+                "finish_by_ms": "", "priority": "", "limits": ""}, client=pipe)
         for reply in pipe.execute():
             assert reply[0] == "OK", reply
         pipe = q.writer.pipeline(transaction=False)
@@ -259,9 +259,9 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 **q.backend.ns_keys(), "stats": keys.stats,
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "fence": tk.fence,
-                "lease": tk.lease, "paused": keys.paused,
+                "lease": tk.lease, "paused": keys.paused, "limits": keys.limits,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
-                "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": ""}, client=pipe)
+                "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": "", "budget_ms": ""}, client=pipe)
         for tid, reply in zip(chunk, pipe.execute(), strict=True):
             assert reply[0] == "OK", reply
             leases.append((tid, int(reply[1]), int(reply[2])))

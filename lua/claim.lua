@@ -22,7 +22,7 @@
 -- KEYS[12] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
 -- KEYS[13] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
 -- KEYS[14] limits    rate limits (limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>", "<key>|used",
---                    "<key>|paused", "<key>|why", "<key>|next"
+--                    "<key>|paused", "<key>|why", "<key>|next" (the next free slot of a deferred Attempt)
 -- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
 --                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
@@ -40,9 +40,10 @@
 -- Rate limits: a task that names limits ('limits' field, enqueue) is claimed only when each configured one
 -- has room for its cost in the sliding window ending now (Redis clock) and none is paused: then every
 -- one takes its units (an entry in its log), all or none. Otherwise the Attempt is not claimed: it stays
--- pending with no lease, due again when the units return (the oldest entries leave the window; several
--- deferred Attempts of a key one slot apart, its 'next'), its dispatch record cleared so the sweeper
--- sends it then (E_LIMITED). A key with no limit set is not limited (a pause still holds it).
+-- pending with no lease, due again when its units return (E_LIMITED), its dispatch record cleared so the
+-- sweeper sends it then. Deferred Attempts of a key are due one slot (window / limit * cost) apart from
+-- its 'next': a backlog does not wake all at once for one returning unit (which would cost a claim per
+-- waiting Attempt per unit), and a limit used in a burst is used evenly after it. A key with no limit set is not limited (a pause still holds it).
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at, deadline_ms[, task, attempts]}
 --          | {'DUP', ...same...}  (deadline_ms: '' when the Attempt has none)
 --          | {'E_LIMITED', why, due_ms} (over a rate limit or paused: offered again at due_ms)
@@ -72,9 +73,11 @@ local A, bad = args(ARGV, {
   'budget_ms', 'int?', 1, MAX_INT,
 }, {'limit_key', 'lkey', false, false}, 0, true)
 if bad then return bad end
-if #KEYS ~= 14 + #A.items then return {'E_BADARG', 'expected a log key for each of the ' .. #A.items .. ' limits'} end
+local ITEMS = each_keys(KEYS, 15, {'log'}, #A.items)
+if not ITEMS then return {'E_BADARG', 'expected a log key for each of the ' .. #A.items .. ' limits'} end
 for i, I in ipairs(A.items) do
-  if string.sub(KEYS[14 + i], -(#I.limit_key + 7)) ~= ':limit:' .. I.limit_key then
+  local K = ITEMS[i]  -- (the item's keys)
+  if string.sub(K.log, -(#I.limit_key + 7)) ~= ':limit:' .. I.limit_key then
     return {'E_BADARG', 'item ' .. i .. ': log is not the log of limit ' .. I.limit_key, i}
   end
 end
@@ -140,16 +143,19 @@ end
 
 -- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
 -- that left the window), and when the units this task needs come back (the oldest entries in the window).
-local function units(log, used, win)
-  local gone, old = 0, redis.call('ZRANGEBYSCORE', log, '-inf', ts - win)
+-- (In these loops K is a limit's: its log, and the namespace's limits hash and stats.)
+for _, it in ipairs(ITEMS) do it.limits, it.stats = K.limits, K.stats end
+local function units(K, used, win)
+  local gone, old = 0, redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
   for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
   return used - gone, #old
 end
 local plan, over_at, over_why = {}, nil, nil
 for i, w in ipairs(wanted) do
-  local name, cost, log = w[1], w[2], KEYS[14 + i]
+  local K = ITEMS[i]
+  local name, cost = w[1], w[2]
   local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next')
-  local st = {name = name, cost = cost, log = log, next = tonumber(c[5] or '')}
+  local st = {name = name, cost = cost, K = K, next = tonumber(c[5] or '')}
   local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
   st.lim, st.win = tonumber(lim), tonumber(win)
   local at, why_l = nil, nil
@@ -157,23 +163,24 @@ for i, w in ipairs(wanted) do
   if paused and paused > ts then
     at, why_l = paused, 'paused until ' .. c[3] .. ' ms (Redis clock): ' .. (c[4] or '')
   elseif st.lim then
-    st.used = redis.call('EXISTS', log) == 1 and (tonumber(c[2] or '0') or 0) or 0  -- (a log that expired: none)
-    local inwin, old = units(log, st.used, st.win)
+    st.used = redis.call('EXISTS', K.log) == 1 and (tonumber(c[2] or '0') or 0) or 0  -- (a log that expired: none)
+    local inwin, old = units(K, st.used, st.win)
     st.inwin, st.old = inwin, old
     if inwin + cost > st.lim then
       why_l = inwin .. ' of ' .. st.lim .. ' units used in the last ' .. st.win .. ' ms, ' .. cost .. ' wanted'
       if cost > st.lim then
         at, why_l = ts + st.win, 'a cost of ' .. cost .. ' is above the limit of ' .. st.lim .. ' per ' .. st.win ..
           ' ms: never admitted until the limit is raised'
-      else
+      else  -- when enough units leave the window: the oldest entries in it, in order
         local need, freed = inwin + cost - st.lim, 0
-        local e = redis.call('ZRANGEBYSCORE', log, '(' .. fmt(ts - st.win), '+inf', 'WITHSCORES', 'LIMIT', 0, need)
+        local e = redis.call('ZRANGEBYSCORE', K.log, '(' .. fmt(ts - st.win), '+inf', 'WITHSCORES', 'LIMIT', 0, need)
         for j = 1, #e, 2 do
           freed = freed + (tonumber(string.match(e[j], ' (%d+)$')) or 0)
           at = tonumber(e[j + 1]) + st.win
           if freed >= need then break end
         end
         if freed < need then at = ts + st.win end  -- (a running total ahead of its log: the window clears it)
+        st.slotted = true
       end
     end
   end
@@ -184,19 +191,17 @@ for i, w in ipairs(wanted) do
   plan[i] = st
 end
 if over_at then
-  -- Offered again when the units return; several deferred Attempts of a key one slot (window / limit *
-  -- cost) apart, so that a backlog does not wake all at once for one returning unit.
+  -- Offered again when its units return (the latest of its limits'), never before the next free slot.
   for _, st in ipairs(plan) do
-    if st.over and st.lim and st.next and st.next > over_at then over_at = st.next end
+    if st.slotted and st.next and st.next > over_at then over_at = st.next end
   end
   local due_s = fmt(over_at)
   for _, st in ipairs(plan) do
-    if st.over then
-      if st.lim then
-        redis.call('HSET', K.limits, st.name .. '|next', fmt(over_at + math.ceil(st.win * st.cost / st.lim)))
-      end
-      redis.call('HINCRBY', K.stats, 'limited|' .. st.name, 1)
+    local K = st.K
+    if st.slotted then
+      redis.call('HSET', K.limits, st.name .. '|next', fmt(over_at + math.ceil(st.win * st.cost / st.lim)))
     end
+    if st.over then redis.call('HINCRBY', K.stats, 'limited|' .. st.name, 1) end
   end
   aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', over_why})
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
@@ -224,10 +229,11 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
 for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units
+  local K = st.K
   if st.lim then
-    if st.old > 0 then redis.call('ZREMRANGEBYSCORE', st.log, '-inf', ts - st.win) end
-    redis.call('ZADD', st.log, ts_s, aid .. ' ' .. st.cost)
-    redis.call('PEXPIRE', st.log, st.win + 1000)  -- (idle for a window: nothing in it counts any more)
+    if st.old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - st.win) end
+    redis.call('ZADD', K.log, ts_s, aid .. ' ' .. st.cost)
+    redis.call('PEXPIRE', K.log, st.win + 1000)  -- (idle for a window: nothing in it counts any more)
     redis.call('HSET', K.limits, st.name .. '|used', fmt(st.inwin + st.cost))
   end
 end

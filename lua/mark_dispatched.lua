@@ -15,7 +15,10 @@
 -- ARGV[2] recheck_ms when it is due to be looked at again if nobody claimed it (reported)
 -- ARGV[3] actor
 -- ARGV[4] epoch
--- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, or no such task)
+-- An Attempt not due yet (a rate limit deferred its claim meanwhile) counts the dispatch but keeps no
+-- dispatched_at: the sweeper sends it when it comes due.
+-- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, not due yet, or no
+--          such task)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: orphan_index_entry (nslog, an old schedule's entry naming no task)
 -- Idempotent: yes (a resend counts one more dispatch: a count, never a state)
@@ -48,5 +51,8 @@ if state ~= 'pending' then return {'NOOP', 'attempt is ' .. tostring(state)} end
 local ts = now_ms()
 local due = tonumber(aget(K.attempts, n, 'due_at') or '0') or 0
 redis.call('HINCRBY', K.attempts, n .. '.dispatches', 1)
+-- Not due yet (a claim deferred it for a rate limit while this send was on its way): no dispatch on file,
+-- so the sweeper sends it again when it comes due (Schedule.came_due looks only at undispatched ones).
+if due > ts then return {'NOOP', 'attempt ' .. n .. ' is not due for ' .. fmt(due - ts) .. ' ms'} end
 aset(K.attempts, n, {'dispatched_at', ts})
 return {'OK', math.max(ts, due) + A.recheck_ms}

@@ -313,6 +313,23 @@ class LeaseHolder(Role):
         raise_for_reply(reply, script="checkpoint", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return bool(reply[0] == Code.OK)
 
+    def stamp_limit(self, attempt_id: str, fence: int, key: str, *, worker_id: str = "") -> int | None:
+        """The tool gateway of rate limit ``key`` (one the task names): the Attempt is about to call its
+        provider, and the units its claim took count from now (fenced; ``lua/limit_stamp.lua``). Returns
+        the time stamped (ms, Redis clock), None when the key has no limit set. :class:`OverLimit` when the
+        call comes more than a window after the claim and the units are taken (``due_ms``: when back)."""
+        task_id, n, tk = self._attempt(attempt_id)
+        try:
+            log = self.keys.limit_log(key)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        reply = self._run("limit_stamp", {
+            **self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
+            "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease, "limits": self.keys.limits, "log": log,
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key})
+        raise_for_reply(reply, script="limit_stamp", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
+        return int(reply[1]) if reply[1] else None
+
     def effect_begin(self, attempt_id: str, fence: int, key: str, record: Mapping[str, Any], *,
                      worker_id: str = "") -> tuple[str, EffectRecord | None]:
         """Persist an effect's intent (fenced). Returns ("OK", None) to go ahead, ("DONE", record) to

@@ -53,14 +53,15 @@ class Schedule(Role):
         more = len(page) == limit and len(due) == limit
         return out, offset + limit if more else 0
 
-    def came_due(self, cursors: Mapping[str, tuple[int, int]], *,
-                 limit: int = 500) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    def came_due(self, cursors: Mapping[str, tuple[int, int]], *, limit: int = 500,
+                 next_due: dict[str, int] | None = None) -> tuple[list[str], dict[str, tuple[int, int]]]:
         """What came due in each queue since its cursor ``(score, seen)`` (the due time reached and how
         many entries at it were already looked at): the Attempts whose due time was set (a scheduled
         task, a retry after its backoff) that are pending and were never handed to the transport. A
         plain Attempt 1 is sent by its producer at enqueue, so it is left to :meth:`dispatch_walk`.
         Returns them and each queue's next cursor; cost grows with what came due (two round trips,
-        three when something did), not with what waits."""
+        three when something did), not with what waits. ``next_due``: filled with each queue's next due time
+        (ms, Redis clock) among the entries read, when one was not due yet (when to look next), and 'now'."""
         check_int(limit, what="limit", low=1, high=10_000)
         queues = sorted(cursors)
         for queue in queues:
@@ -74,6 +75,10 @@ class Schedule(Role):
         now = int(now_s) * 1000 + int(now_us) // 1000
         nxt: dict[str, tuple[int, int]] = {}
         due: list[str] = []
+        nexts = next_due
+        if nexts is not None:
+            nexts.clear()
+            nexts["now"] = now
         for queue, page in zip(queues, pages, strict=True):
             score, seen = cursors[queue]
             last = score
@@ -81,6 +86,8 @@ class Schedule(Role):
             for tid, s in page:
                 if s > now:
                     ahead = True
+                    if nexts is not None and s != float("inf"):
+                        nexts[queue] = int(s)
                     break
                 due.append(str(tid))
                 last = int(s)

@@ -236,7 +236,8 @@ def replication_unconfirmed(script: str, *, acked: int, wanted: int, timeout_ms:
         code="UNCONFIRMED")
 
 
-_FENCED_SCRIPTS = frozenset({"renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack"})
+_FENCED_SCRIPTS = frozenset({"renew", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel_ack",
+                             "limit_stamp"})
 _STATE_MESSAGES: dict[str, Callable[[str, str], str]] = {
     "cancel": lambda where, first: f"cancel of {where} refused: the task is {first} already",
     "dlq_replay": lambda where, first: f"replay of {where} refused: the task is {first}, not quarantined",
@@ -287,7 +288,7 @@ def raise_for_reply(
         holder = f" (held by {second})" if second else ""
         raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
     if code is Code.E_LIMITED:
-        raise OverLimit(f"claim of {where} deferred: {first}; offered again at {second} ms (Redis clock)",
+        raise OverLimit(f"{script} of {where} deferred: {first}; units back at {second} ms (Redis clock)",
                           due_ms=int(second) if second.isdigit() else 0, **ctx)
     if code is Code.E_LIMITKEYS:
         raise LimitKeysChanged(f"claim of {where} named other rate limits than the task's ({first or 'none'})",

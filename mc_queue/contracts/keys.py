@@ -40,7 +40,7 @@ Key schema (``P`` = ``{prefix}``)::
     P:limits               hash   rate limits (lua/limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>" (cost
                                   units admitted per sliding window), "<key>|used" (units in the log), "<key>|paused"
                                   (until, ms: a provider's 429), "<key>|why" (the pause's reason), "<key>|next" (the
-                                  next re-offer slot of a deferred claim); the claim checks and takes units
+                                  next free slot of a deferred claim); the claim checks and takes units
     P:limit:<key>          zset   a rate limit's admission log: "<attempt id> <cost>" -> when it was claimed (ms);
                                   entries older than the window are dropped by the next claim
     P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses

@@ -110,6 +110,7 @@ class Sweeper:
         self._rq: redis.Redis | None = None
         self._walk: dict[str, int] = {}  # queue -> rank in its pending index where the dispatch walk goes on
         self._came_due: dict[str, tuple[int, int]] = {}  # queue -> (due time, entries at it) promote reached
+        self.next_due_s: float | None = None  # from the last promote: seconds to the next due time it saw
         self._tidied_at = float("-inf")
         self.archive = archive
         self.pack_after_ms = pack_after_ms
@@ -319,7 +320,10 @@ class Sweeper:
         cursors = {queue: self._came_due[queue] for queue in live}
         if not cursors:
             return report.dispatched
-        due, self._came_due = self.client.schedule.came_due(cursors, limit=self.batch)
+        ahead: dict[str, int] = {}
+        due, self._came_due = self.client.schedule.came_due(cursors, limit=self.batch, next_due=ahead)
+        now_ms = ahead.pop("now", now)
+        self.next_due_s = (min(ahead.values()) - now_ms) / 1000 if ahead else None
         self._send(due, report)
         return report.dispatched
 
@@ -468,7 +472,10 @@ class Sweeper:
             # Between passes, what comes due (a scheduled task, a retry's backoff ended) is sent
             # within promote_every_s of its due time, not at the next pass.
             while (left := interval_s - (time.monotonic() - t0)) > 0:
-                time.sleep(min(left, promote_every_s))
+                # (sooner when the last look saw the next due time coming: a rate limit's units returning)
+                soon = self.next_due_s
+                self.next_due_s = None
+                time.sleep(min(left, promote_every_s, promote_every_s if soon is None else max(0.002, soon)))
                 if promote_every_s < left:
                     try:
                         self.promote()

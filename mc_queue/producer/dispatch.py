@@ -38,8 +38,11 @@ class _Spec(Protocol):
     @property
     def timeout_s(self) -> float: ...
 
-    @property
-    def limits(self) -> Mapping[str, int]: ...
+
+def _limits(spec: _Spec) -> Mapping[str, int] | None:
+    """A handler's rate limits (``HandlerSpec.limits``); a spec of its own making may not have any."""
+    limits: Mapping[str, int] | None = getattr(spec, "limits", None)
+    return limits or None
 
 
 class Handlers(Protocol):
@@ -59,7 +62,7 @@ class AppClient:
     def enqueue(self, handler: str, payload: Any, *, idempotency_key: str | None = None, queue: str | None = None,
                 **manifest: Any) -> Task:
         spec = self.app.spec(handler)
-        manifest.setdefault("limits", spec.limits or None)
+        manifest.setdefault("limits", _limits(spec))
         task = self.client.producer.enqueue(queue or spec.queue, handler, payload, idempotency_key,
                                    retry_policy=spec.retry, budget=spec.budget, lease_ms=spec.lease_ms,
                                    timeout_s=spec.timeout_s, **manifest)
@@ -87,7 +90,7 @@ class AppClient:
                 raise InvalidArgument(f"item {i}: {exc}; each item needs a registered handler and a payload") \
                     from None
             queue = opts.pop("queue", None) or spec.queue
-            opts.setdefault("limits", spec.limits or None)
+            opts.setdefault("limits", _limits(spec))
             try:
                 batch.append(NewTask(queue, handler, payload, retry_policy=spec.retry, budget=spec.budget,
                                      lease_ms=spec.lease_ms, timeout_s=spec.timeout_s, **opts))

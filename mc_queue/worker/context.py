@@ -25,9 +25,16 @@ import redis
 from ..client import Client
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json, check_seconds, digest
-from ..contracts.errors import CancelRequested, InvalidArgument, McqError, PhaseOutOfOrder, WriteRefused
+from ..contracts.errors import (
+    CancelRequested,
+    InvalidArgument,
+    McqError,
+    OverLimit,
+    PhaseOutOfOrder,
+    WriteRefused,
+)
 from ..contracts.models import Attempt, Heartbeat, Manifest, Task
-from ..policy.classify import BudgetExceeded, ConfigurationFailure, TimeoutBudgetExceeded
+from ..policy.classify import BudgetExceeded, CapacityError, ConfigurationFailure, TimeoutBudgetExceeded
 from ..policy.effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from ..producer.app import HandlerSpec
 
@@ -215,6 +222,19 @@ class Context:
                 f"{what} needs up to {needs_s:g}s and {left:.3f}s are left of attempt {self.attempt_id}'s timeout "
                 f"budget (it ends at {self.deadline_ms} ms, Redis clock): not started")
         return needs_s
+
+    def calling(self, key: str) -> None:
+        """The tool gateway of rate limit ``key`` (one the task names in ``limits``): say so right before
+        the call to its provider, and the units the claim took count from now, not from the claim: a
+        provider that counts calls then sees no more than the limit in any window, however long the
+        Attempt took to get to its call (one round trip). A call more than a window after the claim takes
+        the units again, or raises :class:`CapacityError` (retried when they are back) when others took them."""
+        self.check()
+        try:
+            self._fenced(lambda: self.client.leases.stamp_limit(self.attempt_id, self.fence, key,
+                                                                worker_id=self.worker_id))
+        except OverLimit as exc:
+            raise CapacityError(str(exc), retry_after=max(0.0, (exc.due_ms - self.now_ms()) / 1000)) from exc
 
     # -- the handler's calls
 

@@ -36,6 +36,17 @@ def task_limits(q: mc_queue.Client, task: mc_queue.Task) -> tuple[str, ...]:
     return limit_names(str(q.redis.hget(q.keys.task(task.id).task, "limits") or ""))
 
 
+def first_came_due(q: mc_queue.Client, since_ms: int) -> list[str]:
+    """What the sweeper's look between passes finds due in queue jobs from ``since_ms``, once something is."""
+    cursors: dict[str, tuple[int, int]] = {"jobs": (since_ms, 0)}
+    sent: list[str] = []
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        sent, cursors = q.schedule.came_due(cursors)
+        time.sleep(0.01)
+    return sent
+
+
 def test_within_the_limit_claims_take_units_and_the_next_one_over_it_holds_nothing(q: mc_queue.Client) -> None:
     assert q.limits.set(LIMIT, 2, per_s=60, reason="github allows 2 a minute here")
     tasks = [q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1}) for i in range(3)]
@@ -133,14 +144,18 @@ def test_a_pause_holds_every_claim_of_the_key_until_it_ends_or_is_resumed(q: mc_
 def test_deferred_attempts_are_offered_again_one_slot_apart(q: mc_queue.Client) -> None:
     q.limits.set(LIMIT, 4, per_s=2, reason="4 per 2 s: a slot is 500 ms")
     tasks = [q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1}) for i in range(7)]
-    for t in tasks[:4]:
+    first = claim(q, tasks[0]).claimed_now_ms
+    for t in tasks[1:4]:
         claim(q, t)
     dues = []
     for t in tasks[4:]:
         with pytest.raises(OverLimit) as over:
             claim(q, t)
         dues.append(over.value.due_ms)
+    # the first when the oldest unit returns, the others a slot apart (not all at once for one unit)
+    assert dues[0] == first + 2000
     assert [b - a for a, b in itertools.pairwise(dues)] == [500, 500]
+    assert q.limits.status(LIMIT).deferred == 3
 
 
 def test_claiming_without_the_task_limits_costs_one_resend_and_the_wrong_ones_change_nothing(
@@ -206,13 +221,7 @@ def test_the_sweeper_sends_a_deferred_attempt_again_when_its_units_return(q: mc_
         claim(q, b)
     assert q.reads.get_task(b.id).attempts[0].dispatches == 1
     sweeper = Sweeper(q)
-    cursors: dict[str, tuple[int, int]] = {"jobs": (redis_ms(q.redis), 0)}
-    sent: list[str] = []
-    deadline = time.monotonic() + 5
-    while not sent and time.monotonic() < deadline:
-        sent, cursors = q.schedule.came_due(cursors)
-        time.sleep(0.01)
-    assert sent == [f"{b.id}/1"] and redis_ms(q.redis) >= over.value.due_ms
+    assert first_came_due(q, redis_ms(q.redis)) == [f"{b.id}/1"] and redis_ms(q.redis) >= over.value.due_ms
     assert not sweeper.run_once().errors
 
 
@@ -262,3 +271,65 @@ def test_a_429_pauses_the_key_fleet_wide_and_the_attempt_is_retried_after_it(con
     assert len(paused) == 1 and paused[0]["key"] == "api" and paused[0]["source"] == "worker"
     until = int(paused[0]["until"])
     assert second.started_at is not None and second.started_at.timestamp() * 1000 >= until  # not before the pause ended
+
+
+def test_a_send_recorded_after_the_claim_deferred_it_does_not_hide_it_from_the_sweeper(q: mc_queue.Client) -> None:
+    """The sweeper records a send after RQ has the message: a worker may claim (and be deferred) first."""
+    q.limits.set(LIMIT, 1, per_s=0.3, reason="one per 300 ms")
+    a, b = (q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1}) for i in range(2))
+    claim(q, a)
+    since = redis_ms(q.redis)
+    with pytest.raises(OverLimit) as over:
+        claim(q, b)
+    assert q.schedule.mark_dispatched(f"{b.id}/1", recheck_ms=60_000) is False  # not due: no dispatch on file
+    assert first_came_due(q, since) == [f"{b.id}/1"] and redis_ms(q.redis) >= over.value.due_ms
+
+
+# ------------------------------------------------------------------ the tool gateway (limit_stamp)
+
+
+def test_a_stamp_within_the_window_counts_the_units_from_the_call(q: mc_queue.Client) -> None:
+    q.limits.set(LIMIT, 1, per_s=0.5, reason="one per 500 ms")
+    a, b = (q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1}) for i in range(2))
+    lease = claim(q, a)
+    time.sleep(0.2)
+    at = q.leases.stamp_limit(lease.attempt_id, lease.fence, LIMIT, worker_id="w1")
+    assert at is not None and at >= lease.claimed_now_ms + 200
+    assert q.redis.zscore(q.keys.limit_log(LIMIT), f"{lease.attempt_id} 1") == at
+    with pytest.raises(OverLimit) as over:  # the unit returns a window after the call, not the claim
+        claim(q, b)
+    assert over.value.due_ms == at + 500
+
+
+def test_a_stamp_after_the_window_takes_the_units_again_or_is_refused_with_nothing_written(
+        q: mc_queue.Client) -> None:
+    q.limits.set(LIMIT, 1, per_s=0.2, reason="one per 200 ms")
+    a, b = (q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1}) for i in range(2))
+    la = claim(q, a)
+    time.sleep(0.25)  # its unit left the window
+    lb = claim(q, b)  # and another took it
+    before = snapshot(q)
+    with pytest.raises(OverLimit) as over:
+        q.leases.stamp_limit(la.attempt_id, la.fence, LIMIT, worker_id="w1")
+    assert over.value.due_ms == lb.claimed_now_ms + 200
+    assert snapshot(q) == before
+    while redis_ms(q.redis) <= over.value.due_ms:
+        time.sleep(0.01)
+    at = q.leases.stamp_limit(la.attempt_id, la.fence, LIMIT, worker_id="w1")  # back: taken again
+    assert at is not None and q.limits.status(LIMIT).used == 1
+
+
+def test_a_stale_holder_cannot_stamp_and_a_key_the_task_does_not_name_is_refused(q: mc_queue.Client) -> None:
+    q.limits.set(LIMIT, 5, per_s=10, reason="room")
+    t = q.producer.enqueue("jobs", "h", {"n": 1}, limits={LIMIT: 1})
+    lease = claim(q, t)
+    with pytest.raises(InvalidArgument, match="names no rate limit other"):
+        q.leases.stamp_limit(lease.attempt_id, lease.fence, "other", worker_id="w1")
+    q.operator.void_leases([lease.attempt_id], reason="the worker vanished")
+    before = q.redis.zscore(q.keys.limit_log(LIMIT), f"{lease.attempt_id} 1")
+    with pytest.raises(mc_queue.WriteRefused):
+        q.leases.stamp_limit(lease.attempt_id, lease.fence, LIMIT, worker_id="w1")
+    assert q.redis.zscore(q.keys.limit_log(LIMIT), f"{lease.attempt_id} 1") == before
+    unset = q.producer.enqueue("jobs", "h", {"n": 2}, limits={"unset": 1})
+    lu = claim(q, unset)
+    assert q.leases.stamp_limit(lu.attempt_id, lu.fence, "unset", worker_id="w1") is None

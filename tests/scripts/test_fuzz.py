@@ -145,6 +145,9 @@ def build_world(q: mc_queue.Client) -> World:
     # A task with rate limits (one set, one not), and the set one with room for it.
     q.limits.set("github", 10, per_s=60, reason="fuzz world")
     w.ids["limited"] = q.producer.enqueue("jobs", "h", {"task": "limited"}, limits={"github": 2, "model:x": 1}).id
+    # a running Attempt of a task with a limit: the gateway stamps its units
+    w.ids["stamped"] = q.producer.enqueue("jobs", "h", {"task": "stamped"}, limits={"github": 1}).id
+    w.fences["stamped"] = q.leases.claim_attempt(w.ids["stamped"], "w1", 600_000, limits=("github",)).fence
     # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
     q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
     q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 600_000)
@@ -167,6 +170,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "claim": lambda: q.leases.claim_attempt(w.ids["limited"], "w2", 60_000, budget_s=30,
                                                 limits=("github", "model:x")),
         "limit_admin": lambda: q.limits.pause("github", 30, reason=REASON),
+        "limit_stamp": lambda: q.leases.stamp_limit(w.aid("stamped"), w.fences["stamped"], "github", worker_id="w1"),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
         "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",
                                                cost=0.25, tokens=1),

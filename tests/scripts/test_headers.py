@@ -625,7 +625,7 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "done": r":q:[^:]+:done", "held": r":q:[^:]+:held", "deadlines": r":q:[^:]+:deadlines",
                 "samples": r":q:[^:]+:samples", "tombs0": r":tombs:[^:]+:[0-9A-Z]{7}",
                 "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}",
-                "state": r":periodic:[A-Za-z0-9_.-]+",
+                "state": r":periodic:[A-Za-z0-9_.-]+", "log": r":limit:[A-Za-z0-9_.:-]+",
                 # periodic_decide's previous task: its hash, or (no previous task) the state hash, not read
                 "prev": r"(:t:[^:]+:[0-9A-Z]{26}|:periodic:[A-Za-z0-9_.-]+)"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
@@ -694,6 +694,11 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.operator.retire_task(e.id, states=["canceled"], reason="header test retires", tombstone_s=0)
     assert q.maintenance.forget_empty_queues() == ["emptied"]
     q.operator.pause_queue("jobs", reason="header test pauses")
+    q.limits.set("github", 5, per_s=60, reason="header test limits")
+    limited = q.producer.enqueue("jobs2", "h", {"n": "limited"}, limits={"github": 1})
+    ll = q.leases.claim_attempt(limited.id, "w", 60_000, limits=("github",))
+    q.leases.stamp_limit(ll.attempt_id, ll.fence, "github", worker_id="w")
+    q.limits.pause("github", 1, reason="header test pauses a limit")
     q.operator.resume_queue("jobs", reason="header test resumes")
     q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
                                         overlap="queue"))

@@ -1,0 +1,88 @@
+-- mc_queue: limit_stamp
+-- The tool gateway of a rate limit: the holder of a running Attempt is about to call the provider behind
+-- one of its task's limits, and the units its claim took are counted from now instead of from the claim,
+-- so a provider that counts calls sees no more than the limit in any window however long the Attempt took
+-- to get to its call. Moving the entry later is safe while it is still in the window (every claim since
+-- counted it); once it has left the window (a call more than a window after the claim) the units are
+-- taken again as a claim takes them, or the call is refused until they return (E_LIMITED, nothing
+-- written). Fenced: a stale holder's stamp is refused. A key with no limit set: nothing to do.
+-- KEYS[1] meta       namespace meta hash
+-- KEYS[2] epochs     retired epochs set
+-- KEYS[3] nslog      namespace event stream
+-- KEYS[4] task       task hash
+-- KEYS[5] attempts   attempts hash
+-- KEYS[6] events     task event stream
+-- KEYS[7] stats      counters for metrics (refusals, expiries, decisions)
+-- KEYS[8] fence      the task's fence counter
+-- KEYS[9] lease      the task's lease key
+-- KEYS[10] limits    rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", ...
+-- KEYS[11] log       the limit's admission log ("<attempt id> <cost>" -> ms)
+-- ARGV[1] n          attempt number
+-- ARGV[2] fence      fence the caller holds
+-- ARGV[3] worker     worker id
+-- ARGV[4] key        the rate limit's key (one the task names)
+-- ARGV[5] epoch
+-- ARGV[6] min_seq
+-- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
+-- Returns: {'OK', stamped_ms} (stamped_ms: '' when the key has no limit set)
+--          {'E_LIMITED', why, due_ms} (its units left the window and others took them: call at due_ms)
+--          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
+--          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
+-- Events: stale_write_refused
+-- Idempotent: yes (a resend stamps the same entry again, later: still in its window)
+--@include common
+--@include fenced
+
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], task = KEYS[4], attempts = KEYS[5],
+  events = KEYS[6], stats = KEYS[7], fence = KEYS[8], lease = KEYS[9], limits = KEYS[10], log = KEYS[11]}
+bind_task(K)
+local A, bad = args(ARGV, with({
+  'n', 'int', 1, MAX_N,
+  'fence', 'int', 0, MAX_INT,
+  'worker', 'text', 200, false,
+  'key', 'lkey', false, false,
+}, fenced_args()))
+if bad then return bad end
+if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
+local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
+if err then return err end
+local t = redis.call('HMGET', K.task, 'id', 'limits')
+if not t[1] then return {'E_NOTASK', 'no such task'} end
+local cost = nil
+for _, w in ipairs(parse_limits(t[2] or '') or {}) do
+  if w[1] == A.key then cost = w[2] end
+end
+if not cost then return {'E_BADARG', 'the task names no rate limit ' .. A.key .. ' (its limits: ' .. (t[2] or 'none') .. ')'} end
+local ts
+err, ts = fence_check(K, A, A.worker, '', 'limit_stamp', false)
+if err then return err end
+
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used')
+local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
+lim, win = tonumber(lim), tonumber(win)
+if not lim then return {'OK', ''} end
+local member = t[1] .. '/' .. A.raw.n .. ' ' .. cost
+local at = tonumber(redis.call('ZSCORE', K.log, member) or '')
+local ts_s = fmt(ts)
+if at and at > ts - win then  -- still in the window: counted from now
+  redis.call('ZADD', K.log, 'XX', ts_s, member)
+  redis.call('PEXPIRE', K.log, win + 1000)
+  return {'OK', ts_s}
+end
+-- Its units left the window (or its log was dropped): take them again, as a claim would.
+local used = redis.call('EXISTS', K.log) == 1 and (tonumber(c[2] or '0') or 0) or 0
+local gone = 0
+local old = redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
+for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
+local inwin = used - gone
+if inwin + cost > lim then
+  local first = redis.call('ZRANGEBYSCORE', K.log, '(' .. fmt(ts - win), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local due = first[2] and (tonumber(first[2]) + win) or (ts + win)
+  return {'E_LIMITED', 'rate limit ' .. A.key .. ': ' .. inwin .. ' of ' .. lim .. ' units used in the last ' ..
+    win .. ' ms, ' .. cost .. ' wanted (this call came more than a window after its claim)', fmt(due)}
+end
+if #old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - win) end
+redis.call('ZADD', K.log, ts_s, member)
+redis.call('PEXPIRE', K.log, win + 1000)
+redis.call('HSET', K.limits, A.key .. '|used', fmt(inwin + cost))
+return {'OK', ts_s}
