@@ -22,7 +22,9 @@
 -- KEYS[12] lease     the task's lease key ("<attempt>:<fence>", PX lease length)
 -- KEYS[13] paused    paused queues (queue_pause.lua): a paused queue's Attempts are refused
 -- KEYS[14] limits    rate limits (limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>", "<key>|used",
---                    "<key>|paused", "<key>|why", "<key>|next" (the next free slot of a deferred Attempt)
+--                    "<key>|paused", "<key>|why", "<key>|next" (the next free slot of a deferred Attempt);
+--                    its circuit breaker: "<key>|breaker" (its setting), "<key>|bstate" ("open <until ms>" |
+--                    "half <probes out> <probes that succeeded>", absent: closed), "<key>|bwhy"
 -- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
 --                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
@@ -54,7 +56,7 @@
 --          when the task hash holds them, as every task written since 2026-12 does)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
--- Events: attempt_claimed | claim_refused | claim_limited
+-- Events: attempt_claimed | claim_refused | claim_limited | breaker_half_open (nslog)
 -- Idempotent: by request id
 --@include common
 
@@ -144,7 +146,7 @@ end
 -- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
 -- that left the window), and when the units this task needs come back (the oldest entries in the window).
 -- (In these loops K is a limit's: its log, and the namespace's limits hash and stats.)
-for _, it in ipairs(ITEMS) do it.limits, it.stats = K.limits, K.stats end
+for _, it in ipairs(ITEMS) do it.limits, it.stats, it.nslog = K.limits, K.stats, K.nslog end
 local function units(K, used, win)
   local gone, old = 0, redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
   for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
@@ -154,13 +156,33 @@ local plan, over_at, over_why = {}, nil, nil
 for i, w in ipairs(wanted) do
   local K = ITEMS[i]
   local name, cost = w[1], w[2]
-  local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next')
+  local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next',
+    name .. '|bstate', name .. '|breaker', name .. '|bwhy')
   local st = {name = name, cost = cost, K = K, next = tonumber(c[5] or '')}
   local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
   st.lim, st.win = tonumber(lim), tonumber(win)
-  local at, why_l = nil, nil
+  if cost == 0 then st.lim = nil end  -- (a dependency only: no units taken)
+  local at, why_l, kind = nil, nil, 'rate limit '
   local paused = tonumber(c[3] or '')
-  if paused and paused > ts then
+  local bkind, b1, b2 = string.match(c[6] or '', '^(%a+) (%d+) ?(%d*)$')
+  local probes = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ %d+ (%d+)') or '1') or 1
+  local open_ms = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ (%d+)') or '30000') or 30000
+  if bkind == 'open' and tonumber(b1) <= ts then  -- its open time is over: half-open, no probe admitted yet
+    bkind, b1, b2 = 'half', '0', '0'
+    st.half_opened = true
+  end
+  if bkind == 'open' then
+    at, kind = tonumber(b1), 'circuit breaker '
+    why_l = 'open until ' .. b1 .. ' ms (Redis clock): ' .. (c[8] or '')
+  elseif bkind == 'half' and tonumber(b1) >= probes then  -- every probe is out: wait for their outcome
+    at, kind = ts + math.max(250, math.floor(open_ms / 4)), 'circuit breaker '
+    why_l = 'half-open, its ' .. probes .. ' probe Attempt(s) out: ' .. (c[8] or '')
+  elseif bkind == 'half' then
+    st.probe, st.probes_out, st.probes_ok = true, tonumber(b1) + 1, b2 ~= '' and b2 or '0'
+  end
+  if at then
+    st.breaker = true
+  elseif paused and paused > ts then
     at, why_l = paused, 'paused until ' .. c[3] .. ' ms (Redis clock): ' .. (c[4] or '')
   elseif st.lim then
     st.used = redis.call('EXISTS', K.log) == 1 and (tonumber(c[2] or '0') or 0) or 0  -- (a log that expired: none)
@@ -186,7 +208,7 @@ for i, w in ipairs(wanted) do
   end
   if at then
     st.over = true
-    if not over_at or at > over_at then over_at, over_why = at, 'rate limit ' .. name .. ': ' .. why_l end
+    if not over_at or at > over_at then over_at, over_why = at, kind .. name .. ': ' .. why_l end
   end
   plan[i] = st
 end
@@ -201,7 +223,7 @@ if over_at then
     if st.slotted then
       redis.call('HSET', K.limits, st.name .. '|next', fmt(over_at + math.ceil(st.win * st.cost / st.lim)))
     end
-    if st.over then redis.call('HINCRBY', K.stats, 'limited|' .. st.name, 1) end
+    if st.over then redis.call('HINCRBY', K.stats, (st.breaker and 'breaker_deferred|' or 'limited|') .. st.name, 1) end
   end
   aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', over_why})
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
@@ -228,8 +250,17 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
-for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units
+local probe = {}
+for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units; a half-open breaker a probe
   local K = st.K
+  if st.half_opened then
+    emit(K.nslog, 'breaker_half_open', {'key', st.name, 'actor', A.worker})
+    redis.call('HINCRBY', K.stats, 'breaker_half_open|' .. st.name, 1)
+  end
+  if st.probe then
+    redis.call('HSET', K.limits, st.name .. '|bstate', 'half ' .. st.probes_out .. ' ' .. st.probes_ok)
+    probe[#probe + 1] = st.name
+  end
   if st.lim then
     if st.old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - st.win) end
     redis.call('ZADD', K.log, ts_s, aid .. ' ' .. st.cost)
@@ -238,6 +269,7 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
   end
 end
 move_count(K.counts, queue, state, 'running')
+if #probe > 0 then aset(K.attempts, n, {'probe', table.concat(probe, ',')}) end
 -- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).
 emit(K.events, 'attempt_claimed', {'attempt', n, '~', '1'})

@@ -5,52 +5,78 @@
 -- worker that saw it, or an operator); pausing a paused key keeps the later end. An App's limit ('app')
 -- does not replace one an operator set ('operator'): that is NOOP. Each change is recorded in the
 -- namespace log with who and why; no task changes state.
+-- A circuit breaker of the same key: 'breaker' sets it ("<failure %> <min calls> <window ms> <open ms> <probes>
+-- <slow ms> <slow %> <same failure>": breaker_record.lua), 'trip' opens it by hand for for_ms (until then no
+-- task naming the key is claimed; then half-open), 'reset' closes it by hand (its window cleared).
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
 -- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
---                    "<key>|why", "<key>|next"
+--                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy"
 -- KEYS[5] log        the key's admission log (delete drops it)
+-- KEYS[6] window     the key's circuit breaker window (delete and reset clear it)
 -- ARGV[1] epoch
 -- ARGV[2] actor
--- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume'
+-- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset'
 -- ARGV[4] key        the limit's key
 -- ARGV[5] limit      units admitted per window (set), else ''
 -- ARGV[6] window_ms  the sliding window (set; at most 30 days), else ''
--- ARGV[7] for_ms     how long a pause holds, from now on Redis's clock (pause; at most 30 days), else ''
+-- ARGV[7] for_ms     how long a pause or a trip holds, from now on Redis's clock (at most 30 days), else ''
 -- ARGV[8] source     'operator' | 'app' | 'worker': who sets it
--- ARGV[9] reason     why, recorded (a pause's reason is what deferred claims say)
--- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}) | {'NOOP', why}
+-- ARGV[9] reason     why, recorded (a pause's or a trip's reason is what deferred claims say)
+-- ARGV[10] breaker   the breaker's setting (breaker), else ''
+-- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}; for a trip, when it half-opens)
+--          | {'NOOP', why}
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
--- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed
+-- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed | breaker_set | breaker_opened |
+--                 breaker_closed
 -- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
 --@include common
 
-local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], limits = KEYS[4], log = KEYS[5]}
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], limits = KEYS[4], log = KEYS[5], window = KEYS[6]}
 local MAX_WINDOW_MS = 2592000000
 local A, bad = args(ARGV, {
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
-  'op', 'enum', '|set|delete|pause|resume|', false,
+  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|', false,
   'key', 'lkey', false, false,
   'limit', 'int?', 1, 999999999,
   'window_ms', 'int?', 1, MAX_WINDOW_MS,
   'for_ms', 'int?', 1, MAX_WINDOW_MS,
   'source', 'enum', '|operator|app|worker|', false,
   'reason', 'text', 2000, false,
+  'breaker', 'text', 200, false,
 })
 if bad then return bad end
+if string.sub(K.window, -(#A.key + 9)) ~= ':breaker:' .. A.key then
+  return {'E_BADARG', 'window is not the window of breaker ' .. A.key}
+end
+local cfg = {string.match(A.breaker, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+if A.op == 'breaker' then
+  local names = {'failure %', 'min calls', 'window ms', 'open ms', 'probes', 'slow ms', 'slow %', 'same failure'}
+  local lows = {1, 1, 1, 1, 1, 0, 1, 0}
+  local highs = {100, 1000000, MAX_WINDOW_MS, MAX_WINDOW_MS, 1000, MAX_WINDOW_MS, 100, 1000000}
+  if #cfg ~= 8 then return {'E_BADARG', 'breaker must be 8 whole numbers: ' .. table.concat(names, ', ')} end
+  for i = 1, 8 do
+    local v = tonumber(cfg[i])
+    if #cfg[i] > 12 or v < lows[i] or v > highs[i] then
+      return {'E_BADARG', 'breaker ' .. names[i] .. ' must be between ' .. lows[i] .. ' and ' .. fmt(highs[i])}
+    end
+  end
+elseif A.breaker ~= '' then
+  return {'E_BADARG', 'breaker is for op breaker only'}
+end
 if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
 if A.op == 'set' and not (A.limit and A.window_ms) then return {'E_BADARG', 'set needs a limit and a window_ms'} end
-if A.op == 'pause' and not A.for_ms then return {'E_BADARG', 'pause needs for_ms'} end
+if (A.op == 'pause' or A.op == 'trip') and not A.for_ms then return {'E_BADARG', A.op .. ' needs for_ms'} end
 if A.op ~= 'set' and (A.limit or A.window_ms) then return {'E_BADARG', 'limit and window_ms are for set only'} end
-if A.op ~= 'pause' and A.for_ms then return {'E_BADARG', 'for_ms is for pause only'} end
+if A.op ~= 'pause' and A.op ~= 'trip' and A.for_ms then return {'E_BADARG', 'for_ms is for pause and trip only'} end
 if A.reason == '' then return {'E_BADARG', 'reason: say why (it is recorded)'} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 
 local ts = now_ms()
-local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused')
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate')
 local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
 local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
 if A.op == 'set' then
@@ -63,11 +89,33 @@ if A.op == 'set' then
   emit(K.nslog, 'limit_set', {'limit', A.raw.limit, 'window_ms', A.raw.window_ms, unpack(ev)})
   return {'OK', 'set', ts}
 elseif A.op == 'delete' then
-  if not c[1] and not c[2] then return {'NOOP', 'no limit ' .. A.key} end
-  redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next')
-  redis.call('DEL', K.log)
+  if not c[1] and not c[2] and not c[3] then return {'NOOP', 'no limit ' .. A.key} end
+  redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next',
+    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy')
+  redis.call('DEL', K.log, K.window)
   emit(K.nslog, 'limit_deleted', ev)
   return {'OK', 'delete', ts}
+elseif A.op == 'breaker' then
+  if string.match(c[3] or '', ' (%a+)$') == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set breaker ' .. A.key .. ': the App does not replace it'}
+  end
+  local value = A.breaker .. ' ' .. A.source
+  if c[3] == value then return {'NOOP', 'breaker ' .. A.key .. ' is already so'} end
+  redis.call('HSET', K.limits, A.key .. '|breaker', value)
+  emit(K.nslog, 'breaker_set', {'breaker', A.breaker, unpack(ev)})
+  return {'OK', 'breaker', ts}
+elseif A.op == 'trip' then
+  local untl = fmt(ts + A.for_ms)
+  redis.call('HSET', K.limits, A.key .. '|bstate', 'open ' .. untl, A.key .. '|bwhy', 'opened by hand: ' .. A.reason)
+  redis.call('DEL', K.window)
+  emit(K.nslog, 'breaker_opened', {'until', untl, unpack(ev)})
+  return {'OK', 'trip', ts + A.for_ms}
+elseif A.op == 'reset' then
+  if not c[4] then return {'NOOP', 'breaker ' .. A.key .. ' is closed'} end
+  redis.call('HDEL', K.limits, A.key .. '|bstate', A.key .. '|bwhy')
+  redis.call('DEL', K.window)
+  emit(K.nslog, 'breaker_closed', ev)
+  return {'OK', 'reset', ts}
 elseif A.op == 'pause' then
   local untl = ts + A.for_ms
   local held = tonumber(c[2] or '')

@@ -6,6 +6,8 @@
 -- counted it); once it has left the window (a call more than a window after the claim) the units are
 -- taken again as a claim takes them, or the call is refused until they return (E_LIMITED, nothing
 -- written). Fenced: a stale holder's stamp is refused. A key with no limit set: nothing to do.
+-- Its circuit breaker is checked before every call: open, no call (E_OPEN, with when it half-opens);
+-- half-open, only the Attempts its claim admitted as probes call.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -26,6 +28,7 @@
 -- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
 -- Returns: {'OK', stamped_ms} (stamped_ms: '' when the key has no limit set)
 --          {'E_LIMITED', why, due_ms} (its units left the window and others took them: call at due_ms)
+--          {'E_OPEN', why, until_ms} (its circuit breaker is open, or half-open and this is no probe)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
 -- Events: stale_write_refused
@@ -57,10 +60,18 @@ local ts
 err, ts = fence_check(K, A, A.worker, '', 'limit_stamp', false)
 if err then return err end
 
-local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used')
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used', A.key .. '|bstate', A.key .. '|bwhy')
+-- The key's circuit breaker: no call while it is open; while half-open, only its probe Attempts call.
+local bkind, b1 = string.match(c[3] or '', '^(%a+) (%d+)')
+if bkind == 'open' and tonumber(b1) > ts then
+  return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is open until ' .. b1 .. ' ms (Redis clock): ' .. (c[4] or ''), b1}
+end
+if bkind and not string.find(',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ',', ',' .. A.key .. ',', 1, true) then
+  return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is half-open: only its probe Attempts call it', fmt(ts + 250)}
+end
 local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
 lim, win = tonumber(lim), tonumber(win)
-if not lim then return {'OK', ''} end
+if not lim or cost == 0 then return {'OK', ''} end
 local member = t[1] .. '/' .. A.raw.n .. ' ' .. cost
 local at = tonumber(redis.call('ZSCORE', K.log, member) or '')
 local ts_s = fmt(ts)

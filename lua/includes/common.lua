@@ -124,16 +124,18 @@ local function json_suspect(v)
 end
 
 -- A task's rate limits as enqueue stores them: "<key>=<cost>[,<key>=<cost>...]" (at most MAX_LIMITS, keys
--- distinct, costs 1..999999999), or ''. Returns the list of {name, cost}, or nil and why.
+-- distinct, costs 0..999999999: 0 names a dependency only, for its circuit breaker), or ''. Returns the list
+-- of {name, cost}, or nil and why.
 local MAX_LIMITS = 8
 local function parse_limits(v)
   local out, seen = {}, {}
   if v == '' then return out end
   for item in string.gmatch(v .. ',', '([^,]*),') do
-    local name, cost = string.match(item, '^([%w][%w_%.:%-]*)=([1-9]%d*)$')
-    if not name or #name > 128 or #cost > 9 then
+    local name, cost = string.match(item, '^([%w][%w_%.:%-]*)=(%d+)$')
+    if not name or #name > 128 or #cost > 9 or (#cost > 1 and string.sub(cost, 1, 1) == '0') then
       return nil, "must be '<key>=<cost>' items joined by ',' (keys of letters, digits, '_', '.', ':', '-', " ..
-        "costs 1..999999999): got '" .. string.sub(item, 1, 80) .. "'"
+        "costs 0..999999999; 0: the task needs the key, as a circuit breaker sees it, and takes no units): got '" ..
+        string.sub(item, 1, 80) .. "'"
     end
     if seen[name] then return nil, 'names ' .. name .. ' twice' end
     seen[name] = true

@@ -93,3 +93,64 @@ _keyed("resume", "End a pause of KEY now (Attempts it deferred keep the due time
        "was not paused")
 _keyed("delete", "Remove KEY's limit, its log and its pause: tasks naming it are no longer limited.", "deleted",
        "no such limit")
+
+
+def _breaker_line(s: LimitStatus) -> str:
+    b = s.breaker
+    setting = (f"opens at {b.failure_rate:.0%} of >= {b.min_calls} calls failing in {duration(b.window_s * 1000)}"
+               + (f" or {b.slow_rate:.0%} slower than {duration(b.slow_s * 1000)}" if b.slow_s else "")
+               + (f" or one failure {b.same_failure} times" if b.same_failure else "")
+               + f", for {duration(b.open_s * 1000)}, then {b.probes} probe(s) ({b.source})") if b else "set by hand"
+    state = s.breaker_state.upper() if s.breaker_state != "closed" else "closed"
+    if s.breaker_state == "open" and s.breaker_until_ms:
+        state += f" for {duration(max(0, s.breaker_until_ms - s.now_ms))}"
+    why = f": {s.breaker_why}" if s.breaker_why else ""
+    return (f"{s.key}: {state}{why}; {setting}; opened {s.breaker_opened} time(s), "
+            f"{s.breaker_deferred} claim(s) deferred")
+
+
+@main.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+@handle_errors
+def breakers(ctx: click.Context, as_json: bool) -> None:
+    """Circuit breakers of dependencies: state (closed, OPEN, HALF: half-open), why, setting, and what they
+    held. While one is open no task naming its key is claimed; half-open, exactly its probes are."""
+    if ctx.invoked_subcommand is not None:
+        return
+    obj: Ctx = ctx.obj
+    rows = [s for s in obj.reader.limits.all() if s.breaker is not None or s.breaker_state != "closed"]
+    if as_json:
+        emit_json({"breakers": [{"key": s.key, "state": s.breaker_state, "until_ms": s.breaker_until_ms,
+                                 "why": s.breaker_why, "setting": vars(s.breaker) if s.breaker else None,
+                                 "opened": s.breaker_opened, "deferred": s.breaker_deferred} for s in rows]})
+        return
+    if not rows:
+        click.echo("no circuit breakers (an App declares one: app.breaker(key, ...))")
+    for s in rows:
+        click.echo(_breaker_line(s))
+
+
+@breakers.command("open")
+@click.argument("key")
+@click.option("--for", "for_", required=True, metavar="DUR", help="How long (30s, 10m; at most 30d); then half-open.")
+@click.option("--reason", required=True, help="Why (at least ten characters); deferred claims say it.")
+@click.pass_obj
+@handle_errors
+def breakers_open(obj: Ctx, key: str, for_: str, reason: str) -> None:
+    """Open KEY's breaker by hand: no task naming KEY is claimed for DUR, then it half-opens."""
+    check_reason(reason)
+    until = obj.client.limits.trip(key, (duration_ms(for_, "--for") or 0) / 1000, reason=reason, actor="operator")
+    click.echo(f"breaker {key} open until {until} ms (Redis clock)")
+
+
+@breakers.command("close")
+@click.argument("key")
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.pass_obj
+@handle_errors
+def breakers_close(obj: Ctx, key: str, reason: str) -> None:
+    """Close KEY's breaker by hand (its window of outcomes cleared)."""
+    check_reason(reason)
+    ok = obj.client.limits.reset(key, reason=reason, actor="operator")
+    click.echo(f"breaker {key} closed" if ok else f"breaker {key} was closed")

@@ -105,10 +105,12 @@ class Producer(Role):
         not in Redis refuses it (TaskNotFound). The sweeper releases dependents within ~50 ms of their
         parents' end (``lua/release.lua``), from an obligation the parent's end records atomically.
 
-        ``limits`` (``{"github": 1, "model:openai": 3}``: rate limit key -> cost in that limit's units, at
-        most 8): every claim of the task's Attempts takes those units from each limit, all or none, on
-        Redis's clock (``client.limits``; a key with no limit set is not limited). An Attempt over a limit
-        is not claimed: it stays pending, holds no lease, and is offered again when the units return.
+        ``limits`` (``{"github": 1, "model:openai": 3}``: dependency key -> cost in its rate limit's units, at
+        most 8; cost 0 names a dependency without taking units): every claim of the task's Attempts takes
+        those units from each limit, all or none, on Redis's clock (``client.limits``; a key with no limit
+        set is not limited), and is not made while a key's circuit breaker is open. An Attempt over a
+        limit or behind an open breaker is not claimed: it stays pending, holds no lease, and is offered
+        again when the units return or the breaker half-opens.
         """
         n = NewTask(queue, handler, payload, idempotency_key, **options)
         tk, argv = self._item(n)
@@ -282,7 +284,7 @@ def limits_text(limits: Mapping[str, int] | None) -> str:
             check_limit_name(name)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        check_int(cost, what=f"the cost of limit {name!r}", low=1, high=999_999_999)
+        check_int(cost, what=f"the cost of limit {name!r}", low=0, high=999_999_999)
     return ",".join(f"{name}={limits[name]}" for name in sorted(limits))
 
 

@@ -41,6 +41,7 @@ class Code(StrEnum):
     E_CHANGED = "E_CHANGED"  # pack: the task changed since it was read (the sweeper reads it again)
     E_LIMITED = "E_LIMITED"  # claim: over a rate limit (or paused); offered again when the units return
     E_LIMITKEYS = "E_LIMITKEYS"  # claim: the limit logs given are not the task's limits (send them again)
+    E_OPEN = "E_OPEN"        # limit_stamp: the dependency's circuit breaker is open (or half-open, no probe)
 
 
 SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
@@ -99,6 +100,15 @@ class OverLimit(ClaimRejected):
     def __init__(self, message: str, *, due_ms: int = 0, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.due_ms = due_ms
+
+
+class BreakerOpen(TransitionRefused):
+    """A dependency call refused before it started: its circuit breaker is open (``until_ms``: when it
+    half-opens, Redis clock), or half-open and this Attempt is not one of its probes."""
+
+    def __init__(self, message: str, *, until_ms: int = 0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.until_ms = until_ms
 
 
 class LimitKeysChanged(ClaimRejected):
@@ -290,6 +300,9 @@ def raise_for_reply(
     if code is Code.E_LIMITED:
         raise OverLimit(f"{script} of {where} deferred: {first}; units back at {second} ms (Redis clock)",
                           due_ms=int(second) if second.isdigit() else 0, **ctx)
+    if code is Code.E_OPEN:
+        raise BreakerOpen(f"{script} of {where} refused: {first}", until_ms=int(second) if second.isdigit() else 0,
+                          **ctx)
     if code is Code.E_LIMITKEYS:
         raise LimitKeysChanged(f"claim of {where} named other rate limits than the task's ({first or 'none'})",
                                limits=first, **ctx)

@@ -41,6 +41,8 @@ Key schema (``P`` = ``{prefix}``)::
                                   units admitted per sliding window), "<key>|used" (units in the log), "<key>|paused"
                                   (until, ms: a provider's 429), "<key>|why" (the pause's reason), "<key>|next" (the
                                   next free slot of a deferred claim); the claim checks and takes units
+    P:breaker:<key>        hash   a circuit breaker's window (lua/breaker_record.lua): "<bucket ms>|calls", "|fails",
+                                  "|slow", "|fp:<fingerprint>" -> counts, ten buckets to a window (PEXPIRE a window)
     P:limit:<key>          zset   a rate limit's admission log: "<attempt id> <cost>" -> when it was claimed (ms);
                                   entries older than the window are dropped by the next claim
     P:paused               hash   paused queue -> {"reason", "actor", "at"} JSON (queue_pause.lua; claim refuses
@@ -246,6 +248,10 @@ class Keys:
     def limit_log(self, name: str) -> str:
         """A rate limit's admission log: "<attempt id> <cost>" -> when claimed (ms, Redis clock)."""
         return f"{self.tag}:limit:{check_limit_name(name)}"
+
+    def breaker_window(self, name: str) -> str:
+        """A circuit breaker's window of call outcomes, in ten buckets (lua/breaker_record.lua)."""
+        return f"{self.tag}:breaker:{check_limit_name(name)}"
 
     def periodic_state(self, name: str) -> str:
         """A periodic schedule's state: its cursor, the tick being made, its last task, pause, counts."""

@@ -80,6 +80,11 @@ mcq_rate_limit_window_seconds              key: its sliding window
 mcq_rate_limit_used                        key: units taken in the window ending now (Redis clock)
 mcq_rate_limit_paused                      key: 1 while a pause holds its claims (a provider's 429, an operator)
 mcq_rate_limit_deferred_total              key: claims it deferred (over the limit, or paused)
+mcq_breaker_state                          key: a dependency's circuit breaker, 0 closed, 1 open, 2 half-open
+mcq_breaker_opened_total                   key: times it opened (its failures, slow calls or one failure
+                                           repeated; a probe that failed)
+mcq_breaker_deferred_total                 key: claims it held while open or half-open
+mcq_breaker_calls_total                    key, outcome (ok | fail | slow): calls recorded through ctx.call
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -189,14 +194,26 @@ class NamespaceCollector(Collector):
         used = GaugeMetricFamily("mcq_rate_limit_used", "Units taken in the window ending now", labels=["key"])
         paused = GaugeMetricFamily("mcq_rate_limit_paused", "1 while a pause holds the key's claims", labels=["key"])
         deferred = CounterMetricFamily("mcq_rate_limit_deferred", "Claims a rate limit deferred", labels=["key"])
+        state = GaugeMetricFamily("mcq_breaker_state", "A circuit breaker: 0 closed, 1 open, 2 half-open",
+                                  labels=["key"])
+        opened = CounterMetricFamily("mcq_breaker_opened", "Times a circuit breaker opened", labels=["key"])
+        held = CounterMetricFamily("mcq_breaker_deferred", "Claims a circuit breaker held", labels=["key"])
+        calls = CounterMetricFamily("mcq_breaker_calls", "Dependency calls recorded", labels=["key", "outcome"])
+        stats = cast(dict[str, str], self.client.redis.hgetall(self.client.keys.stats))
         for s in self.client.limits.all():
+            if s.breaker is not None or s.breaker_state != "closed":
+                state.add_metric([s.key], {"closed": 0.0, "open": 1.0, "half": 2.0}.get(s.breaker_state, 0.0))
+                opened.add_metric([s.key], s.breaker_opened)
+                held.add_metric([s.key], s.breaker_deferred)
+                for outcome in ("ok", "fail", "slow"):
+                    calls.add_metric([s.key, outcome], int(stats.get(f"breaker_calls|{s.key}|{outcome}") or 0))
             if s.limit is not None and s.window_ms is not None:
                 units.add_metric([s.key], s.limit)
                 window.add_metric([s.key], s.window_ms / 1000)
                 used.add_metric([s.key], s.used)
             paused.add_metric([s.key], 1.0 if s.paused else 0.0)
             deferred.add_metric([s.key], s.deferred)
-        yield from (units, window, used, paused, deferred)
+        yield from (units, window, used, paused, deferred, state, opened, held, calls)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

@@ -68,6 +68,12 @@ class RateLimited(CapacityError):
                    else wait)
 
 
+class DependencyDown(CapacityError):
+    """A dependency call refused before it started: its circuit breaker is open (or half-open and this
+    Attempt is no probe). A capacity failure retried after ``retry_after`` (when the breaker half-opens);
+    never counted as the same failure repeating (poison)."""
+
+
 class ProviderError(HandlerError):
     failure_class = FailureClass.PROVIDER
 
@@ -280,7 +286,8 @@ def decide(task: Task, attempt: Attempt, classified: Classified, policy: RetryPo
     exhausted = None
     if attempt.number >= budget.max_attempts:
         exhausted = ("attempts", f"all {budget.max_attempts} attempts are used")
-    elif same_fp >= budget.max_same_fingerprint and failure.type != RateLimited.__qualname__:
+    elif same_fp >= budget.max_same_fingerprint and failure.type not in (RateLimited.__qualname__,
+                                                                         DependencyDown.__qualname__):
         return Decision("quarantine", f"poison: the same failure ({failure.fingerprint}) happened {same_fp} times",
                         attention=attention("poison", f"the same failure repeated {same_fp} times; another attempt "
                                             "would fail the same way"), budget_exhausted="same_fingerprint")

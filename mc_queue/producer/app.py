@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from ..client import DEFAULT_LEASE_MS
+from ..client.limits import BreakerSetting
 from ..client.producer import limits_text
 from ..contracts.codec import check_int, check_seconds
 from ..contracts.config import Budget, Retention, RetryPolicy
@@ -79,6 +80,8 @@ class App:
     schedules: dict[str, PeriodicSchedule] = field(default_factory=dict)
     # rate limit key -> (units, per seconds); published like retention (an operator's `mcq limits set` wins)
     limits: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # dependency key -> its circuit breaker; published the same way (an operator's setting wins)
+    breakers: dict[str, BreakerSetting] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
@@ -88,6 +91,8 @@ class App:
             client.operator.set_retention(check_queue(queue), policy, source="app")
         for key, (units, per_s) in self.limits.items():
             client.limits.set(key, units, per_s, source="app", reason=f"declared by app {self.name}")
+        for key, setting in self.breakers.items():
+            client.limits.set_breaker(key, setting, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -134,6 +139,21 @@ class App:
         check_seconds(per_s, what="per_s", high=30 * 86_400)
         self.limits[key] = (units, float(per_s))
 
+    def breaker(self, key: str, *, failure_rate: float = 0.5, min_calls: int = 10, window_s: float = 60.0,
+                open_s: float = 30.0, probes: int = 1, slow_s: float | None = None, slow_rate: float = 0.5,
+                same_failure: int = 0) -> None:
+        """Declare the circuit breaker of dependency ``key`` (:class:`mc_queue.client.limits.BreakerSetting`):
+        while it is open no task naming the key is claimed; its calls go through ``ctx.call(key, fn)``, which
+        records their outcomes. Published like :meth:`limit`; an operator's setting wins."""
+        try:
+            check_limit_name(key)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        setting = BreakerSetting(failure_rate=failure_rate, min_calls=min_calls, window_s=window_s, open_s=open_s,
+                                 probes=probes, slow_s=slow_s, slow_rate=slow_rate, same_failure=same_failure)
+        setting.text()  # InvalidArgument now, not at publication
+        self.breakers[key] = setting
+
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.
 
@@ -146,7 +166,8 @@ class App:
     def handler(self, name: str, *, queue: str | None = None, retry: RetryPolicy | None = None,
                 budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
                 phases: tuple[str, ...] | None = None, reusable_phases: frozenset[str] | None = None,
-                limits: Mapping[str, int] | None = None) -> Callable[[Handler], Handler]:
+                limits: Mapping[str, int] | None = None,
+                needs: tuple[str, ...] | list[str] = ()) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time.
 
         ``phases``: the checkpoint phases (``ctx.checkpoint(phase)``) in the order an Attempt must reach
@@ -154,7 +175,9 @@ class App:
         name goes, in the order the Attempt first reaches it (a phase already reached cannot be recorded
         again with other data). ``reusable_phases``: phases whose data a later Attempt may reuse when
         its scope binding is identical (default: ``source_capture_done``). ``limits``: the rate limits its
-        tasks need and the cost of each in units (``{"github": 1}``; :meth:`limit` sets a key's limit)."""
+        tasks need and the cost of each in units (``{"github": 1}``; :meth:`limit` sets a key's limit).
+        ``needs``: dependencies its tasks need without taking units (cost 0): their circuit breakers
+        (:meth:`breaker`) hold the tasks' claims while open."""
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise InvalidArgument(f"invalid handler name {name!r}: use 1-128 letters, digits, '_', '.', ':', '-'")
         if name in self.handlers:
@@ -179,13 +202,16 @@ class App:
             reusable = frozenset(reusable_phases)
         if ph is not None and not reusable <= set(ph):
             raise InvalidArgument(f"handler {name!r}: reusable phases {sorted(reusable - set(ph))} are not phases")
-        limits_text(limits)  # InvalidArgument for a bad key or cost, now rather than at enqueue
+        if isinstance(needs, str):
+            raise InvalidArgument(f"handler {name!r}: needs is a list of dependency keys, got the string {needs!r}")
+        all_limits = {**{key: 0 for key in needs}, **dict(limits or {})}
+        limits_text(all_limits)  # InvalidArgument for a bad key or cost, now rather than at enqueue
 
         def register(fn: Handler) -> Handler:
             self.handlers[name] = HandlerSpec(
                 name=name, fn=fn, queue=check_queue(queue or self.default_queue), retry=retry or self.retry,
                 budget=budget or self.budget, lease_ms=lease, timeout_s=timeout, phases=ph, reusable_phases=reusable,
-                limits=dict(limits or {}))
+                limits=all_limits)
             return fn
 
         return register

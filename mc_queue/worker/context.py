@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -26,6 +26,7 @@ from ..client import Client
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json, check_seconds, digest
 from ..contracts.errors import (
+    BreakerOpen,
     CancelRequested,
     InvalidArgument,
     McqError,
@@ -33,12 +34,23 @@ from ..contracts.errors import (
     PhaseOutOfOrder,
     WriteRefused,
 )
-from ..contracts.models import Attempt, Heartbeat, Manifest, Task
-from ..policy.classify import BudgetExceeded, CapacityError, ConfigurationFailure, TimeoutBudgetExceeded
+from ..contracts.models import Attempt, FailureClass, Heartbeat, Manifest, Task
+from ..policy.classify import (
+    BudgetExceeded,
+    CapacityError,
+    ConfigurationFailure,
+    DependencyDown,
+    RateLimited,
+    TimeoutBudgetExceeded,
+    classify,
+)
 from ..policy.effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
 from ..producer.app import HandlerSpec
 
 log = logging.getLogger("mc_queue.worker")
+T = TypeVar("T")
+# Failure classes that count against a dependency's circuit breaker (its availability, not the request's).
+DEPENDENCY_CLASSES = frozenset({FailureClass.PROVIDER, FailureClass.CAPACITY, FailureClass.EXECUTOR})
 
 
 class LeaseLost(McqError):
@@ -224,17 +236,52 @@ class Context:
         return needs_s
 
     def calling(self, key: str) -> None:
-        """The tool gateway of rate limit ``key`` (one the task names in ``limits``): say so right before
-        the call to its provider, and the units the claim took count from now, not from the claim: a
-        provider that counts calls then sees no more than the limit in any window, however long the
-        Attempt took to get to its call (one round trip). A call more than a window after the claim takes
-        the units again, or raises :class:`CapacityError` (retried when they are back) when others took them."""
+        """The tool gateway of dependency ``key`` (one the task names in ``limits``): say so right before
+        the call to its provider (one round trip). Its circuit breaker is checked: open, or half-open and
+        this Attempt is no probe, the call is refused before it starts (:class:`DependencyDown`, a capacity
+        failure retried when the breaker half-opens). The units the claim took from its rate limit count
+        from now, not from the claim: a provider that counts calls then sees no more than the limit in any
+        window, however long the Attempt took to get to its call. A call more than a window after the claim
+        takes the units again, or raises :class:`CapacityError` (retried when they are back) when others
+        took them. :meth:`call` does this and records the call's outcome for the breaker."""
         self.check()
         try:
             self._fenced(lambda: self.client.leases.stamp_limit(self.attempt_id, self.fence, key,
                                                                 worker_id=self.worker_id))
         except OverLimit as exc:
             raise CapacityError(str(exc), retry_after=max(0.0, (exc.due_ms - self.now_ms()) / 1000)) from exc
+        except BreakerOpen as exc:
+            raise DependencyDown(str(exc), retry_after=max(0.0, (exc.until_ms - self.now_ms()) / 1000)) from exc
+
+    def call(self, key: str, fn: Callable[[], T], *, needs_s: float | None = None) -> T:
+        """Call dependency ``key`` through its gateway (:meth:`calling`: its breaker checked, its rate limit's
+        units counted from now; ``needs_s``: refused first when the timeout budget has less left,
+        :meth:`time_for`), then record the outcome for its circuit breaker: a failure classified provider,
+        capacity or executor (a 5xx, a 503, a timeout) counts against the dependency, with its fingerprint;
+        anything else (a 4xx, a validation failure) is the request's, not the dependency's, and counts as a
+        call that worked. The exception, if any, is raised again as it was."""
+        if needs_s is not None:
+            self.time_for(f"a call to {key}", needs_s)
+        self.calling(key)
+        started = time.monotonic()
+        try:
+            result = fn()
+        except Exception as exc:
+            failure = classify(exc).failure
+            down = failure.failure_class in DEPENDENCY_CLASSES and not isinstance(exc, (RateLimited, DependencyDown))
+            self._record(key, not down, started, failure.fingerprint if down else "")
+            raise
+        self._record(key, True, started, "")
+        return result
+
+    def _record(self, key: str, ok: bool, started: float, fingerprint: str) -> None:
+        elapsed = round((time.monotonic() - started) * 1000)
+        try:
+            self.client.limits.record(key, ok, elapsed, fingerprint=fingerprint, attempt_id=self.attempt_id,
+                                      actor=self.worker_id)
+        except (McqError, redis.RedisError) as exc:  # the call's own outcome stands; the breaker misses one
+            log.warning("attempt %s: the outcome of a call to %s was not recorded for its breaker: %s",
+                        self.attempt_id, key, exc)
 
     # -- the handler's calls
 

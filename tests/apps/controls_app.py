@@ -62,3 +62,27 @@ def throttled(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     if ctx.attempt.number == 1:
         raise RateLimited("api", "429 from the provider", retry_after=float(payload["retry_after"]))
     return {"attempt": ctx.attempt.number, "at": ctx.now_ms()}
+
+
+# ------------------------------------------------------------------------------ circuit breakers
+
+app.breaker("forge", failure_rate=0.5, min_calls=3, window_s=10.0, open_s=1.0, probes=1)
+
+
+@app.handler("needs-forge", needs=["forge"], budget=Budget(max_attempts=30, max_same_fingerprint=30))
+def needs_forge(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Opens a pull request through the forge's breaker (ctx.call records each outcome)."""
+    prs = forge()
+    try:
+        pr = ctx.effect("open-pr", str(payload["id"]), lambda key: ctx.call(
+            "forge", lambda: prs.open_pr(key, repo="acme/app", head=f"n-{payload['id']}", base="main", title="t",
+                                         fence=ctx.fence)))
+    finally:
+        prs.close()
+    return {"pull_request": pr["number"], "probe": ctx.attempt.number}
+
+
+@app.handler("independent")
+def independent(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Needs nothing: runs whatever the breakers do."""
+    return {"n": payload.get("n")}

@@ -89,7 +89,7 @@ def test_every_page_at_desktop_and_phone_width(browser: Any, console: Running, s
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = {"overview": "/", "tasks": "/tasks", "task-timeline": f"/tasks/{story.reconciled}",
              **{f"task-{state}": f"/tasks/{tid}" for state, tid in story.ids().items() if state != "reconciled"},
-             "attention": "/attention", "dlq": "/dlq", "workers": "/workers"}
+             "attention": "/attention", "dlq": "/dlq", "workers": "/workers", "limits": "/limits"}
     for label, (width, height) in VIEWPORTS.items():
         context = browser.new_context(viewport={"width": width, "height": height})
         pg = context.new_page()

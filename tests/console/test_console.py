@@ -48,6 +48,13 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert first != third and {first, third} <= set(groups)
     assert story.quarantined[1] in fingerprints[first]  # the same failure, one group
     assert "worker-7" in c.get("/workers").text  # holds the running task's lease
+    story.client.limits.set("github", 5, per_s=60, reason="the console lists it")
+    story.client.limits.pause("model:x", 60, reason="429 from the model provider")
+    story.client.limits.set_breaker("forge", reason="the console lists it")
+    story.client.limits.trip("forge", 60, reason="the forge is down for maintenance")
+    limits = c.get("/limits").text
+    assert "github" in limits and "5 per 1m 00s" in limits and "429 from the model provider" in limits
+    assert "opened by hand: the forge is down for maintenance" in limits
     assert c.get("/healthz").text == "ok"
 
 
@@ -266,7 +273,7 @@ def test_redis_down_is_a_banner_and_no_secret_is_rendered(tmp_path: Path) -> Non
         app = create_app(client, sampling=False)
         c = local(app)
         for path in ("/", "/tasks", "/tasks/jobs:01ARZ3NDEKTSV4RRFFQ69G5FAV", "/attention", "/dlq", "/workers",
-                     "/?partial=1"):
+                     "/limits", "/?partial=1"):
             r = c.get(path)
             assert r.status_code == 503, (path, r.status_code)
             assert "Redis cannot be reached" in r.text
@@ -354,7 +361,7 @@ def test_a_lost_namespace_says_so_with_the_way_out(redis_server: RedisServer) ->
     try:
         c = local(create_app(fresh, sampling=False))
         assert "No namespace yet" in c.get("/").text  # read only: the console creates nothing
-        for path in ("/tasks", "/attention", "/dlq", "/workers"):
+        for path in ("/tasks", "/attention", "/dlq", "/workers", "/limits"):
             assert c.get(path).status_code == 200, path
         assert fresh.redis.exists(fresh.keys.meta) == 0
     finally:

@@ -115,6 +115,14 @@ def test_a_cost_above_the_limit_says_it_can_never_be_admitted(q: mc_queue.Client
         claim(q, t)
 
 
+def test_a_cost_of_zero_names_the_key_and_takes_no_units(q: mc_queue.Client) -> None:
+    q.limits.set(LIMIT, 1, per_s=60, reason="one a minute")
+    claim(q, q.producer.enqueue("jobs", "h", {"n": 0}, limits={LIMIT: 1}))
+    for i in range(3):  # the limit is used up, and these need none of it
+        claim(q, q.producer.enqueue("jobs", "h", {"n": i + 1}, limits={LIMIT: 0}))
+    assert q.limits.status(LIMIT).used == 1 and q.redis.zcard(q.keys.limit_log(LIMIT)) == 1
+
+
 def test_a_key_with_no_limit_set_is_not_limited_and_keeps_no_log(q: mc_queue.Client) -> None:
     tasks = [q.producer.enqueue("jobs", "h", {"n": i}, limits={"unset": 1000}) for i in range(3)]
     for t in tasks:
@@ -178,7 +186,7 @@ def test_claiming_without_the_task_limits_costs_one_resend_and_the_wrong_ones_ch
     assert q.limits.status(LIMIT).used == 1
 
 
-@pytest.mark.parametrize("limits", [{"bad key": 1}, {"": 1}, {LIMIT: 0}, {LIMIT: -1}, {LIMIT: 1.5}, {LIMIT: True},
+@pytest.mark.parametrize("limits", [{"bad key": 1}, {"": 1}, {LIMIT: -1}, {LIMIT: 1.5}, {LIMIT: True},
                                     {LIMIT: 10**9}, {f"k{i}": 1 for i in range(9)}, ["github"], "github=1"])
 def test_bad_limits_are_refused_at_enqueue_with_nothing_written(q: mc_queue.Client, limits: Any) -> None:
     q.producer.enqueue("jobs", "h", {"n": 0})
@@ -333,3 +341,21 @@ def test_a_stale_holder_cannot_stamp_and_a_key_the_task_does_not_name_is_refused
     unset = q.producer.enqueue("jobs", "h", {"n": 2}, limits={"unset": 1})
     lu = claim(q, unset)
     assert q.leases.stamp_limit(lu.attempt_id, lu.fence, "unset", worker_id="w1") is None
+
+
+def test_the_metrics_show_each_limit_its_units_its_pause_and_its_deferrals(q: mc_queue.Client) -> None:
+    from mc_queue.ops.metrics import NamespaceCollector
+    from tests.integration.test_metrics_alerts import scrape, v
+
+    q.limits.set(LIMIT, 2, per_s=60, reason="two a minute")
+    tasks = [q.producer.enqueue("jobs", "h", {"n": i}, limits={LIMIT: 1, "model:x": 1}) for i in range(3)]
+    claim(q, tasks[0])
+    claim(q, tasks[1])
+    with pytest.raises(OverLimit):
+        claim(q, tasks[2])
+    q.limits.pause("model:x", 60, reason="429 from the model provider")
+    m, _ = scrape(NamespaceCollector(q))
+    assert v(m, "mcq_rate_limit_units", key=LIMIT) == 2 and v(m, "mcq_rate_limit_window_seconds", key=LIMIT) == 60
+    assert v(m, "mcq_rate_limit_used", key=LIMIT) == 2
+    assert v(m, "mcq_rate_limit_deferred_total", key=LIMIT) == 1
+    assert v(m, "mcq_rate_limit_paused", key=LIMIT) == 0 and v(m, "mcq_rate_limit_paused", key="model:x") == 1

@@ -32,6 +32,7 @@ import redis
 
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
+from mc_queue.client.limits import BreakerSetting
 from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code
 from mc_queue.contracts.periodic import PeriodicSchedule
@@ -144,6 +145,7 @@ def build_world(q: mc_queue.Client) -> World:
     q.redis.zadd(q.keys.suspect, {"not-an-attempt": 1})
     # A task with rate limits (one set, one not), and the set one with room for it.
     q.limits.set("github", 10, per_s=60, reason="fuzz world")
+    q.limits.set_breaker("github", BreakerSetting(min_calls=5), reason="fuzz world")
     w.ids["limited"] = q.producer.enqueue("jobs", "h", {"task": "limited"}, limits={"github": 2, "model:x": 1}).id
     # a running Attempt of a task with a limit: the gateway stamps its units
     w.ids["stamped"] = q.producer.enqueue("jobs", "h", {"task": "stamped"}, limits={"github": 1}).id
@@ -170,6 +172,8 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "claim": lambda: q.leases.claim_attempt(w.ids["limited"], "w2", 60_000, budget_s=30,
                                                 limits=("github", "model:x")),
         "limit_admin": lambda: q.limits.pause("github", 30, reason=REASON),
+        "breaker_record": lambda: q.limits.record("github", False, 12, fingerprint="0123456789abcdef",
+                                                  attempt_id=w.aid("stamped"), actor="w1"),
         "limit_stamp": lambda: q.leases.stamp_limit(w.aid("stamped"), w.fences["stamped"], "github", worker_id="w1"),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
         "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",

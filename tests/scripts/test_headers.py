@@ -626,6 +626,7 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "samples": r":q:[^:]+:samples", "tombs0": r":tombs:[^:]+:[0-9A-Z]{7}",
                 "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}",
                 "state": r":periodic:[A-Za-z0-9_.-]+", "log": r":limit:[A-Za-z0-9_.:-]+",
+                "window": r":breaker:[A-Za-z0-9_.:-]+",
                 # periodic_decide's previous task: its hash, or (no previous task) the state hash, not read
                 "prev": r"(:t:[^:]+:[0-9A-Z]{26}|:periodic:[A-Za-z0-9_.-]+)"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
@@ -699,6 +700,10 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     ll = q.leases.claim_attempt(limited.id, "w", 60_000, limits=("github",))
     q.leases.stamp_limit(ll.attempt_id, ll.fence, "github", worker_id="w")
     q.limits.pause("github", 1, reason="header test pauses a limit")
+    q.limits.set_breaker("github", reason="header test sets a breaker")
+    q.limits.record("github", False, 5, fingerprint="0123456789abcdef", attempt_id=ll.attempt_id, actor="w")
+    q.limits.trip("github", 1, reason="header test trips a breaker")
+    q.limits.reset("github", reason="header test resets a breaker")
     q.operator.resume_queue("jobs", reason="header test resumes")
     q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
                                         overlap="queue"))

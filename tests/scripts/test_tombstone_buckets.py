@@ -92,6 +92,7 @@ def test_a_path_bucket_is_kept_alive_by_a_longer_entry_below_it(q: mc_queue.Clie
 def test_an_id_purged_again_keeps_one_entry_the_new_one(q: mc_queue.Client) -> None:
     tid = task_id("01M8X8KC")
     retire(q, [tid], tombstone_s=0.001)  # a window that ends at once: the id is free again
+    time.sleep(0.005)  # (the 1 ms window has surely ended: enqueued within it, the id is still refused)
     q.redis.pexpire(q.keys.task(tid).tombs[0], 1)
     b = q.keys.task(tid).tombs[0]
     retire(q, [tid], tombstone_s=3600, reason="the second retirement of this id")

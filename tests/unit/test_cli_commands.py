@@ -12,11 +12,12 @@ import mc_queue.cli
 from mc_queue.cli import main
 
 EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split; `wait`, `schedule`)
-    "mcq": ["archive", "attention", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health", "limits",
-            "metrics",
+    "mcq": ["archive", "attention", "breakers", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health",
+            "limits", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
             "show", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
+    "mcq breakers": ["close", "open"],
     "mcq dlq": ["list", "purge", "replay", "show"],
     "mcq health": ["worker"],
     "mcq limits": ["delete", "pause", "resume", "set"],

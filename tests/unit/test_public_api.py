@@ -18,7 +18,7 @@ EXPECTED = {
     "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
     "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded",
     "Outcome", "WaitTimedOut",
-    "TimeoutBudgetExceeded", "RateLimited", "OverLimit",
+    "TimeoutBudgetExceeded", "RateLimited", "OverLimit", "DependencyDown",
 }
 
 

@@ -220,6 +220,9 @@ class Console:
     def workers(self, request: Request) -> Response:
         return self.page(request, "workers.html", "Workers", lambda: pages.workers(self.client))
 
+    def limits(self, request: Request) -> Response:
+        return self.page(request, "limits.html", "Rate limits", lambda: pages.limits(self.client))
+
     # ------------------------------------------------------------------ actions
 
     async def action(self, request: Request) -> Response:
@@ -473,6 +476,7 @@ def create_app(client: Client, *, read_only: bool = False, token: str | None = N
         Route("/attention", console.attention),
         Route("/dlq", console.dlq),
         Route("/workers", console.workers),
+        Route("/limits", console.limits),
         Route("/go", console.go),
         Route("/healthz", healthz),
         Route("/actions/{name}", console.action, methods=["POST"]),

@@ -414,3 +414,21 @@ def workers(client: Client) -> dict[str, Any]:
                      "beat": "never" if beat is None else f"{duration(float(beat) * 1000)} ago"})
     rows.sort(key=lambda r: (not r["alive"], str(r["worker"])))
     return {"workers": rows, "alive": sum(1 for r in rows if r["alive"])}
+
+
+def limits(client: Client) -> dict[str, Any]:
+    """The rate limits and circuit breakers now (Redis clock): each key's setting, units used and left,
+    pause, breaker state, deferred claims."""
+    rows = []
+    for st in client.limits.all():
+        rows.append({
+            "key": st.key, "limit": st.limit, "per": duration(st.window_ms) if st.window_ms else None,
+            "source": st.source, "used": st.used, "left": st.left, "paused": st.paused,
+            "paused_for": duration(max(0, (st.paused_until_ms or 0) - st.now_ms)) if st.paused else None,
+            "why": st.pause_reason if st.paused else None, "deferred": st.deferred,
+            "full": st.left == 0 if st.left is not None else False,
+            "breaker": st.breaker is not None or st.breaker_state != "closed", "bstate": st.breaker_state,
+            "bfor": duration(max(0, (st.breaker_until_ms or 0) - st.now_ms)) if st.breaker_until_ms else None,
+            "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred})
+    return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
+            "open": sum(1 for r in rows if r["bstate"] != "closed")}
