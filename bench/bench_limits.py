@@ -53,10 +53,11 @@ class Provider:
     """A local HTTP provider: ``POST /call`` -> 200, the arrival recorded (monotonic seconds, its own clock)."""
 
     def __init__(self) -> None:
+        self.down = False  # True: every request is answered 503 (an outage)
         self.arrivals: list[float] = []
         self.by_task: dict[str, float] = {}
         lock = threading.Lock()
-        arrivals, by_task = self.arrivals, self.by_task
+        arrivals, by_task, me = self.arrivals, self.by_task, self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -74,7 +75,7 @@ class Provider:
                     except (ValueError, KeyError, TypeError):
                         pass
                 body = b"{}"
-                self.send_response(200)
+                self.send_response(503 if me.down else 200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

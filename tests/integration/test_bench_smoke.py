@@ -37,6 +37,8 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     # a verdict (exit 1) on overshoot at the provider is the long run's to give, not a few seconds'
     "bench_limits.py": (["--tasks", "40", "--limit", "10", "--window-s", "1", "--pool", "2"], '"overshoot_at_claims"',
                         (0, 1)),
+    "bench_breakers.py": (["--seconds", "8", "--outage", "2", "5", "--backlog", "40", "--workers", "2"],
+                          '"claims_while_open"', (0, 1)),
     "bench_wait.py": (["--tasks", "300", "--group", "50"], "| wall time of the waits |", (0,)),
     "bench_schedule.py": (["--delayed", "200", "--probes", "10", "--spread-s", "0.5", "--fill-procs", "1"],
                           "mean_ms:", (0,)),
@@ -56,8 +58,9 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
 BACKGROUND = {"chaos.py", "failover.py"}
 CHAOS_SHORT = "tests/faults/test_chaos_short.py"  # bench/chaos.py --short, to its report
 # Not benchmarks themselves: imported by the others.
-ELSEWHERE = {"noop_app.py": "bench_workers.py's App", "controls_app.py": "bench_limits.py's App",
-              "noop_jobs.py": "bench_workers.py's RQ jobs",
+ELSEWHERE = {"noop_app.py": "bench_workers.py's App",
+             "controls_app.py": "bench_limits.py's and bench_breakers.py's App",
+             "noop_jobs.py": "bench_workers.py's RQ jobs",
              "recovery_app.py": "bench_recovery.py's App and RQ job"}
 
 
