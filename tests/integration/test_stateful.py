@@ -180,6 +180,7 @@ from mc_queue.contracts.errors import (
     LeaseExpired,
     McqError,
     NamespaceLost,
+    OverLimit,
     PhaseOutOfOrder,
     ResultConflict,
     RetryRefused,
@@ -198,6 +199,8 @@ HANDLERS = ("h1", "h2")
 WORKERS = ("w1", "w2", "w3")
 LONG_MS = 60_000  # never runs out within one run
 SHORT_MS = 1  # has run out once _let_clock_pass() returns
+LIMIT_KEY, LIMIT_UNITS = "api", 1  # the rate limit some tasks name: 1 unit an hour
+REACHED: Counter[str] = Counter()  # outcomes the runs reached (the test checks the rare ones were)
 FAILURES = (
     make_failure("provider", "Timeout", "the provider timed out"),
     make_failure("validation", "TestsFailed", "3 tests failed"),
@@ -312,6 +315,7 @@ class ModelTask:
     dependents: list[str] = field(default_factory=list)  # the tasks that waited or wait for it
     owed: bool = False  # in the released index: it ended with dependents, release.lua has not run since
     released: bool = False  # release.lua ran since its last dependent was added ('released_at')
+    limited: bool = False  # it names the rate limit LIMIT_KEY (cost 1): each claim takes a unit
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Every move into an ended state of a task with dependents puts it in the released index
@@ -358,6 +362,12 @@ class Purged:
     attempts: int
     refused: bool  # enqueue refuses the id until the window passes
     fence: int  # the fence counter the task had
+
+
+def _limits(queue: str) -> dict[str, int] | None:
+    """The second queue's tasks name the rate limit (a property of the queue, not a draw: which task a
+    rule picks among those of a queue then does not decide what its claim does)."""
+    return {LIMIT_KEY: 1} if queue == QUEUES[1] else None
 
 
 def _running(t: ModelTask) -> bool:
@@ -415,6 +425,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.terminal_snapshots: dict[tuple[str, int], dict[str, Any]] = {}
         self.last_fence: dict[str, int] = {}
         self.owed_gone: set[str] = set()  # purged tasks the released index still names
+        # A rate limit of LIMIT_UNITS an hour: within a run, units taken never return, so a claim of a
+        # limited task is admitted while units are left and deferred (no lease, not due) after.
+        self.q.limits.set(LIMIT_KEY, LIMIT_UNITS, per_s=3600, reason="the stateful test's limit")
+        self.nslog["limit_set"] += 1
+        self.units_used = 0
 
     def teardown(self) -> None:
         for r in self.recorders:
@@ -444,11 +459,13 @@ class QueueMachine(RuleBasedStateMachine):
         """Mostly a task the rule can act on (so runs make progress), sometimes any task, and
         sometimes a task id nobody enqueued or a purged one."""
         roll = data.draw(st.integers(0, 9), label="task choice")
-        good = sorted(tid for tid, t in self.model.items() if prefer(t))
+        # (in the order the run made them, not by id: ids made in one millisecond sort either way, and a
+        # draw must pick the same task when a run is replayed)
+        good = [tid for tid, t in self.model.items() if prefer(t)]
         if roll == 9 or not self.model:
-            gone = [GHOST, *sorted(tid for tid in self.purged if tid not in self.model)]
+            gone = [GHOST, *(tid for tid in self.purged if tid not in self.model)]
             return data.draw(st.sampled_from(gone), label="absent task")
-        pool = good if roll < 7 and good else sorted(self.model)
+        pool = good if roll < 7 and good else list(self.model)
         return data.draw(st.sampled_from(pool), label="task")
 
     def _pick_fenced(self, data: st.DataObject, task: str) -> tuple[int, int]:
@@ -565,7 +582,8 @@ class QueueMachine(RuleBasedStateMachine):
             audit()
         policy, budget = CONFIGS[CONFIG_OF[(handler, payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
-                               retry_policy=policy, budget=budget, delay_s=delay_ms / 1000 if delay_ms else None)
+                               retry_policy=policy, budget=budget, delay_s=delay_ms / 1000 if delay_ms else None,
+                               limits=_limits(queue))
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
             return None
@@ -582,7 +600,7 @@ class QueueMachine(RuleBasedStateMachine):
             return existing
         assert task.id not in self.model, "a new enqueue must create a new task"
         assert task_id is None or task.id == task_id
-        t = ModelTask(task.id, queue, handler, payload, idem)
+        t = ModelTask(task.id, queue, handler, payload, idem, limited=_limits(queue) is not None)
         if task.id in self.purged:  # the id of a purged task, enqueued again after its window
             for key in [k for k in self.terminal_snapshots if k[0] == task.id]:
                 del self.terminal_snapshots[key]
@@ -619,7 +637,7 @@ class QueueMachine(RuleBasedStateMachine):
         for q, h, p, k, tid, delay_ms in items:
             policy, budget = CONFIGS[CONFIG_OF[(h, p)]]
             batch.append(NewTask(q, h, _payload(p), k, task_id=tid, retry_policy=policy, budget=budget,
-                                 delay_s=delay_ms / 1000 if delay_ms else None))
+                                 delay_s=delay_ms / 1000 if delay_ms else None, limits=_limits(q)))
         tasks, exc = self._call(self.q.producer.enqueue_many, batch)
         self._expect(f"enqueue_many({items})", expected, exc)
         if exc is not None:
@@ -647,7 +665,7 @@ class QueueMachine(RuleBasedStateMachine):
                     break
         policy, budget = CONFIGS[CONFIG_OF[(HANDLERS[0], payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, HANDLERS[0], _payload(payload), retry_policy=policy,
-                               budget=budget, after=parents, after_mode=mode)
+                               budget=budget, after=parents, after_mode=mode, limits=_limits(queue))
         self._expect(f"enqueue(after={parents}, after_mode={mode})", expected, exc)
         if exc is not None:
             return
@@ -712,13 +730,22 @@ class QueueMachine(RuleBasedStateMachine):
                 dup = True
             elif not _claimable(t):
                 expected = ClaimRejected
+            elif t.limited and self.units_used >= LIMIT_UNITS:
+                expected = OverLimit  # every unit of the hour is taken: deferred, nothing held
         lease, exc = self._call(self.q.leases.claim_attempt, task, worker, lease_ms, request_id=request_id)
         self._expect(f"claim({task}, {worker}, lease_ms={lease_ms}, request_id={request_id})", expected, exc)
         if t is None:
             return False
+        if isinstance(exc, OverLimit):
+            REACHED["over_limit"] += 1
+            t.events["claim_limited"] += 1
+            t.latest.due = False  # due when a unit returns: an hour from the first claim
+            return False
         if exc is not None:
             t.events["claim_refused"] += 1
             return False
+        if t.limited and not dup:
+            self.units_used += 1
         a = t.latest
         assert (lease.number, lease.attempt_id) == (a.n, f"{task}/{a.n}")
         if dup:
@@ -1237,7 +1264,7 @@ class QueueMachine(RuleBasedStateMachine):
         """recover() by hand: recover_begin holds the namespace (a claim is refused meanwhile, nothing
         written), recover_finish is refused while a lease from before is indexed (recovery_refused),
         the leases are voided with the recovering epoch, then the namespace is ok again."""
-        claimable = sorted(tid for tid, t in self.model.items() if _claimable(t))
+        claimable = [tid for tid, t in self.model.items() if _claimable(t)]
         if claimable and not any(_running(t) for t in self.model.values()):  # a lease to void
             self._op_claim(data.draw(st.sampled_from(claimable), label="a running task"), "w-before", LONG_MS, None)
         epoch, floor = self.q.operator.begin_recovery(reason="stateful test recovers by hand")
@@ -1630,7 +1657,7 @@ class QueueMachine(RuleBasedStateMachine):
         the lease may still write late with its old fence (renew, complete, fail), and the operator
         retries the task, which a worker claims at once (refused until it is due)."""
         if not any(t.latest.state == "suspect" or (_running(t) and t.latest.expired) for t in self.model.values()):
-            claimable = sorted(tid for tid, t in self.model.items() if _claimable(t))
+            claimable = [tid for tid, t in self.model.items() if _claimable(t)]
             if claimable:
                 self._op_claim(data.draw(st.sampled_from(claimable), label="vanishing worker's task"), "w-gone",
                                SHORT_MS, None)
@@ -1947,4 +1974,6 @@ SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None,
 
 def test_queue_matches_model(stateful_redis: RedisServer) -> None:
     machine = type("QueueMachineRun", (QueueMachine,), {"url": stateful_redis.url})
+    REACHED.clear()
     run_state_machine_as_test(machine, settings=SETTINGS)
+    assert REACHED["over_limit"] > 0, "no run used up the rate limit: its deferral was never checked"
