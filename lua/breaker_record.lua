@@ -64,7 +64,7 @@ local function open(why)
   return {'OK', 'open'}
 end
 
-local kind, b1, b2 = string.match(c[2] or '', '^(%a+) (%d+) ?(%d*)$')
+local kind, b1, b2, b3 = string.match(c[2] or '', '^(%a+) (%d+) ?(%d*) ?(%d*)$')
 if kind == 'open' then return {'NOOP', 'breaker ' .. A.key .. ' is open: a late outcome is not counted'} end
 if kind == 'half' then
   if bad_call then
@@ -72,7 +72,7 @@ if kind == 'half' then
   end
   local ok = (tonumber(b2) or 0) + 1
   if ok < probes then
-    redis.call('HSET', K.limits, A.key .. '|bstate', 'half ' .. b1 .. ' ' .. ok)
+    redis.call('HSET', K.limits, A.key .. '|bstate', 'half ' .. b1 .. ' ' .. ok .. ' ' .. b3)
     return {'OK', 'half'}
   end
   redis.call('HDEL', K.limits, A.key .. '|bstate')

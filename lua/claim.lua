@@ -24,7 +24,8 @@
 -- KEYS[14] limits    rate limits (limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>", "<key>|used",
 --                    "<key>|paused", "<key>|why", "<key>|next" (the next free slot of a deferred Attempt);
 --                    its circuit breaker: "<key>|breaker" (its setting), "<key>|bstate" ("open <until ms>" |
---                    "half <probes out> <probes that succeeded>", absent: closed), "<key>|bwhy"
+--                    "half <probes out> <probes that succeeded> <last probe admitted, ms>", absent: closed),
+--                    "<key>|bwhy"
 -- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
 --                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
@@ -164,11 +165,17 @@ for i, w in ipairs(wanted) do
   if cost == 0 then st.lim = nil end  -- (a dependency only: no units taken)
   local at, why_l, kind = nil, nil, 'rate limit '
   local paused = tonumber(c[3] or '')
-  local bkind, b1, b2 = string.match(c[6] or '', '^(%a+) (%d+) ?(%d*)$')
+  local bkind, b1, b2, b3 = string.match(c[6] or '', '^(%a+) (%d+) ?(%d*) ?(%d*)$')
   local probes = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ %d+ (%d+)') or '1') or 1
   local open_ms = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ (%d+)') or '30000') or 30000
   if bkind == 'open' and tonumber(b1) <= ts then  -- its open time is over: half-open, no probe admitted yet
     bkind, b1, b2 = 'half', '0', '0'
+    st.half_opened = true
+  end
+  if bkind == 'half' and tonumber(b1) >= probes and b3 ~= '' and ts - tonumber(b3) > 2 * open_ms then
+    -- every probe is out, and none reported for twice the open time (its worker died, or it hangs):
+    -- the breaker must not wait on them for ever, so it admits new probes
+    b1 = '0'
     st.half_opened = true
   end
   if bkind == 'open' then
@@ -258,7 +265,7 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     redis.call('HINCRBY', K.stats, 'breaker_half_open|' .. st.name, 1)
   end
   if st.probe then
-    redis.call('HSET', K.limits, st.name .. '|bstate', 'half ' .. st.probes_out .. ' ' .. st.probes_ok)
+    redis.call('HSET', K.limits, st.name .. '|bstate', 'half ' .. st.probes_out .. ' ' .. st.probes_ok .. ' ' .. ts_s)
     probe[#probe + 1] = st.name
   end
   if st.lim then

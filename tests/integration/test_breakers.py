@@ -212,3 +212,21 @@ def test_an_outage_opens_it_dependents_wait_others_run_and_probes_close_it(
 
 
 APP = "tests.apps.controls_app:app"
+
+
+def test_probes_that_never_report_are_replaced_after_twice_the_open_time(q: mc_queue.Client) -> None:
+    q.limits.set_breaker(KEY, setting(open_s=0.2, probes=1), reason="the forge's breaker")
+    record(q, False, False, False, False)
+    until = open_until(q)
+    tasks = [needs(q, i) for i in range(3)]
+    while redis_ms(q.redis) <= until:
+        time.sleep(0.02)
+    probe = claim(q, tasks[0])  # the probe's worker then dies: no outcome ever comes
+    with pytest.raises(OverLimit, match="half-open, its 1 probe"):  # within twice the open time: wait
+        claim(q, tasks[1])
+    admitted = probe.claimed_now_ms
+    while redis_ms(q.redis) <= admitted + 400:
+        time.sleep(0.02)
+    claim(q, tasks[2])  # past it: a new probe, the breaker does not wait for ever
+    assert q.redis.hget(q.keys.task(tasks[2].id).task, "1.probe") == KEY
+    assert record(q, True) == ["closed"]
