@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -98,7 +99,13 @@ class McqWorkerPool(WorkerPool):
             if data.pid in self.voided_for:
                 return
             self.voided_for.add(data.pid)
-            worker_died(data.name, data.pid, data.process.exitcode)
+            # RQ's loop may be reaping it this instant: its waitpid took the status, and the returncode it
+            # stores comes a moment later (ours, meanwhile, found no child): wait for it, briefly.
+            code, deadline = data.process.exitcode, time.monotonic() + 0.5
+            while code is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+                code = data.process.exitcode
+            worker_died(data.name, data.pid, code)
 
     def watch(self) -> None:
         while not self.ended.is_set():
