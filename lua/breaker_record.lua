@@ -44,11 +44,10 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A
 if err then return err end
 
 local c = redis.call('HMGET', K.limits, A.key .. '|breaker', A.key .. '|bstate')
-local rate, min_calls, win, open_ms, probes, slow_ms, slow_rate, same =
-  string.match(c[1] or '', '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ')
-if not rate then return {'NOOP', 'no circuit breaker ' .. A.key} end
-rate, min_calls, win, open_ms = tonumber(rate), tonumber(min_calls), tonumber(win), tonumber(open_ms)
-probes, slow_ms, slow_rate, same = tonumber(probes), tonumber(slow_ms), tonumber(slow_rate), tonumber(same)
+local b = breaker_setting(c[1])
+if not b then return {'NOOP', 'no circuit breaker ' .. A.key} end
+local rate, min_calls, win, open_ms = b.rate, b.min_calls, b.win, b.open_ms
+local probes, slow_ms, slow_rate, same = b.probes, b.slow_ms, b.slow_rate, b.same
 local ts = now_ms()
 local slow = slow_ms > 0 and A.elapsed_ms >= slow_ms
 local bad_call = A.outcome == 'fail' or slow

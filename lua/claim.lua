@@ -148,11 +148,6 @@ end
 -- that left the window), and when the units this task needs come back (the oldest entries in the window).
 -- (In these loops K is a limit's: its log, and the namespace's limits hash and stats.)
 for _, it in ipairs(ITEMS) do it.limits, it.stats, it.nslog = K.limits, K.stats, K.nslog end
-local function units(K, used, win)
-  local gone, old = 0, redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
-  for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
-  return used - gone, #old
-end
 local plan, over_at, over_why = {}, nil, nil
 for i, w in ipairs(wanted) do
   local K = ITEMS[i]
@@ -166,8 +161,8 @@ for i, w in ipairs(wanted) do
   local at, why_l, kind = nil, nil, 'rate limit '
   local paused = tonumber(c[3] or '')
   local bkind, b1, b2, b3 = string.match(c[6] or '', '^(%a+) (%d+) ?(%d*) ?(%d*)$')
-  local probes = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ %d+ (%d+)') or '1') or 1
-  local open_ms = tonumber(string.match(c[7] or '', '^%d+ %d+ %d+ (%d+)') or '30000') or 30000
+  local bset = breaker_setting(c[7]) or {probes = 1, open_ms = 30000}  -- (opened by hand, never set: defaults)
+  local probes, open_ms = bset.probes, bset.open_ms
   if bkind == 'open' and tonumber(b1) <= ts then  -- its open time is over: half-open, no probe admitted yet
     bkind, b1, b2 = 'half', '0', '0'
     st.half_opened = true
@@ -192,8 +187,7 @@ for i, w in ipairs(wanted) do
   elseif paused and paused > ts then
     at, why_l = paused, 'paused until ' .. c[3] .. ' ms (Redis clock): ' .. (c[4] or '')
   elseif st.lim then
-    st.used = redis.call('EXISTS', K.log) == 1 and (tonumber(c[2] or '0') or 0) or 0  -- (a log that expired: none)
-    local inwin, old = units(K, st.used, st.win)
+    local inwin, old = window_units(K, tonumber(c[2] or '0') or 0, st.win, ts)
     st.inwin, st.old = inwin, old
     if inwin + cost > st.lim then
       why_l = inwin .. ' of ' .. st.lim .. ' units used in the last ' .. st.win .. ' ms, ' .. cost .. ' wanted'
@@ -268,12 +262,7 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     redis.call('HSET', K.limits, st.name .. '|bstate', 'half ' .. st.probes_out .. ' ' .. st.probes_ok .. ' ' .. ts_s)
     probe[#probe + 1] = st.name
   end
-  if st.lim then
-    if st.old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - st.win) end
-    redis.call('ZADD', K.log, ts_s, aid .. ' ' .. st.cost)
-    redis.call('PEXPIRE', K.log, st.win + 1000)  -- (idle for a window: nothing in it counts any more)
-    redis.call('HSET', K.limits, st.name .. '|used', fmt(st.inwin + st.cost))
-  end
+  if st.lim then window_take(K, st.name, aid .. ' ' .. st.cost, st.cost, st.inwin, st.old, st.win, ts) end
 end
 move_count(K.counts, queue, state, 'running')
 if #probe > 0 then aset(K.attempts, n, {'probe', table.concat(probe, ',')}) end

@@ -81,19 +81,12 @@ if at and at > ts - win then  -- still in the window: counted from now
   return {'OK', ts_s}
 end
 -- Its units left the window (or its log was dropped): take them again, as a claim would.
-local used = redis.call('EXISTS', K.log) == 1 and (tonumber(c[2] or '0') or 0) or 0
-local gone = 0
-local old = redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
-for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
-local inwin = used - gone
+local inwin, old = window_units(K, tonumber(c[2] or '0') or 0, win, ts)
 if inwin + cost > lim then
   local first = redis.call('ZRANGEBYSCORE', K.log, '(' .. fmt(ts - win), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local due = first[2] and (tonumber(first[2]) + win) or (ts + win)
   return {'E_LIMITED', 'rate limit ' .. A.key .. ': ' .. inwin .. ' of ' .. lim .. ' units used in the last ' ..
     win .. ' ms, ' .. cost .. ' wanted (this call came more than a window after its claim)', fmt(due)}
 end
-if #old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - win) end
-redis.call('ZADD', K.log, ts_s, member)
-redis.call('PEXPIRE', K.log, win + 1000)
-redis.call('HSET', K.limits, A.key .. '|used', fmt(inwin + cost))
+window_take(K, A.key, member, cost, inwin, old, win, ts)
 return {'OK', ts_s}

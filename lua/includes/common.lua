@@ -145,6 +145,33 @@ local function parse_limits(v)
   return out
 end
 
+-- A rate limit's units in its window ending at ts: the running total ``used`` (none once its log expired)
+-- less the entries that left the window; and how many entries left it. K: log.
+local function window_units(K, used, win, ts)
+  if redis.call('EXISTS', K.log) == 0 then return 0, 0 end
+  local gone, old = 0, redis.call('ZRANGEBYSCORE', K.log, '-inf', ts - win)
+  for _, m in ipairs(old) do gone = gone + (tonumber(string.match(m, ' (%d+)$')) or 0) end
+  return used - gone, #old
+end
+
+-- Take ``cost`` units of rate limit ``name`` at ts (window_units said ``inwin`` in the window, ``old`` gone
+-- from it): the entries that left dropped, ``member`` logged, the running total kept. K: log, limits.
+local function window_take(K, name, member, cost, inwin, old, win, ts)
+  if old > 0 then redis.call('ZREMRANGEBYSCORE', K.log, '-inf', ts - win) end
+  redis.call('ZADD', K.log, fmt(ts), member)
+  redis.call('PEXPIRE', K.log, win + 1000)  -- (idle for a window: nothing in it counts any more)
+  redis.call('HSET', K.limits, name .. '|used', fmt(inwin + cost))
+end
+
+-- A circuit breaker's setting as limit_admin.lua stores it ("<failure %> <min calls> <window ms> <open ms>
+-- <probes> <slow ms> <slow %> <same failure> <source>"), as numbers; nil when there is none.
+local function breaker_setting(text)
+  local v = {string.match(text or '', '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)')}
+  if #v < 8 then return nil end
+  return {rate = tonumber(v[1]), min_calls = tonumber(v[2]), win = tonumber(v[3]), open_ms = tonumber(v[4]),
+    probes = tonumber(v[5]), slow_ms = tonumber(v[6]), slow_rate = tonumber(v[7]), same = tonumber(v[8])}
+end
+
 local function check_arg(v, kind, p1, p2)
   if kind == 'int' or kind == 'int?' then
     if v == '' and kind == 'int?' then return nil end
