@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import mc_queue  # noqa: E402
-from bench.bench_limits import Provider  # noqa: E402
+from bench.bench_limits import Provider, mcq_processes  # noqa: E402
 from bench.controls_app import KEY, app  # noqa: E402
 from mc_queue.producer.dispatch import AppClient  # noqa: E402
 from mc_queue.testing import RedisServer  # noqa: E402
@@ -58,10 +57,7 @@ def main() -> None:
         tmp = Path(tmpdir)
         client = mc_queue.connect(server.url, prefix=PREFIX)
         ac = AppClient(app, client)
-        base = [sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env.update(MCQ_BENCH_PROVIDER=provider.url, MCQ_HOME=str(tmp / "home"))
-        (tmp / "home").mkdir(mode=0o700)
+        base, env = mcq_processes(server.url, PREFIX, tmp, provider)
         deps: list[str] = []
         frees: list[str] = []
         stop = threading.Event()
@@ -115,14 +111,7 @@ def main() -> None:
                 time.sleep(0.2)
         finally:
             stop.set()
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            provider.close()
+            stop(procs, provider)
         # Redis clock <-> this process's monotonic clock, for the outage's bounds
         offset_ms = client.backend.redis_time_ms() - time.monotonic() * 1000
         out_lo, out_hi = outage_at[0] * 1000 + offset_ms, outage_at[1] * 1000 + offset_ms

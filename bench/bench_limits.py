@@ -90,6 +90,26 @@ class Provider:
         self.server.shutdown()
 
 
+def mcq_processes(url: str, prefix: str, tmp: Path, provider: Provider) -> tuple[list[str], dict[str, str]]:
+    """The `mcq` command line for a namespace, and the environment of its processes (a private home)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
+    env.update(MCQ_BENCH_PROVIDER=provider.url, MCQ_HOME=str(tmp / "home"))
+    (tmp / "home").mkdir(mode=0o700)
+    return [sys.executable, "-m", "mc_queue", "--redis-url", url, "--prefix", prefix], env
+
+
+def stop(procs: list[subprocess.Popen[bytes]], provider: Provider) -> None:
+    """Terminate the processes (killed after 20 s) and the provider."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    provider.close()
+
+
 def most_in_window(times: list[float], window: float) -> int:
     """The most entries of ``times`` (sorted) in any window [t, t + window) that starts at one of them."""
     best, j = 0, 0
@@ -146,10 +166,7 @@ def main() -> None:
         client = mc_queue.connect(server.url, prefix=PREFIX)
         client.limits.set(KEY, args.limit, per_s=args.window_s + args.guard_ms / 1000, reason="the bench's limit")
         ac = AppClient(app, client)
-        base = [sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}
-        env.update(MCQ_BENCH_PROVIDER=provider.url, MCQ_HOME=str(tmp / "home"))
-        (tmp / "home").mkdir(mode=0o700)
+        base, env = mcq_processes(server.url, PREFIX, tmp, provider)
         try:
             ids: list[str] = []
             for start in range(0, args.tasks, 500):
@@ -177,14 +194,7 @@ def main() -> None:
                 time.sleep(0.2)
             drain_s = time.monotonic() - t0
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            provider.close()
+            stop(procs, provider)
         claims, lateness, refound = [], [], 0
         delays: list[float] = []
         deferred_tasks = 0
