@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import mc_queue  # noqa: E402
 from bench.bench_limits import Provider, mcq_processes  # noqa: E402
+from bench.bench_limits import stop as stop_processes  # noqa: E402
 from bench.controls_app import KEY, app  # noqa: E402
 from mc_queue.producer.dispatch import AppClient  # noqa: E402
 from mc_queue.testing import RedisServer  # noqa: E402
@@ -111,7 +112,7 @@ def main() -> None:
                 time.sleep(0.2)
         finally:
             stop.set()
-            stop(procs, provider)
+            stop_processes(procs, provider)
         # Redis clock <-> this process's monotonic clock, for the outage's bounds
         offset_ms = client.backend.redis_time_ms() - time.monotonic() * 1000
         out_lo, out_hi = outage_at[0] * 1000 + offset_ms, outage_at[1] * 1000 + offset_ms
