@@ -18,6 +18,7 @@
 -- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
 -- KEYS[14] released  tasks that ended with dependents waiting (the sweeper's release.lua)
+-- KEYS[15] slotwait  Attempts waiting for a concurrency slot (a canceled one leaves the line)
 -- ARGV[1] reason     why (recorded; at least ten characters)
 -- ARGV[2] actor
 -- ARGV[3] timeout_ms how long the executor has to acknowledge
@@ -31,7 +32,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], task = KEYS[5],
   attempts = KEYS[6], events = KEYS[7], pending = KEYS[8], cancels = KEYS[9],
-  stats = KEYS[10], attention = KEYS[11], done = KEYS[12], held = KEYS[13], released = KEYS[14]}
+  stats = KEYS[10], attention = KEYS[11], done = KEYS[12], held = KEYS[13], released = KEYS[14],
+  slotwait = KEYS[15]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
@@ -64,6 +66,8 @@ if astate == 'running' or astate == 'suspect' or astate == 'reconciling' then
 end
 if astate == 'pending' then
   aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts, 'settled_by', 'cancel'})
+  local parked = aget(K.attempts, n, 'parked')
+  if parked then redis.call('ZREM', K.slotwait, parked) end
 end
 redis.call('ZREM', K.pending, task_id)
 redis.call('HSET', K.task, 'state', 'canceled', 'active', '')

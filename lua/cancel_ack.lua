@@ -13,6 +13,9 @@
 -- KEYS[10] stats     counters for metrics (refusals, expiries, decisions)
 -- KEYS[11] fence     the task's fence counter
 -- KEYS[12] lease     the task's lease key
+-- KEYS[13] slotheld  concurrency slots held (the Attempt's return: slots_free)
+-- KEYS[14] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
+-- KEYS[15] slotwake  waiters to wake (slot_wake.lua)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the executor holds
 -- ARGV[3] worker     worker id
@@ -30,7 +33,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
   cancels = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], stats = KEYS[10],
-  fence = KEYS[11], lease = KEYS[12]}
+  fence = KEYS[11], lease = KEYS[12], slotheld = KEYS[13], slotwait = KEYS[14], slotwake = KEYS[15]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -61,6 +64,7 @@ aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 
   'cancel_ack_fence', new_fence})
 redis.call('DEL', K.lease)
 redis.call('ZREM', K.leases, id .. '/' .. n)
+slots_free(K, n, id .. '/' .. n, ts)
 redis.call('ZREM', K.cancels, id .. '/' .. n)
 redis.call('ZADD', K.suspect, ts, id .. '/' .. n)
 emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'new_fence', new_fence})

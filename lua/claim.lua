@@ -25,7 +25,13 @@
 --                    "<key>|paused", "<key>|why", "<key>|next" (the next free slot of a deferred Attempt);
 --                    its circuit breaker: "<key>|breaker" (its setting), "<key>|bstate" ("open <until ms>" |
 --                    "half <probes out> <probes that succeeded> <last probe admitted, ms>", absent: closed),
---                    "<key>|bwhy"
+--                    "<key>|bwhy"; its concurrency slots: "<key>|slots" ("<slots> <on full> <source>", or the family's
+--                    "<family>:*|slots"), "<key>|wfence" (its writer fence, one more at each slot taken)
+-- KEYS[15] done      the queue's finished tasks (a task rejected by a full concurrency key ends here)
+-- KEYS[16] held      the queue's tasks waiting for a person
+-- KEYS[17] released  tasks that ended with dependents waiting
+-- KEYS[18] slotheld  concurrency slots held: "<key>\n<claimed at ms, 15 digits>\n<attempt id>" (score 0)
+-- KEYS[19] slotwait  Attempts waiting for a slot: "<key>\n<place, 15 digits>\n<queue>\n<task id>" (score 0)
 -- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
 --                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
@@ -47,9 +53,18 @@
 -- sweeper sends it then. Deferred Attempts of a key are due one slot (window / limit * cost) apart from
 -- its 'next': a backlog does not wake all at once for one returning unit (which would cost a claim per
 -- waiting Attempt per unit), and a limit used in a burst is used evenly after it. A key with no limit set is not limited (a pause still holds it).
+-- Concurrency keys (bulkheads): a key with slots set (its own or its family's) admits at most that many
+-- running Attempts; each claimed one holds a slot (cost 0 takes none) until it stops running (complete, fail,
+-- expire, cancel_ack return it: slots_free), and gets the key's next writer fence ('slots': "<key> <fence>",
+-- for the provider to refuse an older writer). A full key: 'wait' parks the Attempt (pending, not due for
+-- PARK_MS, in line in slotwait: the first slot returned wakes it, keeping its place when it must wait
+-- again); 'supersede' parks it too and names the oldest holder for the caller to cancel; 'reject' cancels the
+-- task (E_REJECTED). Parking wins over a rate limit's deferral (its units are checked when it wakes).
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at, deadline_ms[, task, attempts]}
 --          | {'DUP', ...same...}  (deadline_ms: '' when the Attempt has none)
---          | {'E_LIMITED', why, due_ms} (over a rate limit or paused: offered again at due_ms)
+--          | {'E_LIMITED', why, due_ms, supersede} (over a rate limit or paused: offered again at due_ms; or
+--            waiting for a concurrency slot: supersede is the holder's attempt id to cancel, or '')
+--          | {'E_REJECTED', why} (a concurrency key that rejects when full is full: the task is canceled)
 --          | {'E_LIMITKEYS', limits} (the logs given are not the task's limits: its 'limits' field, to send again)
 --          (recovered_at: when the namespace was last recovered, ms, or '': a task created before it may
 --          have lost effect records, so its worker asks the provider before each first call; task and
@@ -57,13 +72,15 @@
 --          when the task hash holds them, as every task written since 2026-12 does)
 --          {'E_CLAIM', why, holder} | {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 --          {'E_BADARG', why}
--- Events: attempt_claimed | claim_refused | claim_limited | breaker_half_open (nslog)
+-- Events: attempt_claimed | claim_refused | claim_limited | task_canceled | breaker_half_open (nslog)
 -- Idempotent: by request id
 --@include common
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
-  stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13], limits = KEYS[14]}
+  stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13], limits = KEYS[14], done = KEYS[15],
+  held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19]}
+local PARK_MS = 300000  -- a parked Attempt's due time: what a wake that never came would cost
 bind_task(K)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
@@ -76,7 +93,7 @@ local A, bad = args(ARGV, {
   'budget_ms', 'int?', 1, MAX_INT,
 }, {'limit_key', 'lkey', false, false}, 0, true)
 if bad then return bad end
-local ITEMS = each_keys(KEYS, 15, {'log'}, #A.items)
+local ITEMS = each_keys(KEYS, 20, {'log'}, #A.items)
 if not ITEMS then return {'E_BADARG', 'expected a log key for each of the ' .. #A.items .. ' limits'} end
 for i, I in ipairs(A.items) do
   local K = ITEMS[i]  -- (the item's keys)
@@ -112,7 +129,7 @@ if not lease_ms then  -- the task's own, never above the ceiling
 end
 local aid = task_id .. '/' .. n
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
-  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline', n .. '.limited')
+  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline', n .. '.limited', n .. '.parked')
 local ts = now_ms()
 local due = tonumber(a[6] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
 
@@ -147,13 +164,14 @@ end
 -- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
 -- that left the window), and when the units this task needs come back (the oldest entries in the window).
 -- (In these loops K is a limit's: its log, and the namespace's limits hash and stats.)
-for _, it in ipairs(ITEMS) do it.limits, it.stats, it.nslog = K.limits, K.stats, K.nslog end
-local plan, over_at, over_why = {}, nil, nil
+for _, it in ipairs(ITEMS) do it.limits, it.stats, it.nslog, it.slotheld = K.limits, K.stats, K.nslog, K.slotheld end
+local plan, over_at, over_why, full = {}, nil, nil, nil
 for i, w in ipairs(wanted) do
   local K = ITEMS[i]
   local name, cost = w[1], w[2]
+  local fam = slot_family(name)
   local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next',
-    name .. '|bstate', name .. '|breaker', name .. '|bwhy')
+    name .. '|bstate', name .. '|breaker', name .. '|bwhy', name .. '|slots', fam and (fam .. '|slots') or name .. '|slots')
   local st = {name = name, cost = cost, K = K, next = tonumber(c[5] or '')}
   local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
   st.lim, st.win = tonumber(lim), tonumber(win)
@@ -211,7 +229,55 @@ for i, w in ipairs(wanted) do
     st.over = true
     if not over_at or at > over_at then over_at, over_why = at, kind .. name .. ': ' .. why_l end
   end
+  local slots = cost > 0 and (slot_setting(c[9]) or slot_setting(c[10])) or nil
+  if slots then
+    local lo, hi = slot_range(name)
+    local running = redis.call('ZLEXCOUNT', K.slotheld, lo, hi)
+    if running >= slots.slots then
+      if not full or (slots.on_full == 'reject' and full.on_full ~= 'reject') then
+        full = {name = name, on_full = slots.on_full, lo = lo, hi = hi,
+          why = 'concurrency key ' .. name .. ': ' .. running .. ' of ' .. slots.slots .. ' slots held'}
+      end
+    else
+      st.slot = true
+    end
+  end
   plan[i] = st
+end
+if full and full.on_full == 'reject' then  -- the newest is rejected: the task ends, canceled, and says why
+  local why = full.why .. ' (rejects when full)'
+  local ts_s = fmt(ts)
+  aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts_s, 'settled_by', 'cancel'})
+  if a[11] then redis.call('ZREM', K.slotwait, a[11]) ; redis.call('HDEL', K.attempts, n .. '.parked') end
+  redis.call('ZREM', K.pending, task_id)
+  redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'cancel_requested', why, 'cancel_at', ts_s,
+    'cancel_by', A.worker, 'updated_at', ts_s)
+  move_count(K.counts, queue, state, 'canceled')
+  index_end(K, task_id, state, 'canceled', ts)
+  redis.call('HINCRBY', K.stats, 'slot_rejected|' .. full.name, 1)
+  emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.worker, 'reason', why})
+  return {'E_REJECTED', why}
+elseif full then
+  -- Parked: in line for the key's next free slot (keeping its place if it was in line already), not due
+  -- until then; 'supersede' also names the oldest holder, for the caller to cancel.
+  local place = string.match(a[11] or '', '^[^\n]+\n(%d+)\n') or slot_pad(redis.call('HINCRBY', K.meta, 'slot_seq', 1))
+  local member = full.name .. '\n' .. place .. '\n' .. queue .. '\n' .. task_id
+  if a[11] and a[11] ~= member then redis.call('ZREM', K.slotwait, a[11]) end
+  redis.call('ZADD', K.slotwait, 0, member)
+  local supersede = ''
+  if full.on_full == 'supersede' then
+    local h = redis.call('ZRANGEBYLEX', K.slotheld, full.lo, full.hi, 'LIMIT', 0, 1)[1]
+    supersede = h and string.match(h, '\n%d+\n(.+)$') or ''
+  end
+  local due_s = fmt(ts + PARK_MS)
+  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', full.why,
+    'parked', member})
+  redis.call('HDEL', K.attempts, n .. '.dispatched_at')
+  redis.call('ZADD', K.pending, 'XX', due_s, task_id)
+  redis.call('HINCRBY', K.stats, 'slot_waited|' .. full.name, 1)
+  emit(K.events, 'claim_limited', {'attempt', n, 'worker', A.worker, 'reason', full.why, 'due_at', due_s,
+    'key', full.name, 'supersede', supersede})
+  return {'E_LIMITED', full.why, due_s, supersede}
 end
 if over_at then
   -- Offered again when its units return (the latest of its limits'), never before the next free slot.
@@ -230,7 +296,7 @@ if over_at then
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
   redis.call('ZADD', K.pending, 'XX', due_s, task_id)
   emit(K.events, 'claim_limited', {'attempt', n, 'worker', A.worker, 'reason', over_why, 'due_at', due_s})
-  return {'E_LIMITED', over_why, due_s}
+  return {'E_LIMITED', over_why, due_s, ''}
 end
 
 -- (A task that keeps its Attempts in its hash was written after its fence counter moved there: no key
@@ -251,7 +317,7 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
-local probe = {}
+local probe, slots = {}, {}
 for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units; a half-open breaker a probe
   local K = st.K
   if st.half_opened then
@@ -263,6 +329,15 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     probe[#probe + 1] = st.name
   end
   if st.lim then window_take(K, st.name, aid .. ' ' .. st.cost, st.cost, st.inwin, st.old, st.win, ts) end
+  if st.slot then  -- a concurrency slot, and the key's next writer fence
+    redis.call('ZADD', K.slotheld, 0, st.name .. '\n' .. slot_pad(ts) .. '\n' .. aid)
+    slots[#slots + 1] = st.name .. ' ' .. redis.call('HINCRBY', K.limits, st.name .. '|wfence', 1)
+  end
+end
+if #slots > 0 then aset(K.attempts, n, {'slots', table.concat(slots, ','), 'slots_at', ts_s}) end
+if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
+  redis.call('ZREM', K.slotwait, a[11])
+  redis.call('HDEL', K.attempts, n .. '.parked')
 end
 move_count(K.counts, queue, state, 'running')
 if #probe > 0 then aset(K.attempts, n, {'probe', table.concat(probe, ',')}) end

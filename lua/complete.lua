@@ -17,6 +17,9 @@
 -- KEYS[12] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[13] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
 -- KEYS[14] released  tasks that ended with dependents waiting (the sweeper's release.lua)
+-- KEYS[15] slotheld  concurrency slots held (the Attempt's return: slots_free)
+-- KEYS[16] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
+-- KEYS[17] slotwake  waiters to wake (slot_wake.lua)
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
@@ -41,7 +44,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
-  done = KEYS[12], held = KEYS[13], released = KEYS[14]}
+  done = KEYS[12], held = KEYS[13], released = KEYS[14], slotheld = KEYS[15], slotwait = KEYS[16], slotwake = KEYS[17]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -87,6 +90,7 @@ if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tok
 redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
+slots_free(K, n, t[2] .. '/' .. n, ts)
 move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers

@@ -22,6 +22,9 @@
 -- KEYS[15] done      the queue's finished tasks (succeeded, canceled) -> when (ms)
 -- KEYS[16] held      the queue's tasks waiting for a person (failed, blocked, quarantined)
 -- KEYS[17] released  tasks that ended with dependents waiting (the sweeper's release.lua)
+-- KEYS[18] slotheld  concurrency slots held (the Attempt's return: slots_free)
+-- KEYS[19] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
+-- KEYS[20] slotwake  waiters to wake (slot_wake.lua)
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -56,7 +59,7 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
   dlq = KEYS[11], stats = KEYS[12], fence = KEYS[13], lease = KEYS[14],
-  done = KEYS[15], held = KEYS[16], released = KEYS[17]}
+  done = KEYS[15], held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19], slotwake = KEYS[20]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -96,6 +99,7 @@ if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost'
 if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
+slots_free(K, n, t[2] .. '/' .. n, ts)
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)

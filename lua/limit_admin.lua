@@ -8,28 +8,34 @@
 -- A circuit breaker of the same key: 'breaker' sets it ("<failure %> <min calls> <window ms> <open ms> <probes>
 -- <slow ms> <slow %> <same failure>": breaker_record.lua), 'trip' opens it by hand for for_ms (until then no
 -- task naming the key is claimed; then half-open), 'reset' closes it by hand (its window cleared).
+-- Concurrency slots of the key (a bulkhead: 'slots' sets "<slots> <on full> <source>", 'unslots' deletes it):
+-- at most that many running Attempts of tasks naming the key (claim.lua); the key may be a family, '<name>:*',
+-- giving each key '<name>:...' its own slots. A change wakes the key's waiters at the sweeper's next audit
+-- (slot_audit.lua). The key's writer fence is never deleted (a provider keeps the highest it saw).
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
 -- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
---                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy"
+--                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy", "<key>|slots"
 -- KEYS[5] log        the key's admission log (delete drops it)
 -- KEYS[6] window     the key's circuit breaker window (delete and reset clear it)
 -- ARGV[1] epoch
 -- ARGV[2] actor
--- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset'
--- ARGV[4] key        the limit's key
--- ARGV[5] limit      units admitted per window (set), else ''
+-- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset' | 'slots' | 'unslots'
+-- ARGV[4] key        the limit's key (for slots and unslots also a family: '<name>:*')
+-- ARGV[5] limit      units admitted per window (set), or the concurrency slots (slots, 1..1000000), else ''
 -- ARGV[6] window_ms  the sliding window (set; at most 30 days), else ''
 -- ARGV[7] for_ms     how long a pause or a trip holds, from now on Redis's clock (at most 30 days), else ''
 -- ARGV[8] source     'operator' | 'app' | 'worker': who sets it
 -- ARGV[9] reason     why, recorded (a pause's or a trip's reason is what deferred claims say)
 -- ARGV[10] breaker   the breaker's setting (breaker), else ''
+-- ARGV[11] on_full   what a claim does when the key's slots are all held (slots): 'wait' | 'reject' |
+--                    'supersede', else ''
 -- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}; for a trip, when it half-opens)
 --          | {'NOOP', why}
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed | breaker_set | breaker_opened |
---                 breaker_closed
+--                 breaker_closed | slots_set | slots_deleted
 -- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
 --@include common
 
@@ -38,18 +44,29 @@ local MAX_WINDOW_MS = 2592000000
 local A, bad = args(ARGV, {
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
-  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|', false,
-  'key', 'lkey', false, false,
+  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|', false,
+  'key', 'text', 130, false,
   'limit', 'int?', 1, 999999999,
   'window_ms', 'int?', 1, MAX_WINDOW_MS,
   'for_ms', 'int?', 1, MAX_WINDOW_MS,
   'source', 'enum', '|operator|app|worker|', false,
   'reason', 'text', 2000, false,
   'breaker', 'text', 200, false,
+  'on_full', 'enum', '||wait|reject|supersede|', false,
 })
 if bad then return bad end
-if string.sub(K.window, -(#A.key + 9)) ~= ':breaker:' .. A.key then
-  return {'E_BADARG', 'window is not the window of breaker ' .. A.key}
+local family = (A.op == 'slots' or A.op == 'unslots') and string.match(A.key, '^(.+:)%*$') or nil
+local base = family or A.key
+if #base > 128 or not string.find(base, '^[%w][%w_%.:%-]*$') then
+  return {'E_BADARG', "key must be 1-128 of letters, digits, '_', '.', ':', '-', starting with a letter or digit" ..
+    " (for slots also '<name>:*', a family)"}
+end
+if string.sub(K.window, -(#base + 9)) ~= ':breaker:' .. base then
+  return {'E_BADARG', 'window is not the window of breaker ' .. base}
+end
+if (A.op == 'slots') ~= (A.on_full ~= '') then return {'E_BADARG', 'on_full is for slots, and slots needs it'} end
+if A.op == 'slots' and (not A.limit or A.limit > 1000000) then
+  return {'E_BADARG', 'slots needs a limit: the running Attempts the key admits, 1..1000000'}
 end
 local cfg = {string.match(A.breaker, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
 if A.op == 'breaker' then
@@ -66,17 +83,20 @@ if A.op == 'breaker' then
 elseif A.breaker ~= '' then
   return {'E_BADARG', 'breaker is for op breaker only'}
 end
-if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
+if string.sub(K.log, -(#base + 7)) ~= ':limit:' .. base then return {'E_BADARG', 'log is not the log of ' .. base} end
 if A.op == 'set' and not (A.limit and A.window_ms) then return {'E_BADARG', 'set needs a limit and a window_ms'} end
 if (A.op == 'pause' or A.op == 'trip') and not A.for_ms then return {'E_BADARG', A.op .. ' needs for_ms'} end
-if A.op ~= 'set' and (A.limit or A.window_ms) then return {'E_BADARG', 'limit and window_ms are for set only'} end
+if A.op ~= 'set' and (A.op ~= 'slots' and A.limit or A.window_ms) then
+  return {'E_BADARG', 'limit and window_ms are for set only (limit also for slots)'}
+end
 if A.op ~= 'pause' and A.op ~= 'trip' and A.for_ms then return {'E_BADARG', 'for_ms is for pause and trip only'} end
 if A.reason == '' then return {'E_BADARG', 'reason: say why (it is recorded)'} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)
 if err then return err end
 
 local ts = now_ms()
-local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate')
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate',
+  A.key .. '|slots')
 local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
 local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
 if A.op == 'set' then
@@ -88,10 +108,25 @@ if A.op == 'set' then
   redis.call('HSET', K.limits, A.key, value)
   emit(K.nslog, 'limit_set', {'limit', A.raw.limit, 'window_ms', A.raw.window_ms, unpack(ev)})
   return {'OK', 'set', ts}
+elseif A.op == 'slots' then
+  local value = A.raw.limit .. ' ' .. A.on_full .. ' ' .. A.source
+  local _, _, was = string.match(c[5] or '', '^(%d+) (%a+) (%a+)$')
+  if was == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set the slots of ' .. A.key .. ' (' .. c[5] .. '): the App does not replace them'}
+  end
+  if c[5] == value then return {'NOOP', A.key .. ' has ' .. A.raw.limit .. ' slots (' .. A.on_full .. ') already'} end
+  redis.call('HSET', K.limits, A.key .. '|slots', value)
+  emit(K.nslog, 'slots_set', {'slots', A.raw.limit, 'on_full', A.on_full, unpack(ev)})
+  return {'OK', 'slots', ts}
+elseif A.op == 'unslots' then
+  if not c[5] then return {'NOOP', 'no slots set for ' .. A.key} end
+  redis.call('HDEL', K.limits, A.key .. '|slots')
+  emit(K.nslog, 'slots_deleted', ev)
+  return {'OK', 'unslots', ts}
 elseif A.op == 'delete' then
-  if not c[1] and not c[2] and not c[3] then return {'NOOP', 'no limit ' .. A.key} end
+  if not c[1] and not c[2] and not c[3] and not c[5] then return {'NOOP', 'no limit ' .. A.key} end
   redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next',
-    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy')
+    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots')
   redis.call('DEL', K.log, K.window)
   emit(K.nslog, 'limit_deleted', ev)
   return {'OK', 'delete', ts}

@@ -172,6 +172,49 @@ local function breaker_setting(text)
     probes = tonumber(v[5]), slow_ms = tonumber(v[6]), slow_rate = tonumber(v[7]), same = tonumber(v[8])}
 end
 
+-- Concurrency keys (bulkheads): a key's setting "<key>|slots" in the limits hash ("<slots> <on full> <source>",
+-- on full: wait | reject | supersede), else its family's "<family>:*|slots" (the family: the key up to its
+-- first ':', so 'repo:*' gives every 'repo:<name>' its own slots). Its holders are members of the slotheld
+-- zset, its waiters of the slotwait zset, both ordered by their text (score 0): "<key>\n<15 digits>\n...",
+-- the digits a holder's claim time or a waiter's place in line, so a key's are one ZRANGEBYLEX range.
+local function slot_setting(text)
+  local n, on_full = string.match(text or '', '^(%d+) (%a+)')
+  if not n then return nil end
+  return {slots = tonumber(n), on_full = on_full}
+end
+
+local function slot_family(name)
+  local f = string.match(name, '^([^:]+):.')
+  return f and (f .. ':*') or nil
+end
+
+-- The ZRANGEBYLEX bounds of a key's members ('\n' ends the key; '\11' is the next byte).
+local function slot_range(name) return '[' .. name .. '\n', '(' .. name .. '\11' end
+
+local function slot_pad(ms) return string.format('%015.0f', tonumber(ms) or 0) end
+
+-- The Attempt (n of the task at K: attempts, slotheld, slotwait, slotwake) stops running: each concurrency
+-- slot it holds returns ('slots': "<key> <writer fence>,..." and 'slots_at', written by its claim), and the
+-- first waiter of that key is put in the wake set (slot_wake.lua makes it due; the sweeper runs it). Safe
+-- to run twice: a slot returns once (ZREM says so). Returns how many slots returned.
+local function slots_free(K, n, aid, ts)
+  local v = redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at')
+  if not v[1] or v[1] == '' then return 0 end
+  local at, freed = slot_pad(v[2]), 0
+  for key in string.gmatch(v[1], '([^ ,]+) %d+') do
+    if redis.call('ZREM', K.slotheld, key .. '\n' .. at .. '\n' .. aid) == 1 then
+      freed = freed + 1
+      local lo, hi = slot_range(key)
+      local w = redis.call('ZRANGEBYLEX', K.slotwait, lo, hi, 'LIMIT', 0, 1)[1]
+      if w then
+        redis.call('ZREM', K.slotwait, w)
+        redis.call('ZADD', K.slotwake, 'NX', fmt(ts), w)
+      end
+    end
+  end
+  return freed
+end
+
 local function check_arg(v, kind, p1, p2)
   if kind == 'int' or kind == 'int?' then
     if v == '' and kind == 'int?' then return nil end

@@ -54,6 +54,10 @@ class Role:
         released index (a task with dependents enters it as it ends)."""
         return {"done": tk.done, "held": tk.held, "released": self.keys.released}
 
+    def _slot_keys(self) -> dict[str, str]:
+        """The concurrency slots an Attempt's end returns (lua slots_free): who holds, who waits, who to wake."""
+        return {"slotheld": self.keys.slotheld, "slotwait": self.keys.slotwait, "slotwake": self.keys.slotwake}
+
     def _ns_keys(self) -> dict[str, str]:
         return self.backend.ns_keys()
 

@@ -32,6 +32,7 @@ from .producer import Producer
 from .reads import Reads
 from .results import Results
 from .schedule import Schedule
+from .slots import Slots
 
 
 class Client:
@@ -41,7 +42,7 @@ class Client:
     (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
     what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
     for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
-    tasks whose parents ended; ``limits`` sets, pauses and reads rate limits.
+    tasks whose parents ended; ``limits`` sets, pauses and reads rate limits; ``slots`` the concurrency keys.
     ``backend`` runs the scripts and keeps the namespace epoch and replication
     lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
@@ -60,6 +61,7 @@ class Client:
         self.periodic = Periodic(backend, self.producer, self.operator)
         self.dependencies = Dependencies(backend)
         self.limits = Limits(backend)
+        self.slots = Slots(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

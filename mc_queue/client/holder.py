@@ -140,7 +140,8 @@ class LeaseHolder(Role):
         tk = self.keys.task(c.task_id)
         return ({**self._ns_keys(), "stats": self.keys.stats, "counts": self.keys.counts, "leases": self.keys.leases,
                  "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
-                 "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused, "limits": self.keys.limits},
+                 "fence": tk.fence, "lease": tk.lease, "paused": self.keys.paused, "limits": self.keys.limits,
+                 **self._end_keys(tk), "slotheld": self.keys.slotheld, "slotwait": self.keys.slotwait},
                 {"worker": worker_id, "lease_ms": c.lease_ms, "epoch": epoch, "min_seq": self.ns.seq_seen,
                  "request_id": c.request_id, "expect_n": c.expect_attempt, "with_task": "1" if with_task else "",
                  "budget_ms": c.budget_ms},
@@ -213,7 +214,7 @@ class LeaseHolder(Role):
         text = canonical_json(c.result, what="result")
         return ({**self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
                  "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "fence": tk.fence,
-                 "lease": tk.lease, **self._end_keys(tk)},
+                 "lease": tk.lease, **self._end_keys(tk), **self._slot_keys()},
                 {"n": n, **self._fenced_args(c.attempt_id, c.fence, worker_id), "result": text,
                  "result_digest": digest(text), "cost": decimal_text(c.cost, what="cost"),
                  "tokens": check_int(c.tokens, what="tokens", high=MAX_TOKENS), "snapshot": "1" if snapshot else ""})
@@ -290,7 +291,7 @@ class LeaseHolder(Role):
             **self._ns_keys(), "counts": self.keys.counts, "leases": self.keys.leases, "task": tk.task,
             "stats": self.keys.stats, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
             "attention": self.keys.attention, "dlq": self.keys.dlq, "fence": tk.fence,
-            "lease": tk.lease, **self._end_keys(tk),
+            "lease": tk.lease, **self._end_keys(tk), **self._slot_keys(),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "failure": text,
             "failure_digest": digest(text), "fclass": f.failure_class.value, "fingerprint": f.fingerprint,
             "cost": decimal_text(cost, what="cost"), "tokens": check_int(tokens, what="tokens", high=MAX_TOKENS),
@@ -376,7 +377,7 @@ class LeaseHolder(Role):
         reply = self._run("cancel_ack", {
             **self._ns_keys(), "stats": self.keys.stats, "leases": self.keys.leases, "suspect": self.keys.suspect,
             "cancels": self.keys.cancels, "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
-            "fence": tk.fence, "lease": tk.lease,
+            "fence": tk.fence, "lease": tk.lease, **self._slot_keys(),
         }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "request_id": request_id or uuid.uuid4().hex})
         raise_for_reply(reply, script="cancel_ack", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return int(reply[1])

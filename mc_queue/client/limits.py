@@ -178,7 +178,7 @@ class Limits(Role):
                                              "window": window},
                              {"epoch": epoch, "actor": who, "op": op, "key": key, "limit": limit,
                               "window_ms": window_ms, "for_ms": for_ms, "source": source, "reason": reason,
-                              "breaker": breaker})
+                              "breaker": breaker, "on_full": ""})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="limit_admin")
@@ -194,7 +194,8 @@ class Limits(Role):
         """Every rate limit set or paused (or the ``keys`` given), by key: two round trips, and the
         entries of each log's window are read to count the units in it."""
         fields = cast(dict[str, str], self.redis.hgetall(self.keys.limits))
-        names = sorted({k.partition("|")[0] for k in fields if not k.endswith(("|next", "|used"))}) \
+        own = ("|next", "|used", "|slots", "|wfence")  # (units taken; a concurrency key's: mc_queue.client.slots)
+        names = sorted({k.partition("|")[0] for k in fields if not k.endswith(own)}) \
             if keys is None else list(keys)
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()

@@ -106,7 +106,7 @@ class Maintenance(Role):
             calls.append(({"meta": self.keys.meta, "epochs": self.keys.epochs, "nslog": self.keys.nslog,
                            "leases": self.keys.leases, "stats": self.keys.stats, "suspect": self.keys.suspect,
                            "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
-                           "cancels": self.keys.cancels, "fence": tk.fence, "lease": tk.lease},
+                           "cancels": self.keys.cancels, "fence": tk.fence, "lease": tk.lease, **self._slot_keys()},
                           {"member": member, "actor": actor, "force": force, "reason": reason, "epoch": epoch,
                            "holder": holder}))
         if not calls:

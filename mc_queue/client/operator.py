@@ -62,6 +62,7 @@ class Operator(Role):
                 **self._ns_keys(), "counts": self.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
                 "events": tk.events, "pending": tk.pending, "cancels": self.keys.cancels,
                 "stats": self.keys.stats, "attention": self.keys.attention, **self._end_keys(tk),
+                "slotwait": self.keys.slotwait,
             }, {"reason": reason, "actor": actor or self.actor, "timeout_ms": ack_timeout_ms, "epoch": epoch})
 
         reply = self._with_epoch(call)

@@ -42,6 +42,7 @@ class Code(StrEnum):
     E_LIMITED = "E_LIMITED"  # claim: over a rate limit (or paused); offered again when the units return
     E_LIMITKEYS = "E_LIMITKEYS"  # claim: the limit logs given are not the task's limits (send them again)
     E_OPEN = "E_OPEN"        # limit_stamp: the dependency's circuit breaker is open (or half-open, no probe)
+    E_REJECTED = "E_REJECTED"  # claim: a full concurrency key that rejects the newest canceled the task
 
 
 SUCCESS_CODES = frozenset({Code.OK, Code.DUP, Code.NOOP, Code.DONE, Code.PENDING})
@@ -94,12 +95,20 @@ class ClaimRejected(TransitionRefused):
 
 
 class OverLimit(ClaimRejected):
-    """Not claimed: the task's rate limit has no room for its cost now, or is paused. Nothing is held:
-    the Attempt stays pending, due again at ``due_ms`` (Redis clock) when the units return."""
+    """Not claimed: the task's rate limit has no room for its cost now, or is paused, or a concurrency key
+    it names has every slot held. Nothing is held: the Attempt stays pending, due again at ``due_ms`` (Redis
+    clock) when the units return, or woken when a slot does. ``supersede``: the attempt id of the key's
+    oldest holder, when the key supersedes the running one (the caller cancels its task), else ''."""
 
-    def __init__(self, message: str, *, due_ms: int = 0, **kw: Any) -> None:
+    def __init__(self, message: str, *, due_ms: int = 0, supersede: str = "", **kw: Any) -> None:
         super().__init__(message, **kw)
         self.due_ms = due_ms
+        self.supersede = supersede
+
+
+class SlotRejected(ClaimRejected):
+    """Not claimed, and the task is canceled: a concurrency key it names has every slot held and rejects
+    the newest when full (the reason is in the task's history)."""
 
 
 class BreakerOpen(TransitionRefused):
@@ -298,8 +307,15 @@ def raise_for_reply(
         holder = f" (held by {second})" if second else ""
         raise ClaimRejected(f"claim of {where} rejected: {first}{holder}", **ctx)
     if code is Code.E_LIMITED:
+        third = detail[2] if len(detail) > 2 else ""
+        if first.startswith("concurrency key "):
+            raise OverLimit(f"{script} of {where} waits for a slot: {first}"
+                            + (f"; superseding {third}" if third else ""),
+                            due_ms=int(second) if second.isdigit() else 0, supersede=third, **ctx)
         raise OverLimit(f"{script} of {where} deferred: {first}; units back at {second} ms (Redis clock)",
-                          due_ms=int(second) if second.isdigit() else 0, **ctx)
+                        due_ms=int(second) if second.isdigit() else 0, **ctx)
+    if code is Code.E_REJECTED:
+        raise SlotRejected(f"claim of {where} rejected, the task is canceled: {first}", **ctx)
     if code is Code.E_OPEN:
         raise BreakerOpen(f"{script} of {where} refused: {first}", until_ms=int(second) if second.isdigit() else 0,
                           **ctx)

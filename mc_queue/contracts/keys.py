@@ -40,7 +40,15 @@ Key schema (``P`` = ``{prefix}``)::
     P:limits               hash   rate limits (lua/limit_admin.lua): "<key>" -> "<limit> <window_ms> <source>" (cost
                                   units admitted per sliding window), "<key>|used" (units in the log), "<key>|paused"
                                   (until, ms: a provider's 429), "<key>|why" (the pause's reason), "<key>|next" (the
-                                  next free slot of a deferred claim); the claim checks and takes units
+                                  next free slot of a deferred claim); the claim checks and takes units;
+                                  concurrency: "<key>|slots" ("<slots> <on full> <source>", a key or a family
+                                  '<name>:*'), "<key>|wfence" (the key's writer fence, one more per slot taken)
+    P:slotheld             zset   concurrency slots held, score 0, by text: "<key>\n<claimed at, 15 digits>\n<attempt
+                                  id>" (claim.lua adds; complete, fail, expire, cancel_ack return it: slots_free)
+    P:slotwait             zset   Attempts parked for a slot, score 0, by text: "<key>\n<place, 15 digits>\n<queue>
+                                  \n<task id>" (a returned slot wakes its key's first)
+    P:slotwake             zset   waiters whose slot returned (same members) -> when (ms): slot_wake.lua (the
+                                  sweeper) makes each due; slot_audit.lua adds those a free slot waits for
     P:breaker:<key>        hash   a circuit breaker's window (lua/breaker_record.lua): "<bucket ms>|calls", "|fails",
                                   "|slow", "|fp:<fingerprint>" -> counts, ten buckets to a window (PEXPIRE a window)
     P:limit:<key>          zset   a rate limit's admission log: "<attempt id> <cost>" -> when it was claimed (ms);
@@ -227,6 +235,9 @@ class Keys:
         self.periodic = f"{tag}:periodic"
         self.released = f"{tag}:released"  # tasks that ended with dependents waiting: parent id -> when (ms)
         self.limits = f"{tag}:limits"  # rate limits: config, units used, pauses (lua/limit_admin.lua, claim.lua)
+        self.slotheld = f"{tag}:slotheld"  # concurrency slots held: "<key>\n<claimed at>\n<attempt id>" (score 0)
+        self.slotwait = f"{tag}:slotwait"  # Attempts waiting for a slot: "<key>\n<place>\n<queue>\n<task id>"
+        self.slotwake = f"{tag}:slotwake"  # waiters to wake (slot_wake.lua), scored by when their slot returned
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

@@ -127,6 +127,9 @@ class Attempt(_Record):
     checkpoints: dict[str, Any] = Field(default_factory=dict)
     limited: int = 0  # how many claims a rate limit deferred (lua/claim.lua E_LIMITED)
     limited_by: str | None = None  # the last deferral's reason
+    # concurrency keys it held a slot of -> the writer fence its claim got (lua/claim.lua 'slots')
+    slots: dict[str, int] = Field(default_factory=dict)
+    waiting_for: str | None = None  # the concurrency key it is parked in line for (lua/claim.lua 'parked')
     dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
 
     @property
@@ -184,6 +187,8 @@ class Attempt(_Record):
             dispatches=int(f.get("dispatches") or 0),
             limited=int(f.get("limited") or 0),
             limited_by=f.get("limited_by") or None,
+            slots={k: int(v) for k, _, v in (i.partition(" ") for i in (f.get("slots") or "").split(",") if i)},
+            waiting_for=(f.get("parked") or "").partition("\n")[0] or None,
         )
 
 

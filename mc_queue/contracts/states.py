@@ -45,7 +45,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("task", "waiting", "pending|scheduled|canceled", "release", "sweeper",
              "its last parent ended: due now or at its own due time; canceled when a parent did not succeed "
              "and it asked that each succeed")
-    + _edges("task", "pending|backoff|scheduled", "running", "claim", "worker", "backoff and scheduled only once due")
+    + _edges("task", "pending|backoff|scheduled", "running|canceled", "claim", "worker",
+             "backoff and scheduled only once due; canceled when a concurrency key it names is full and rejects "
+             "the newest (on_full reject)")
     + _edges("task", "running", "succeeded", "complete", "worker holding the fence")
     + _edges("task", "running", _DECIDED, "fail", "worker holding the fence; the policy decides",
              "wait -> failed, retry -> pending|backoff, stop -> blocked, quarantine -> quarantined")
@@ -68,7 +70,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges("attempt", "-", "pending", "reconcile_settle", "policy", "Attempt N+1 of a retry decision")
     + _edges("attempt", "-", "pending", "retry", "operator or policy", "Attempt N+1 with its reason")
     + _edges("attempt", "-", "pending", "dlq_replay", "operator", "Attempt N+1 out of the DLQ")
-    + _edges("attempt", "pending", "running", "claim", "worker", "a new fence (INCR) and a lease key (PXAT expiry)")
+    + _edges("attempt", "pending", "running|canceled", "claim", "worker",
+             "a new fence (INCR) and a lease key (PXAT expiry); canceled when a full concurrency key rejects it")
     + _edges("attempt", "running", "succeeded", "complete", "worker holding the fence and a live lease")
     + _edges("attempt", "running", "failed", "fail", "worker holding the fence and a live lease")
     + _edges("attempt", "running", "suspect", "expire", "sweeper, or the worker whose process died",

@@ -83,11 +83,12 @@ class SweepReport:
     aged: list[str] = field(default_factory=list)  # "<attempt id> p<from>-><to>": messages moved up by aging
     released: list[str] = field(default_factory=list)  # tasks whose parents all ended as they wait for: pending
     canceled: list[str] = field(default_factory=list)  # tasks canceled because a parent did not succeed
+    woken: list[str] = field(default_factory=list)  # Attempts parked for a concurrency slot, made due as one returned
 
     def as_dict(self) -> dict[str, Any]:
         return {"expired": self.expired, "reconciled": self.reconciled, "dispatched": self.dispatched,
                 "ticks": self.ticks, "deadlines": self.deadlines, "aged": self.aged, "released": self.released,
-                "canceled": self.canceled,
+                "canceled": self.canceled, "woken": self.woken,
                 "rechecked": self.rechecked, "tidied": self.tidied, "dropped": self.dropped, "errors": self.errors,
                 "paused": self.paused, "packed": self.packed, "retired": self.retired, "archived": self.archived,
                 "namespace": self.namespace, "archive_error": self.archive_error, "forgotten": self.forgotten}
@@ -158,6 +159,7 @@ class Sweeper:
         try:
             self._tick(report)
             self._release(report)
+            self._wake_slots(report, audit=True)
             self._deadlines(report)
             self._age(report)
             self._expire(report)
@@ -190,6 +192,11 @@ class Sweeper:
         report.canceled.extend(r.canceled)
         report.errors.extend(r.errors)
         self._send_unpaused([f"{t}/1" for t in r.released], report)
+
+    def _wake_slots(self, report: SweepReport, *, audit: bool = False) -> None:
+        """Send the Attempts whose concurrency slot returned (``Slots.wake_due``; a pass audits first)."""
+        report.woken += self.client.slots.wake_due(limit=self.batch, actor=self.actor, audit=audit)
+        self._send_unpaused(report.woken, report)
 
     def _send_unpaused(self, aids: list[str], report: SweepReport) -> None:
         """Send these Attempts 1 of new or released tasks now, but not those of a paused queue (the dispatch
@@ -297,22 +304,24 @@ class Sweeper:
         return ready[:self.batch]
 
     def promote(self) -> list[str]:
-        """Send what came due since the last look: a scheduled task at its due time, a retry once its
-        backoff is over (``Maintenance.came_due``), without waiting for the next pass; a paused queue's
-        wait for the pass (which lists them). Cheap enough to run between passes (:meth:`run` does,
-        every ``promote_every_s``): two round trips when nothing came due, and one for the periodic
-        schedules (their ticks are decided here too); tasks whose parents ended are released here as well (a
-        round trip per parent, none when no parent ended). Returns the Attempts sent."""
+        """Send what came due since the last look (a scheduled task, a retry after its backoff: ``came_due``),
+        without waiting for the next pass; a paused queue's wait for the pass. Cheap enough to run between
+        passes (:meth:`run` does, every ``promote_every_s``): two round trips when nothing came due, one for
+        the periodic schedules (their ticks are decided here too); tasks whose parents ended are released and
+        Attempts whose concurrency slot returned are woken here too. Returns the Attempts sent."""
         self._tick(SweepReport())
         pipe = self.client.redis.pipeline(transaction=False)
         pipe.smembers(self.client.keys.queues)
         pipe.hkeys(self.client.keys.paused)
         pipe.time()
         pipe.zcard(self.client.keys.released)
-        queues, paused, (now_s, now_us), released = pipe.execute()
+        pipe.zcard(self.client.keys.slotwake)
+        queues, paused, (now_s, now_us), released, wake = pipe.execute()
         report = SweepReport()
         if released:  # parents ended with tasks waiting for them (no round trip of its own when none did)
             self._release(report)
+        if wake:  # concurrency slots returned with Attempts waiting for them
+            self._wake_slots(report)
         now = int(now_s) * 1000 + int(now_us) // 1000
         live = set(queues) - set(paused)
         for queue in live - set(self._came_due):
@@ -463,7 +472,7 @@ class Sweeper:
             try:
                 r = self.run_once()
                 if r.expired or r.reconciled or r.dispatched or r.errors or r.dropped or r.tidied or r.retired \
-                        or r.ticks or r.released or r.canceled:
+                        or r.ticks or r.released or r.canceled or r.woken:
                     log.info("sweep: %s", r.as_dict())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("sweep failed, Redis unreachable: %s", exc)

@@ -26,6 +26,7 @@ from typing import Any
 from ..client import DEFAULT_LEASE_MS
 from ..client.limits import BreakerSetting
 from ..client.producer import limits_text
+from ..client.slots import MAX_SLOTS, ON_FULL, check_slot_key
 from ..contracts.codec import check_int, check_seconds
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
@@ -82,6 +83,8 @@ class App:
     limits: dict[str, tuple[int, float]] = field(default_factory=dict)
     # dependency key -> its circuit breaker; published the same way (an operator's setting wins)
     breakers: dict[str, BreakerSetting] = field(default_factory=dict)
+    # concurrency key (or family 'repo:*') -> (slots, on_full); published the same way
+    concurrency_keys: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
@@ -93,6 +96,8 @@ class App:
             client.limits.set(key, units, per_s, source="app", reason=f"declared by app {self.name}")
         for key, setting in self.breakers.items():
             client.limits.set_breaker(key, setting, source="app", reason=f"declared by app {self.name}")
+        for key, (slots, on_full) in self.concurrency_keys.items():
+            client.slots.set(key, slots, on_full=on_full, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -153,6 +158,18 @@ class App:
                                  probes=probes, slow_s=slow_s, slow_rate=slow_rate, same_failure=same_failure)
         setting.text()  # InvalidArgument now, not at publication
         self.breakers[key] = setting
+
+    def concurrency(self, key: str, slots: int, *, on_full: str = "wait") -> None:
+        """Declare the concurrency key ``key`` (a bulkhead: 'tenant:acme', or a family 'repo:*' giving each
+        'repo:<name>' its own slots): at most ``slots`` running Attempts of the tasks that name it
+        (``enqueue(limits={key: 1})``), fleet-wide; one slot is a writer lease (``ctx.writer_fence(key)``).
+        ``on_full``: wait (in line), reject (the new task is canceled) or supersede (the oldest running one
+        is). Published like :meth:`limit`; an operator's ``mcq slots set`` wins."""
+        check_slot_key(key)
+        check_int(slots, what="slots", low=1, high=MAX_SLOTS)
+        if on_full not in ON_FULL:
+            raise InvalidArgument(f"on_full must be one of {', '.join(ON_FULL)}, got {on_full!r}")
+        self.concurrency_keys[key] = (slots, on_full)
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

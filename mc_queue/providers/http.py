@@ -11,6 +11,10 @@ adapter maps to):
   lower one (409) stops a zombie worker that resumes between its intent and its call, after
   reconciliation found nothing and a replacement made the call: Kleppmann's fencing token checked
   at the storage (``ForgeServer(enforce_fence=True)`` implements it);
+- with a writer lease (a concurrency key of one slot, ``App.concurrency``), a creation also carries
+  ``Mcq-Writer: <key>=<writer fence>`` (``ctx.attempt.slots[key]``): the key's fence grows with each
+  Attempt given its slot, across tasks, so a provider that keeps the highest seen per key and refuses a
+  lower one (409) stops a writer whose lease a newer one replaced (``ForgeServer(enforce_fence=True)``);
 - a forge that allows one open pull request per head branch (GitHub does) answers 422 to a second
   one: the same fence by another rule. Without either (and without honoring Idempotency-Key) no
   queue can stop that zombie's call from landing; reconciliation then sees both.
@@ -38,15 +42,19 @@ class HttpPullRequests:
         self._http.close()
 
     def open_pr(self, key: str, *, repo: str, head: str, base: str, title: str, body: str = "",
-                fence: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+                fence: int | None = None, timeout: float | None = None,
+                writer: tuple[str, int] | None = None) -> dict[str, Any]:
         """Create the pull request; returns the provider's receipt. ``fence``: the calling Attempt's
         fence (``ctx.fence``), sent as ``Mcq-Fence`` for the provider to check. ``timeout``: this call's
         (``ctx.time_for(...)``: what is left of the Attempt's timeout budget), else the client's. Raises httpx errors as
         they come (401/403 authorization, 409 a stale fence, 429/503 capacity, timeouts provider: see
-        mc_queue.policy.classify.classify)."""
+        mc_queue.policy.classify.classify). ``writer``: (concurrency key, writer fence) of the writer lease
+        this Attempt holds, sent as ``Mcq-Writer``."""
         headers = {"Idempotency-Key": key}
         if fence is not None:
             headers["Mcq-Fence"] = str(int(fence))
+        if writer is not None:
+            headers["Mcq-Writer"] = f"{writer[0]}={int(writer[1])}"
         resp = self._http.post(f"/repos/{repo}/pulls", headers=headers,
                                json={"head": head, "base": base, "title": title,
                                      "body": f"{body}\n\nMcq-Operation-Key: {key}"},

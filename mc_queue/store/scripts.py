@@ -57,8 +57,11 @@ ACKNOWLEDGED = frozenset({
 # A periodic tick decided or closed and lost is decided again by the next sweep: its producer key
 # (periodic:<name>:<tick>) makes the same task once, whichever task id the new decision chose. A release
 # lost leaves the parent in the released index its (acknowledged) end wrote: the next sweep releases again.
+# A concurrency slot's wake lost (slot_wake, slot_audit) is found again by the next sweep's audit: a key with a
+# free slot and Attempts waiting for it.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
-                       "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release"})
+                       "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release",
+                       "slot_wake", "slot_audit"})
 
 
 def lua_dir() -> Path:

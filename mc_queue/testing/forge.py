@@ -21,7 +21,9 @@ class ForgeServer:
       branch, as GitHub does: the provider-side fence against a zombie worker's late call.
     - ``enforce_fence=True`` refuses (409) a creation whose ``Mcq-Fence`` header is lower than a fence
       already seen for the same ``Idempotency-Key``: Kleppmann's fencing token checked at the storage,
-      which closes the zombie's window even without a uniqueness rule. ``fenced_out`` counts them.
+      which closes the zombie's window even without a uniqueness rule; and one whose ``Mcq-Writer: <key>=
+      <fence>`` is lower than a writer fence already seen for that concurrency key (a writer lease another
+      Attempt took over since, whatever its task). ``fenced_out`` counts them.
     - ``stall_next(n, seconds)``: the next n creations are committed, then the response is held
       for ``seconds`` (the client times out after the provider accepted: "accepted, then timed out").
     - ``fail_next(n, status, retry_after)``: the next n creations are refused with that status.
@@ -37,6 +39,7 @@ class ForgeServer:
         self.one_pr_per_head = one_pr_per_head
         self.enforce_fence = enforce_fence
         self.fences: dict[str, int] = {}  # idempotency key -> highest Mcq-Fence seen
+        self.writers: dict[str, int] = {}  # concurrency key -> highest Mcq-Writer fence seen
         self.fenced_out = 0  # creations refused for a stale fence
         self.pulls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -132,6 +135,14 @@ class ForgeServer:
                             return self._send(409, {"error": f"stale fence {fence}: fence {seen} already wrote "
                                                              f"with this key"})
                         forge.fences[key] = fence
+                    wkey, _, wfence = self.headers.get("Mcq-Writer", "").rpartition("=")
+                    if forge.enforce_fence and wkey and wfence.isdigit():
+                        seen = forge.writers.get(wkey, 0)
+                        if int(wfence) < seen:
+                            forge.fenced_out += 1
+                            return self._send(409, {"error": f"stale writer fence {wfence} of {wkey}: writer "
+                                                             f"{seen} already wrote"})
+                        forge.writers[wkey] = int(wfence)
                     if forge._fail:
                         status, retry_after = forge._fail.pop(0)
                         hdr = {"Retry-After": str(retry_after)} if retry_after is not None else {}

@@ -34,7 +34,14 @@ from ..client import Client
 from ..client.holder import Completion
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json
-from ..contracts.errors import CancelRequested, McqError, ReplicationUnconfirmed, TransitionRefused, WriteRefused
+from ..contracts.errors import (
+    CancelRequested,
+    McqError,
+    OverLimit,
+    ReplicationUnconfirmed,
+    TransitionRefused,
+    WriteRefused,
+)
 from ..contracts.failures import make_failure
 from ..contracts.frozen import expand
 from ..contracts.keys import limit_names, parse_attempt_id
@@ -50,6 +57,7 @@ log = logging.getLogger("mc_queue.worker")
 
 DEFAULT_GRACE_S = 30.0
 MAX_PAUSE_S = 3600.0  # the longest pause a provider's Retry-After sets on a rate limit key
+SUPERSEDE_ACK_MS = 10_000  # how long a superseded holder has to stop before its lease is voided
 RQ_DEFAULT_TIMEOUT_S = int(Queue.DEFAULT_TIMEOUT)  # RQ's timeout for a job sent without one
 
 
@@ -207,6 +215,16 @@ def not_claimed(rt: Runtime, adm: Admission, exc: McqError) -> dict[str, Any]:
                                            reason="claim not confirmed by the replicas")
         log.warning("attempt %s: not run: %s", adm.attempt_id, exc.message)
         return {"unconfirmed": exc.message}
+    if isinstance(exc, OverLimit) and exc.supersede:
+        # A concurrency key that supersedes its running holder: this Attempt waits in line (first) while the
+        # holder's task is canceled; its slot returns when the holder acknowledges or its lease is voided.
+        holder = parse_attempt_id(exc.supersede)[0]
+        try:
+            rt.client.operator.cancel_task(holder, f"superseded by {adm.attempt_id}: {exc.message}",
+                                           actor=rt.worker_id, ack_timeout_ms=SUPERSEDE_ACK_MS)
+        except McqError as err:  # ended meanwhile, or gone: its slot is back already
+            log.info("attempt %s: superseding %s: %s", adm.attempt_id, exc.supersede, err.message)
+        return {"waiting": exc.message, "superseding": exc.supersede}
     log.info("attempt %s: not claimed: %s", adm.attempt_id, exc.message)
     return {"skipped": exc.message}
 

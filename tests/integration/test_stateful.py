@@ -200,6 +200,7 @@ WORKERS = ("w1", "w2", "w3")
 LONG_MS = 60_000  # never runs out within one run
 SHORT_MS = 1  # has run out once _let_clock_pass() returns
 LIMIT_KEY, LIMIT_UNITS = "api", 1  # the rate limit some tasks name: 1 unit an hour
+SLOT_KEY = "tenant:a"  # the concurrency key the first queue's tasks name (its family has room for all)
 REACHED: Counter[str] = Counter()  # outcomes the runs reached (the test checks the rare ones were)
 FAILURES = (
     make_failure("provider", "Timeout", "the provider timed out"),
@@ -364,10 +365,11 @@ class Purged:
     fence: int  # the fence counter the task had
 
 
-def _limits(queue: str) -> dict[str, int] | None:
-    """The second queue's tasks name the rate limit (a property of the queue, not a draw: which task a
-    rule picks among those of a queue then does not decide what its claim does)."""
-    return {LIMIT_KEY: 1} if queue == QUEUES[1] else None
+def _limits(queue: str) -> dict[str, int]:
+    """The second queue's tasks name the rate limit, the first one's a concurrency key (a property of the
+    queue, not a draw: which task a rule picks among those of a queue then does not decide what its claim
+    does)."""
+    return {LIMIT_KEY: 1} if queue == QUEUES[1] else {SLOT_KEY: 1}
 
 
 def _running(t: ModelTask) -> bool:
@@ -430,6 +432,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.q.limits.set(LIMIT_KEY, LIMIT_UNITS, per_s=3600, reason="the stateful test's limit")
         self.nslog["limit_set"] += 1
         self.units_used = 0
+        # Slots for every running Attempt a run can have: none is ever parked, and each slot must follow its
+        # Attempt through every way it stops running (matches_model compares the holders with the model).
+        self.q.slots.set("tenant:*", 1000, reason="the stateful test's concurrency keys")
+        self.nslog["slots_set"] += 1
 
     def teardown(self) -> None:
         for r in self.recorders:
@@ -600,7 +606,7 @@ class QueueMachine(RuleBasedStateMachine):
             return existing
         assert task.id not in self.model, "a new enqueue must create a new task"
         assert task_id is None or task.id == task_id
-        t = ModelTask(task.id, queue, handler, payload, idem, limited=_limits(queue) is not None)
+        t = ModelTask(task.id, queue, handler, payload, idem, limited=LIMIT_KEY in _limits(queue))
         if task.id in self.purged:  # the id of a purged task, enqueued again after its window
             for key in [k for k in self.terminal_snapshots if k[0] == task.id]:
                 del self.terminal_snapshots[key]
@@ -1859,6 +1865,10 @@ class QueueMachine(RuleBasedStateMachine):
                 left = self.q.redis.exists(k.task, k.attempts, k.events, k.effects)
                 assert left == 0, f"{tid}: {left} of its task, attempts, events, effects keys survived the purge"
         self._check_indexes()
+        held = sorted(str(m).rpartition("\n")[2] for m in self.q.redis.zrange(self.q.keys.slotheld, 0, -1))
+        running = sorted(f"{t.id}/{t.latest.n}" for t in self.model.values()
+                         if t.queue == QUEUES[0] and t.latest.state == "running")
+        assert held == running, f"concurrency slots held by {held}, running Attempts of {SLOT_KEY} {running}"
         seen = Counter(e["type"] for e in self.q.reads.namespace_events())
         assert +seen == +self.nslog, f"namespace log {dict(+seen)}, model {dict(+self.nslog)}"
 

@@ -150,6 +150,19 @@ def build_world(q: mc_queue.Client) -> World:
     # a running Attempt of a task with a limit: the gateway stamps its units
     w.ids["stamped"] = q.producer.enqueue("jobs", "h", {"task": "stamped"}, limits={"github": 1}).id
     w.fences["stamped"] = q.leases.claim_attempt(w.ids["stamped"], "w1", 600_000, limits=("github",)).fence
+    # Concurrency keys of a family with one slot each: repo:w's holder ended (its waiter is in the wake set);
+    # repo:v's holder runs, its waiter parked, and the key raised to two slots (the audit wakes the waiter).
+    q.slots.set("repo:*", 1, reason="fuzz world")
+    for key in ("repo:w", "repo:v"):
+        for role in ("holder", "waiter"):
+            name = f"{key}-{role}"
+            w.ids[name] = q.producer.enqueue("jobs", "h", {"task": name}, limits={key: 1}).id
+            try:
+                w.fences[name] = q.leases.claim_attempt(w.ids[name], "w1", 600_000, limits=(key,)).fence
+            except mc_queue.OverLimit:
+                pass
+    q.leases.complete_attempt(w.aid("repo:w-holder"), w.fences["repo:w-holder"], {"ok": True}, worker_id="w1")
+    q.slots.set("repo:v", 2, reason="fuzz world")
     # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
     q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
     q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 600_000)
@@ -174,6 +187,8 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "limit_admin": lambda: q.limits.pause("github", 30, reason=REASON),
         "breaker_record": lambda: q.limits.record("github", False, 12, fingerprint="0123456789abcdef",
                                                   attempt_id=w.aid("stamped"), actor="w1"),
+        "slot_wake": lambda: q.slots.wake_due(),
+        "slot_audit": lambda: q.slots.audit(),
         "limit_stamp": lambda: q.leases.stamp_limit(w.aid("stamped"), w.fences["stamped"], "github", worker_id="w1"),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),
         "complete": lambda: q.leases.complete_attempt(w.aid("running"), w.fences["running"], {"r": 1}, worker_id="w1",

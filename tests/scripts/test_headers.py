@@ -34,6 +34,7 @@ SINGLE_KEY_COMMANDS = frozenset({
     "HSCAN",
     "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
     "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",
+    "ZRANGEBYLEX", "ZLEXCOUNT",
     "XADD", "XRANGE", "XREVRANGE", "XLEN", "XTRIM", "RPUSH", "LINDEX", "LRANGE", "LLEN",
 })
 ALL_KEYS_COMMANDS = frozenset({"EXISTS", "DEL", "UNLINK"})
@@ -704,6 +705,14 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.limits.record("github", False, 5, fingerprint="0123456789abcdef", attempt_id=ll.attempt_id, actor="w")
     q.limits.trip("github", 1, reason="header test trips a breaker")
     q.limits.reset("github", reason="header test resets a breaker")
+    q.slots.set("repo:*", 1, reason="header test sets a family's slots")
+    held, waits = (q.producer.enqueue("jobs2", "h", {"slot": i}, limits={"repo:a": 1}) for i in range(2))
+    lh = q.leases.claim_attempt(held.id, "w", 60_000, limits=("repo:a",))
+    with pytest.raises(mc_queue.OverLimit):
+        q.leases.claim_attempt(waits.id, "w", 60_000, limits=("repo:a",))
+    q.leases.complete_attempt(lh.attempt_id, lh.fence, {"ok": True}, worker_id="w")
+    assert q.slots.wake_due(audit=True) == [f"{waits.id}/1"]
+    q.slots.delete("repo:*", reason="header test deletes a family's slots")
     q.operator.resume_queue("jobs", reason="header test resumes")
     q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
                                         overlap="queue"))
