@@ -86,3 +86,30 @@ def needs_forge(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
 def independent(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     """Needs nothing: runs whatever the breakers do."""
     return {"n": payload.get("n")}
+
+
+# ------------------------------------------------------------------------------ concurrency keys (bulkheads)
+
+app.concurrency("repo:*", 1)  # a writer lease per repository: waiters line up
+app.concurrency("push:*", 1, on_full="supersede")  # the newest push to a branch cancels the one running
+
+
+@app.handler("write-branch", budget=Budget(max_attempts=5))
+def write_branch(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Holds the writer lease of ``payload['key']`` for ``hold_s`` (a cancel stops it: ``ctx.check``), then
+    opens a pull request that carries the lease's writer fence (the forge refuses an older writer)."""
+    key = str(payload["key"])
+    started = ctx.now_ms()
+    until = time.monotonic() + float(payload.get("hold_s", 0))
+    while time.monotonic() < until:
+        ctx.check()
+        time.sleep(0.02)
+    writer = ctx.attempt.slots[key]
+    prs = forge()
+    try:
+        pr = ctx.effect("open-pr", str(payload["id"]),
+                        lambda k: prs.open_pr(k, repo="acme/app", head=f"w-{payload['id']}", base="main",
+                                              title="t", fence=ctx.fence, writer=(key, writer)))
+    finally:
+        prs.close()
+    return {"pull_request": pr["number"], "writer": writer, "started": started, "ended": ctx.now_ms()}

@@ -7,6 +7,9 @@ the session's real redis-server."""
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import time
 from typing import Any
 
@@ -21,7 +24,8 @@ from mc_queue.contracts.keys import limit_names
 from mc_queue.contracts.models import FailureClass
 from mc_queue.providers.http import HttpPullRequests
 from mc_queue.testing import ForgeServer
-from tests.harness import redis_ms
+from tests.apps import controls_app
+from tests.harness import Harness, redis_ms, wait_for
 
 KEY = "repo:acme.web"
 
@@ -256,3 +260,93 @@ def test_a_bad_setting_is_refused_and_changes_nothing(q: mc_queue.Client, args: 
         with pytest.raises(InvalidArgument, match="invalid concurrency key"):
             q.slots.set(key, 1)
     assert snapshot(q) == before
+
+
+# ------------------------------------------------------------------ through real workers, a sweeper and a provider
+
+APP = "tests.apps.controls_app:app"
+
+
+def held_spans(h: Harness, task_ids: list[str]) -> list[tuple[int, int, str]]:
+    """Every Attempt of these tasks that held a slot: (claimed, stopped running, attempt id), ms."""
+    spans = []
+    for tid in task_ids:
+        for a in h.client.reads.get_task(tid).attempts:
+            if a.slots and a.started_at is not None:
+                end = a.suspect_at or a.ended_at
+                spans.append((round(a.started_at.timestamp() * 1000),
+                              round(end.timestamp() * 1000) if end else 2**62, a.id))
+    return sorted(spans)
+
+
+def wait_settled(h: Harness, task_ids: list[str], timeout: float = 60) -> list[mc_queue.Task]:
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = [h.client.reads.get_task(t) for t in task_ids]
+        if all(t.state in (TaskState.SUCCEEDED, TaskState.CANCELED) for t in tasks):
+            return tasks
+        assert time.monotonic() < deadline, [(t.id, t.state.value, [a.state.value for a in t.attempts])
+                                             for t in tasks]
+        time.sleep(0.05)
+
+
+def test_a_sigkilled_holder_returns_its_slot_within_lease_and_a_sweep_and_never_two_write_at_once(
+        controls: Harness, forge: ForgeServer) -> None:
+    h = controls
+    forge.enforce_fence = True
+    ac = h.app_client(controls_app.app)
+    controls_app.app.publish_retention(h.client)  # repo:* one slot each (a writer lease), lease 1.5 s
+    tasks = [ac.enqueue("write-branch", {"id": i, "key": "repo:a", "hold_s": 2}, limits={"repo:a": 1}).id
+             for i in range(4)]
+    other = ac.enqueue("write-branch", {"id": 9, "key": "repo:b", "hold_s": 0}, limits={"repo:b": 1}).id
+    h.spawn(h.mcq_cmd("sweeper", "--app", APP, "--interval", "0.2"))
+    victim = h.spawn(h.worker_cmd("simple", APP, burst=False))  # (runs its Attempts in its own process)
+    h.spawn(h.worker_cmd("fork", APP, burst=False))
+    # the victim's process group dies (work horse and all) while an Attempt of repo:a holds the slot
+    def on_victim() -> str | None:
+        for aid, _ in h.client.slots.status("repo:a").holders:
+            worker = h.client.reads.get_task(aid.rpartition("/")[0]).attempts[-1].worker_id or ""
+            if worker.rpartition(".")[2] == str(victim.pid):
+                return aid
+        return None
+
+    holder = wait_for(on_victim, 30, "an Attempt of repo:a on the victim worker")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    settled = wait_settled(h, [*tasks, other])
+    assert all(t.state is TaskState.SUCCEEDED for t in settled)
+    spans = held_spans(h, tasks)
+    assert any(aid == holder for _, _, aid in spans)
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        assert start >= end, f"{b} claimed the writer lease at {start} while {a} held it until {end}"
+    # the killed holder's slot came back within its lease and a sweep of its last renewal
+    killed = next(a for t in settled for a in t.attempts if a.id == holder)
+    assert killed.suspect_at is not None and killed.lease_expires_at is not None
+    late = (killed.suspect_at - killed.lease_expires_at).total_seconds()
+    assert late < 1.5, f"slot returned {late:.2f} s after the lease ran out"
+    # at the provider: one pull request per task, writer fences rising in the order they were made
+    assert sorted(forge.count_by_key().values()) == [1] * 5 and not forge.duplicates()
+    writers = [p for p in forge.pulls if p["head"] != "w-9"]
+    assert len(writers) == 4
+    assert not h.client.slots.status("repo:a").holders and h.client.slots.status("repo:a").waiting == 0
+
+
+def test_a_superseding_key_cancels_the_running_push_and_runs_the_newest(controls: Harness,
+                                                                         forge: ForgeServer) -> None:
+    h = controls
+    ac = h.app_client(controls_app.app)
+    controls_app.app.publish_retention(h.client)  # push:* one slot, supersede
+    first = ac.enqueue("write-branch", {"id": 1, "key": "push:main", "hold_s": 30}, limits={"push:main": 1}).id
+    h.spawn(h.mcq_cmd("sweeper", "--app", APP, "--interval", "0.2"))
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    wait_for(lambda: h.client.slots.status("push:main").holders, 30, "the first push to hold the slot")
+    newest = ac.enqueue("write-branch", {"id": 2, "key": "push:main", "hold_s": 0}, limits={"push:main": 1}).id
+    a, b = wait_settled(h, [first, newest], timeout=60)
+    assert (a.state, b.state) == (TaskState.CANCELED, TaskState.SUCCEEDED)
+    assert any(e.type == "cancel_requested" and f"superseded by {newest}/1" in e.fields.get("reason", "")
+               for e in a.events)
+    stopped = a.attempts[0].suspect_at
+    assert stopped is not None and b.attempts[-1].started_at is not None
+    assert b.attempts[-1].started_at >= stopped  # the newest ran only once the first stopped
+    assert [p["head"] for p in forge.pulls] == ["w-2"]  # the superseded push never reached the forge
