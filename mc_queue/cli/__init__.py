@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (each adds its commands to main)
     recovery,
     retention,
     server,
+    slots,
     sweeper,
     tasks,
     worker,

@@ -85,6 +85,13 @@ mcq_breaker_opened_total                   key: times it opened (its failures, s
                                            repeated; a probe that failed)
 mcq_breaker_deferred_total                 key: claims it held while open or half-open
 mcq_breaker_calls_total                    key, outcome (ok | fail | slow): calls recorded through ctx.call
+mcq_concurrency_slots                      key: running Attempts a concurrency key admits (its own setting
+                                           or its family's; a family '<name>:*' under its own key;
+                                           absent while the key is unlimited)
+mcq_concurrency_running                    key: running Attempts holding one of its slots
+mcq_concurrency_waiting                    key: Attempts parked in line for a slot
+mcq_concurrency_waited_total               key: claims that found every slot held and waited (or superseded)
+mcq_concurrency_rejected_total             key: claims it rejected when full (their tasks canceled)
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -186,6 +193,7 @@ class NamespaceCollector(Collector):
         yield from _periodic(c.periodic.status())
         yield from self._deadlines(sorted(status), {f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
         yield from self._limits()
+        yield from self._slots(cast(dict[str, str], raw_stats))
 
     def _limits(self) -> Iterator[Metric]:
         """Each rate limit: its setting, the units in its window now, its pause, the claims it deferred."""
@@ -214,6 +222,39 @@ class NamespaceCollector(Collector):
             paused.add_metric([s.key], 1.0 if s.paused else 0.0)
             deferred.add_metric([s.key], s.deferred)
         yield from (units, window, used, paused, deferred, state, opened, held, calls)
+
+    def _slots(self, stats: dict[str, str]) -> Iterator[Metric]:
+        """Each concurrency key: its slots, the Attempts running with one and waiting for one, and the
+        claims that waited or were rejected (one ``Slots.all()``). A key it does not list (no setting of its
+        own, nothing held or waiting now: an idle key of a family, or one whose slots were deleted) keeps
+        its counters, read from the stats hash, with running and waiting 0 and no slots gauge, so its
+        series do not vanish between waits."""
+        setting = GaugeMetricFamily("mcq_concurrency_slots", "Running Attempts a concurrency key admits "
+                                    "(absent: unlimited)", labels=["key"])
+        running = GaugeMetricFamily("mcq_concurrency_running", "Running Attempts holding a slot of the key",
+                                    labels=["key"])
+        waiting = GaugeMetricFamily("mcq_concurrency_waiting", "Attempts waiting in line for a slot of the key",
+                                    labels=["key"])
+        waited = CounterMetricFamily("mcq_concurrency_waited", "Claims that found every slot of the key held",
+                                     labels=["key"])
+        rejected = CounterMetricFamily("mcq_concurrency_rejected", "Claims the key rejected when full",
+                                       labels=["key"])
+        seen = set()
+        for s in self.client.slots.all():
+            seen.add(s.key)
+            if s.slots is not None:
+                setting.add_metric([s.key], s.slots)
+            running.add_metric([s.key], s.running)
+            waiting.add_metric([s.key], s.waiting)
+            waited.add_metric([s.key], s.waited)
+            rejected.add_metric([s.key], s.rejected)
+        idle = sorted({f.partition("|")[2] for f in stats if f.startswith(("slot_waited|", "slot_rejected|"))} - seen)
+        for key in idle:
+            running.add_metric([key], 0)
+            waiting.add_metric([key], 0)
+            waited.add_metric([key], int(stats.get(f"slot_waited|{key}") or 0))
+            rejected.add_metric([key], int(stats.get(f"slot_rejected|{key}") or 0))
+        yield from (setting, running, waiting, waited, rejected)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

@@ -55,6 +55,29 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     limits = c.get("/limits").text
     assert "github" in limits and "5 per 1m 00s" in limits and "429 from the model provider" in limits
     assert "opened by hand: the forge is down for maintenance" in limits
+    assert "No concurrency key is set" in limits
+    # a concurrency key with one slot: its holder (linked to its task) and one Attempt waiting in line
+    q = story.client
+    q.slots.set("repo:console.app", 1, reason="the console lists it")
+    held, parked = (q.producer.enqueue("agents", "fix-issue", {"slot": i}, limits={"repo:console.app": 1})
+                    for i in range(2))
+    lease = q.leases.claim_attempt(held.id, "worker-8", 600_000, limits=("repo:console.app",))
+    with pytest.raises(mc_queue.OverLimit):
+        q.leases.claim_attempt(parked.id, "worker-8", 600_000, limits=("repo:console.app",))
+    limits = c.get("/limits").text
+    row = re.search(r"<tr>\s*<td data-label=\"Key\"><b>repo:console\.app</b></td>(.*?)</tr>", limits, re.S)
+    assert row, limits
+    cells = dict(re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row.group(1), re.S))
+    assert re.sub(r"<[^>]+>", "", cells["Slots"]).split() == ["1", "own,", "operator"]
+    assert cells["When full"] == "wait" and ">1<" in cells["Running"] and ">1<" in cells["Waiting"]
+    assert (cells["Writer fence"], cells["Claims waited"], cells["Rejected"]) == ("1", "1", "0")
+    assert f'<a class="tid" href="/tasks/{held.id}">{lease.attempt_id}</a>' in cells["Holders"]
+    assert "1 Attempt(s) waiting for a slot" in limits
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="worker-8")
+    cells = dict(re.findall(r'<td data-label="([^"]+)">(.*?)</td>',
+                            c.get("/limits").text.split("<b>repo:console.app</b>")[1].split("</tr>")[0], re.S))
+    # the slot returned and woke the waiter (out of the line, due now): nothing runs, nothing waits
+    assert (cells["Running"], cells["Waiting"], cells["Holders"]) == ("0", "0", "none")
     assert c.get("/healthz").text == "ok"
 
 

@@ -40,6 +40,9 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     "bench_breakers.py": (["--seconds", "8", "--outage", "2", "5", "--backlog", "40", "--workers", "2"],
                           '"claims_while_open"', (0, 1)),
     "bench_wait.py": (["--tasks", "300", "--group", "50"], "| wall time of the waits |", (0,)),
+    # (over-admission is never a verdict a short run may fail: it must be 0 in any run)
+    "bench_slots.py": (["--claims", "400", "--workers", "4", "--kill-every-s", "1.5"], "over-admission: 0 keys",
+                       (0,)),
     "bench_schedule.py": (["--delayed", "200", "--probes", "10", "--spread-s", "0.5", "--fill-procs", "1"],
                           "mean_ms:", (0,)),
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),

@@ -395,7 +395,22 @@ tests:
         values: '900x12'
       - series: 'mcq_redis_memory_max_bytes{{job="mc_queue", instance="x"}}'
         values: '1000x12'
+      # c: Attempts wait for a slot of repo:a from minute 2 on; repo:b's line moved on within 5 minutes
+      - series: 'mcq_concurrency_waiting{{job="mc_queue", instance="c", key="repo:a"}}'
+        values: '0 0 2x20'
+      - series: 'mcq_concurrency_waiting{{job="mc_queue", instance="c", key="repo:b"}}'
+        values: '1x5 0x16'
     alert_rule_test:
+      - eval_time: 16m
+        alertname: McqConcurrencyKeyStarved
+        exp_alerts: []
+      - eval_time: 18m
+        alertname: McqConcurrencyKeyStarved
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: c, key: "repo:a"}}
+            exp_annotations:
+              summary: "Attempts have waited for a slot of repo:a for 15 minutes"
+              description: "{starved}"
       - eval_time: 2m
         alertname: McqRedisDown
         exp_alerts: []
@@ -507,7 +522,10 @@ def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
         saturated="Work waits for a worker: add workers serving this queue (`mcq worker --pool N`), or check "
                   "for Attempts that run far longer than usual (`mcq workers`, `mcq status`).",
         memory="With noeviction, Redis refuses writes when full (claims, completions, reconciliations). "
-               "Purge finished work or raise maxmemory."))
+               "Purge finished work or raise maxmemory.",
+        starved="2 Attempt(s) wait in line for the key: its holders run long (or hang until their leases "
+                "expire), or it has too few slots. `mcq slots` shows the holders; `mcq slots set KEY N "
+                "--reason ..` gives it more."))
     out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

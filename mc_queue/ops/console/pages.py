@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 from ...client import Client
 from ...client.reads import LISTABLE_STATES
+from ...client.slots import family_of
 from ...contracts.errors import InvalidArgument
 from ...contracts.models import Attempt, Event, Task, TaskState
 from ...worker.runner import live_workers
@@ -418,7 +419,7 @@ def workers(client: Client) -> dict[str, Any]:
 
 def limits(client: Client) -> dict[str, Any]:
     """The rate limits and circuit breakers now (Redis clock): each key's setting, units used and left,
-    pause, breaker state, deferred claims."""
+    pause, breaker state, deferred claims; and the concurrency keys (as ``mcq slots``)."""
     rows = []
     for st in client.limits.all():
         rows.append({
@@ -431,4 +432,22 @@ def limits(client: Client) -> dict[str, Any]:
             "bfor": duration(max(0, (st.breaker_until_ms or 0) - st.now_ms)) if st.breaker_until_ms else None,
             "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
-            "open": sum(1 for r in rows if r["bstate"] != "closed")}
+            "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client)}
+
+
+def concurrency_keys(client: Client) -> dict[str, Any]:
+    """Each concurrency key now (``mcq slots``'s columns): its slots and where they come from, what it does
+    when full, running and waiting Attempts, writer fence, claims that waited or were rejected, and its
+    holders (oldest first, each with its task and how long it has held the slot, Redis's clock)."""
+    statuses = client.slots.all()
+    now = redis_now_ms(client) if any(st.holders for st in statuses) else 0
+    slots = []
+    for st in statuses:
+        holders = [{"attempt": aid, "task_id": aid.rpartition("/")[0], "held": duration(max(0, now - at))}
+                   for aid, at in sorted(st.holders, key=lambda h: h[1])]
+        slots.append({"key": st.key, "slots": st.slots, "family": family_of(st.key) if st.family else None,
+                      "each": st.key.endswith(":*"), "source": st.source, "on_full": st.on_full,
+                      "running": st.running, "waiting": st.waiting, "fence": st.writer_fence, "waited": st.waited,
+                      "rejected": st.rejected, "holders": holders,
+                      "full": st.slots is not None and st.running >= st.slots})
+    return {"slots": slots, "slots_waiting": sum(r["waiting"] for r in slots)}
