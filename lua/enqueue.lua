@@ -18,6 +18,7 @@
 -- KEYS[13] tombs1
 -- KEYS[14] tombs2
 -- KEYS[15] deadlines the queue's deadline index (task id -> its next deadline, ms): only a task with one
+-- KEYS[16] caps      queue caps (queue_cap.lua): "<queue>" -> "<max depth> <source>" (backpressure: E_FULL)
 -- ARGV[1] epoch           namespace epoch the client knows
 -- ARGV[2] actor
 -- ARGV[3] task_id
@@ -42,6 +43,8 @@
 --          | {'DUP', task_id} (same key or id, same payload)
 --          {'E_CONFLICT', task_id, digest} (same key or id, different payload)
 --          {'E_PURGED', task_id, until_ms} (the key's or id's task was purged)
+--          | {'E_FULL', why, retry_after_ms} (the queue is at its cap, or the task could not start by its start_by:
+--            nothing written; admit.lua queue_room)
 --          {'E_OVERLOADED', why} (used memory above 90% of maxmemory: new work refused, nothing written;
 --          a resend of work already admitted still answers DUP; the reading of INFO memory is kept in
 --          meta for at most a second, or until the enqueues admitted on it may have used its room:
@@ -56,7 +59,7 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10], tomb = KEYS[11],
-  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15]}
+  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15], caps = KEYS[16]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 local A, bad = args(ARGV, enqueue_args())
@@ -70,6 +73,8 @@ if err then return err end
 local ts = now_ms()
 local done, plan = enqueue_check(K, A, ts, A.actor)
 if done then return done end
+local full = queue_room(K, A, plan, ts, 0)
+if full then return full end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, enqueue_cost(enqueue_bytes(A)))
 if pressure then return {'E_OVERLOADED', pressure} end
 enqueue_write(K, A, plan, ts, A.actor)

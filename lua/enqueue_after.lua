@@ -25,6 +25,7 @@
 -- KEYS[13] tombs1
 -- KEYS[14] tombs2
 -- KEYS[15] deadlines the queue's deadline index (task id -> its next deadline, ms): only a task with one
+-- KEYS[16] caps      queue caps (queue_cap.lua): "<queue>" -> "<max depth> <source>" (backpressure: E_FULL)
 -- ARGV[1] epoch           namespace epoch the client knows
 -- ARGV[2] actor
 -- ARGV[3] task_id
@@ -53,6 +54,8 @@
 --          | {'E_STATE', why} (mode 'succeeded' and a parent ended otherwise: it will not succeed unless a
 --          person retries it) | {'E_BADARG', why} (too many parents, one named twice, itself, or one with
 --          MAX_DEPENDENTS dependents waiting already) | {'E_OVERLOADED', why}
+--          | {'E_FULL', why, retry_after_ms} (the queue is at its cap, or the task could not start by its start_by:
+--            nothing written; admit.lua queue_room)
 --          | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current}
 -- Events: enqueue_refused (as enqueue). None of its own: the task hash's 'after' and 'after_left' say what it waits for.
 -- Idempotent: yes (task id and idempotency key)
@@ -65,13 +68,13 @@ local ULID = string.rep('[0-9A-HJKMNP-TV-Z]', 26)
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10], tomb = KEYS[11],
-  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15]}
+  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15], caps = KEYS[16]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 local A, bad = args(ARGV, with(enqueue_args(), {'after_mode', 'enum', '|succeeded|ended|', false}),
   {'parent_id', 'id', 100, false})
 if bad then return bad end
-local PARENTS = each_keys(KEYS, 16, {'parent'}, #A.items)
+local PARENTS = each_keys(KEYS, 17, {'parent'}, #A.items)
 if not PARENTS then return {'E_BADARG', 'expected one key for each of the ' .. #A.items .. ' parents'} end
 if #A.items > MAX_PARENTS then
   return {'E_BADARG', 'after names ' .. #A.items .. ' tasks: at most ' .. MAX_PARENTS .. ' (wait for a task that waits for the rest)'}
@@ -122,6 +125,8 @@ for i, P in ipairs(A.items) do
     lists[i] = waiting
   end
 end
+local full = queue_room(K, A, {due = plan.due, waiting = #left > 0}, ts, 0)
+if full then return full end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, enqueue_cost(enqueue_bytes(A) + 100 * #A.items))
 if pressure then return {'E_OVERLOADED', pressure} end
 

@@ -11,6 +11,7 @@
 -- KEYS[4] idem       producer idempotency key -> "<task id> <digest>|<handler>[ purged <until ms>]"
 -- KEYS[5] queues     set of queue names
 -- KEYS[6] counts     "<queue>|<state>" counters
+-- KEYS[7] caps       queue caps (queue_cap.lua): "<queue>" -> "<max depth> <source>" (E_FULL: none written)
 -- ITEMKEYS[1] task       each item's task hash (which holds its Attempts), then its keys as enqueue takes them
 -- ITEMKEYS[2] events
 -- ITEMKEYS[3] pending
@@ -41,16 +42,19 @@
 --          HGETALL of its task hash, else {})
 --          | a refusal of one item, with its number (1-based) last: {'E_CONFLICT', task_id, digest, item}
 --          | {'E_PURGED', task_id, until_ms, item} | {'E_BADARG', why, item} | {'E_OVERLOADED', why}
+--          | {'E_FULL', why, retry_after_ms, item} (an item's queue is at its cap, or it could not start by its
+--            start_by: none written; admit.lua queue_room)
 --          | {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: enqueue_refused (the refused item's, as enqueue records it); nothing else on a refusal
 -- Idempotent: yes (task ids and idempotency keys: a resend answers DUP for each item)
 --@include common
 --@include admit
 
-local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5], counts = KEYS[6]}
+local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5], counts = KEYS[6],
+  caps = KEYS[7]}
 local A, bad = args(ARGV, {'epoch', 'epoch', false, false, 'actor', 'id', 200, false}, enqueue_args(), 2)
 if bad then return bad end
-local ITEMS = each_keys(KEYS, 7, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
+local ITEMS = each_keys(KEYS, 8, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
   #A.items)
 if not ITEMS then return {'E_BADARG', 'expected 8 keys for each of the ' .. #A.items .. ' items'} end
 local m = meta_read(K.meta)
@@ -70,7 +74,7 @@ if err then return err end
 -- the item's: the namespace keys and its own.
 local NS = K
 local ts = now_ms()
-local plans, codes, ids, bytes = {}, {}, {}, 0
+local plans, codes, ids, bytes, added = {}, {}, {}, 0, {}
 for i, I in ipairs(A.items) do
   local T = ITEMS[i]
   local K = {nslog = NS.nslog, idem = NS.idem, task = T.task, events = T.events, tomb = T.tomb, tombs0 = T.tombs0,
@@ -82,7 +86,18 @@ for i, I in ipairs(A.items) do
     return done
   end
   codes[i], ids[i], plans[i] = done and 'DUP' or 'OK', done and done[2] or I.task_id, plan
-  if plan then bytes = bytes + enqueue_cost(enqueue_bytes(I)) end
+  if plan then
+    bytes = bytes + enqueue_cost(enqueue_bytes(I))
+    -- (in K: the queue's caps, counts and pending index; the batch's earlier items of its queue count too)
+    K.caps, K.counts, K.pending = NS.caps, NS.counts, T.pending
+    local full = queue_room(K, I, plan, ts, added[I.queue] or 0)
+    if full then
+      full[2] = 'item ' .. i .. ': ' .. full[2]
+      full[#full + 1] = i
+      return full
+    end
+    added[I.queue] = (added[I.queue] or 0) + 1
+  end
 end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, bytes)
 if pressure then return {'E_OVERLOADED', pressure} end

@@ -98,6 +98,39 @@ local function enqueue_check(K, A, ts, actor)
   return nil, plan
 end
 
+-- Backpressure: a queue's cap ("<queue>" in the caps hash: "<max depth> <source>", queue_cap.lua) bounds
+-- the tasks it holds that have not ended (pending, scheduled, backoff, running, waiting). The lowest
+-- priorities are shed first: priority 1-5 may fill the cap, 6 four fifths of it, 7 three, 8 two, 9 one.
+-- With a cap, a task whose start_by the queue cannot meet is refused too: one due now would wait about as
+-- long as the queue's oldest due Attempt has (its age), and that is past its start_by. ``added``: tasks of
+-- this queue an enqueue_many admitted before this one. Returns nil (room), or {'E_FULL', why, retry_after_ms}:
+-- retry_after is an estimate, the queue's age times the share of it that must drain first (1 s to 60 s).
+-- K: caps, counts, pending.
+local function queue_room(K, A, plan, ts, added)
+  local cap = tonumber(string.match(redis.call('HGET', K.caps, A.queue) or '', '^(%d+) '))
+  if not cap then return nil end
+  local q = A.queue .. '|'
+  local c = redis.call('HMGET', K.counts, q .. 'pending', q .. 'scheduled', q .. 'backoff', q .. 'running',
+    q .. 'waiting')
+  local depth = added
+  for i = 1, 5 do depth = depth + (tonumber(c[i] or '0') or 0) end
+  local head = redis.call('ZRANGE', K.pending, 0, 0, 'WITHSCORES')[2]
+  local age = head and tonumber(head) and tonumber(head) < ts and ts - tonumber(head) or 0
+  local p = A.priority or 5
+  local room = math.ceil(cap * math.min(1, (10 - p) / 5))
+  if depth >= room then
+    local over = depth - room + 1
+    local why = 'queue ' .. A.queue .. ' holds ' .. depth .. ' tasks, its cap is ' .. cap ..
+      (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or '')
+    return {'E_FULL', why, fmt(math.max(1000, math.min(60000, math.floor(age * over / math.max(1, depth)))))}
+  end
+  if A.start_by_ms and not plan.waiting and plan.due <= ts and ts + age > A.start_by_ms then
+    return {'E_FULL', 'queue ' .. A.queue .. "'s oldest due task has waited " .. fmt(age) .. ' ms: one enqueued ' ..
+      'now would not start by its start_by (' .. A.raw.start_by_ms .. ' ms, Redis clock)', '0'}
+  end
+  return nil
+end
+
 -- The bytes an enqueue of these arguments may cost (memory_pressure's estimate).
 local function enqueue_bytes(A)
   return #A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key + #A.limits

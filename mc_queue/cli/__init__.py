@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import (  # noqa: F401  (each adds its commands to main)
     archive,
+    caps,
     dashboard,
     demo,
     dlq,

@@ -3,12 +3,14 @@
 Exit codes: 0 done; 1 refused by a contract (the refusal is recorded); 2 bad input, nothing
 written (one line, no traceback); 3 the namespace lost state and needs ``mcq recover``; 4 Redis
 cannot be reached, or (a read on the embedded default) no embedded server is running: reads never
-start one.
+start one; 6 new work refused for now, nothing written: Redis memory above the enqueue high-water mark
+(``Overloaded``), or the queue at its cap (``QueueFull``, printed with its retry-after).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from ..contracts.errors import (
     McqError,
     NamespaceLost,
     Overloaded,
+    QueueFull,
     TaskNotFound,
 )
 
@@ -49,7 +52,16 @@ def fail(message: str, code: int) -> None:
 
 
 EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_LOST, EXIT_UNREACHABLE = 1, 2, 3, 4
-EXIT_OVERLOADED = 6  # Redis memory above the enqueue high-water mark: retry later (5 is `mcq worker`'s)
+EXIT_OVERLOADED = 6  # Redis memory above the enqueue high-water mark, or the queue at its cap: retry later
+#                     (5 is `mcq worker`'s)
+
+
+def queue_full(exc: QueueFull) -> str:
+    """QueueFull's message with when to retry: its retry-after, or (0) that a retry as is cannot help."""
+    text = str(exc)
+    if exc.retry_after_s > 0:
+        return text if "retry in about" in text else f"{text}; retry in about {math.ceil(exc.retry_after_s)} s"
+    return f"{text}; retrying it as is cannot help: give it a later start_by, or none"
 
 
 def handle_errors(fn: F) -> F:
@@ -63,6 +75,8 @@ def handle_errors(fn: F) -> F:
             fail(str(exc), EXIT_UNREACHABLE)
         except NamespaceLost as exc:
             fail(str(exc), EXIT_LOST)
+        except QueueFull as exc:  # (an Overloaded: the same exit code, with its retry-after)
+            fail(queue_full(exc), EXIT_OVERLOADED)
         except Overloaded as exc:
             fail(str(exc), EXIT_OVERLOADED)
         except McqError as exc:  # a contract refused (IdempotencyConflict, TaskPurged, a stale fence ...)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..store.backend import Backend
+from .caps import Caps
 from .dependencies import Dependencies
 from .holder import LeaseHolder
 from .limits import Limits
@@ -42,7 +43,8 @@ class Client:
     (retry, cancel, DLQ, pause, retention, recovery); ``maintenance`` the sweeper's bookkeeping; ``schedule``
     what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
     for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
-    tasks whose parents ended; ``limits`` sets, pauses and reads rate limits; ``slots`` the concurrency keys.
+    tasks whose parents ended; ``limits`` sets, pauses and reads rate limits; ``slots`` the concurrency keys;
+    ``caps`` the queue caps (backpressure).
     ``backend`` runs the scripts and keeps the namespace epoch and replication
     lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
@@ -62,6 +64,7 @@ class Client:
         self.dependencies = Dependencies(backend)
         self.limits = Limits(backend)
         self.slots = Slots(backend)
+        self.caps = Caps(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

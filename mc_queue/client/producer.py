@@ -122,7 +122,7 @@ class Producer(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run(script, {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
-                                      "counts": self.keys.counts, **self._item_keys(tk)},
+                                      "counts": self.keys.counts, **self._item_keys(tk), "caps": self.keys.caps},
                              {**argv, "actor": self.actor, "epoch": epoch}, items)
 
         reply = self._with_epoch(call)
@@ -158,7 +158,7 @@ class Producer(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue_many", {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
-                                              "counts": self.keys.counts},
+                                              "counts": self.keys.counts, "caps": self.keys.caps},
                              {"actor": self.actor, "epoch": epoch}, items=per_item)
 
         reply = self._with_epoch(call)

@@ -42,6 +42,7 @@ class Code(StrEnum):
     E_LIMITED = "E_LIMITED"  # claim: over a rate limit (or paused); offered again when the units return
     E_LIMITKEYS = "E_LIMITKEYS"  # claim: the limit logs given are not the task's limits (send them again)
     E_OPEN = "E_OPEN"        # limit_stamp: the dependency's circuit breaker is open (or half-open, no probe)
+    E_FULL = "E_FULL"        # enqueue: the queue is at its cap (or the task could not start by its start_by)
     E_REJECTED = "E_REJECTED"  # claim: a full concurrency key that rejects the newest canceled the task
 
 
@@ -146,6 +147,16 @@ class Overloaded(McqError):
     """Redis's used memory is above the enqueue high-water mark (90% of ``maxmemory``): new work is
     refused, nothing was written, work already admitted goes on. Retry later (with the same
     idempotency key), or free memory: purge finished tasks, raise ``maxmemory``."""
+
+
+class QueueFull(Overloaded):
+    """The queue is at its cap (backpressure: ``mcq caps``; the lowest priorities are refused first), or the
+    task could not start by its start_by at the queue's present age. Nothing was written. ``retry_after_s``:
+    an estimate of when there may be room (0: a deadline that cannot be met, do not retry as is)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
 
 
 class WriteRefused(McqError):
@@ -367,6 +378,10 @@ def raise_for_reply(
         raise ConfigurationError(
             f"the namespace was created by another version of mc_queue (schema {first}); drain it with that "
             "version or use a new --prefix", **ctx)
+    if code is Code.E_FULL:
+        after = int(second) / 1000 if second.isdigit() else 0.0
+        raise QueueFull(f"{script} refused: {first}" + (f"; retry in about {after:.0f} s" if after else ""),
+                        retry_after_s=after, **ctx)
     if code is Code.E_OVERLOADED:
         raise Overloaded(f"{script} refused: {first}", **ctx)
     if code is Code.E_BADARG:

@@ -43,6 +43,8 @@ Key schema (``P`` = ``{prefix}``)::
                                   next free slot of a deferred claim); the claim checks and takes units;
                                   concurrency: "<key>|slots" ("<slots> <on full> <source>", a key or a family
                                   '<name>:*'), "<key>|wfence" (the key's writer fence, one more per slot taken)
+    P:caps                 hash   queue -> "<max depth> <source>" (lua/queue_cap.lua): the enqueue scripts refuse a
+                                  task beyond it (E_FULL), the lowest priorities first (admit.lua queue_room)
     P:slotheld             zset   concurrency slots held, score 0, by text: "<key>\n<claimed at, 15 digits>\n<attempt
                                   id>" (claim.lua adds; complete, fail, expire, cancel_ack return it: slots_free)
     P:slotwait             zset   Attempts parked for a slot, score 0, by text: "<key>\n<place, 15 digits>\n<queue>
@@ -237,6 +239,7 @@ class Keys:
         self.limits = f"{tag}:limits"  # rate limits: config, units used, pauses (lua/limit_admin.lua, claim.lua)
         self.slotheld = f"{tag}:slotheld"  # concurrency slots held: "<key>\n<claimed at>\n<attempt id>" (score 0)
         self.slotwait = f"{tag}:slotwait"  # Attempts waiting for a slot: "<key>\n<place>\n<queue>\n<task id>"
+        self.caps = f"{tag}:caps"  # queue caps (backpressure, lua/queue_cap.lua): queue -> "<max depth> <source>"
         self.slotwake = f"{tag}:slotwake"  # waiters to wake (slot_wake.lua), scored by when their slot returned
 
     def pending(self, queue: str) -> str:

@@ -92,6 +92,11 @@ mcq_concurrency_running                    key: running Attempts holding one of 
 mcq_concurrency_waiting                    key: Attempts parked in line for a slot
 mcq_concurrency_waited_total               key: claims that found every slot held and waited (or superseded)
 mcq_concurrency_rejected_total             key: claims it rejected when full (their tasks canceled)
+mcq_queue_cap                              queue: a capped queue's cap (backpressure: tasks not ended it
+                                           admits; absent while the queue has none)
+mcq_queue_cap_depth                        queue: a capped queue's tasks not ended (pending, scheduled,
+                                           backoff, running, waiting), what its cap bounds (not
+                                           mcq_queue_depth: that one counts pending and backoff only)
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -194,6 +199,7 @@ class NamespaceCollector(Collector):
         yield from self._deadlines(sorted(status), {f: int(v) for f, v in cast(dict[str, str], raw_stats).items()})
         yield from self._limits()
         yield from self._slots(cast(dict[str, str], raw_stats))
+        yield from self._caps()
 
     def _limits(self) -> Iterator[Metric]:
         """Each rate limit: its setting, the units in its window now, its pause, the claims it deferred."""
@@ -255,6 +261,19 @@ class NamespaceCollector(Collector):
             waited.add_metric([key], int(stats.get(f"slot_waited|{key}") or 0))
             rejected.add_metric([key], int(stats.get(f"slot_rejected|{key}") or 0))
         yield from (setting, running, waiting, waited, rejected)
+
+    def _caps(self) -> Iterator[Metric]:
+        """Each capped queue: its cap and the tasks it holds that have not ended (one ``Caps.all()``; a queue
+        without a cap has no series). The enqueue scripts do not count their refusals (E_FULL) in the stats
+        hash, so there is no refusal counter: depth at the cap is the signal (``McqQueueAtCap``)."""
+        cap = GaugeMetricFamily("mcq_queue_cap", "A capped queue's cap: tasks not ended it admits", labels=["queue"])
+        depth = GaugeMetricFamily("mcq_queue_cap_depth", "A capped queue's tasks not ended (pending, scheduled, "
+                                  "backoff, running, waiting)", labels=["queue"])
+        for s in self.client.caps.all():
+            if s.max_depth is not None:
+                cap.add_metric([s.queue], s.max_depth)
+                depth.add_metric([s.queue], s.depth)
+        yield from (cap, depth)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

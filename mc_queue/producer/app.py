@@ -85,6 +85,8 @@ class App:
     breakers: dict[str, BreakerSetting] = field(default_factory=dict)
     # concurrency key (or family 'repo:*') -> (slots, on_full); published the same way
     concurrency_keys: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # queue -> its cap (backpressure: tasks not ended); published the same way
+    caps: dict[str, int] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
@@ -98,6 +100,8 @@ class App:
             client.limits.set_breaker(key, setting, source="app", reason=f"declared by app {self.name}")
         for key, (slots, on_full) in self.concurrency_keys.items():
             client.slots.set(key, slots, on_full=on_full, source="app", reason=f"declared by app {self.name}")
+        for queue, depth in self.caps.items():
+            client.caps.set(queue, depth, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -170,6 +174,14 @@ class App:
         if on_full not in ON_FULL:
             raise InvalidArgument(f"on_full must be one of {', '.join(ON_FULL)}, got {on_full!r}")
         self.concurrency_keys[key] = (slots, on_full)
+
+    def cap(self, queue: str, max_depth: int) -> None:
+        """Cap ``queue`` at ``max_depth`` tasks not ended (backpressure, :mod:`mc_queue.client.caps`): beyond it
+        enqueue refuses with :class:`~mc_queue.contracts.errors.QueueFull` and a retry-after, the lowest
+        priorities first. Published like :meth:`limit`; an operator's cap wins."""
+        check_queue(queue)
+        check_int(max_depth, what="max_depth", low=1, high=100_000_000)
+        self.caps[queue] = max_depth
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

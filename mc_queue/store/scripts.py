@@ -47,7 +47,7 @@ ACKNOWLEDGED = frozenset({
     "init", "enqueue", "claim", "complete", "fail", "checkpoint", "effect_begin", "effect_done", "cancel",
     "cancel_ack", "retry", "reconcile_settle", "dlq_replay", "dlq_purge", "recover_begin", "recover_finish",
     "queue_pause", "periodic_publish", "periodic_pause", "enqueue_many", "enqueue_after", "limit_admin",
-    "limit_stamp", "breaker_record",
+    "limit_stamp", "breaker_record", "queue_cap",
 })
 # Writes whose loss is re-derived rather than relied on: a renewal lost makes a lease run out sooner
 # (expired, reconciled); an expiry, a dispatch mark, an index drop or a reconcile_begin lost is done

@@ -55,7 +55,7 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     limits = c.get("/limits").text
     assert "github" in limits and "5 per 1m 00s" in limits and "429 from the model provider" in limits
     assert "opened by hand: the forge is down for maintenance" in limits
-    assert "No concurrency key is set" in limits
+    assert "No concurrency key is set" in limits and "No queue is capped" in limits
     # a concurrency key with one slot: its holder (linked to its task) and one Attempt waiting in line
     q = story.client
     q.slots.set("repo:console.app", 1, reason="the console lists it")
@@ -78,6 +78,33 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
                             c.get("/limits").text.split("<b>repo:console.app</b>")[1].split("</tr>")[0], re.S))
     # the slot returned and woke the waiter (out of the line, due now): nothing runs, nothing waits
     assert (cells["Running"], cells["Waiting"], cells["Holders"]) == ("0", "0", "none")
+    # a queue cap (as `mcq caps`): its cap, the tasks not ended, the room at priority 5 (and 9), the age
+    q.caps.set("capped", 3, reason="the console lists it")
+    for i in range(2):
+        q.producer.enqueue("capped", "fix-issue", {"cap": i})
+    time.sleep(0.05)
+
+    def cap_cells() -> tuple[str, dict[str, str]]:
+        page = c.get("/limits").text
+        row = re.search(r'<tr>\s*<td data-label="Queue"><a href="/tasks\?queue=capped"><b>capped</b></a></td>'
+                        r"(.*?)</tr>", page, re.S)
+        assert row, page
+        return page, {k: re.sub(r"<[^>]+>", "", v).strip()
+                      for k, v in re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row.group(1), re.S)}
+
+    page, cells = cap_cells()
+    assert "<h2>Queue caps <span class=\"hint\">1 queue(s)</span></h2>" in page
+    assert (cells["Cap"], cells["Depth"], cells["Room"]) == ("3 operator", "2", "1 priority 9: 0")
+    assert re.fullmatch(r"\d+ ms|\d+\.\ds", cells["Age"]), cells["Age"]
+    q.producer.enqueue("capped", "fix-issue", {"cap": 2})
+    with pytest.raises(mc_queue.QueueFull):
+        q.producer.enqueue("capped", "fix-issue", {"cap": 3})
+    page, cells = cap_cells()
+    assert "1 queue(s), 1 at the cap, refusing new work" in page
+    assert (cells["Depth"], cells["Room"]) == ("3", "0 priority 9: 0")
+    assert '<span class="chip st-failed">0</span>' in page.split("<b>capped</b>")[1].split("</tr>")[0]
+    assert q.caps.delete("capped", reason="the console listed it")
+    assert "No queue is capped" in c.get("/limits").text
     assert c.get("/healthz").text == "ok"
 
 

@@ -400,6 +400,15 @@ tests:
         values: '0 0 2x20'
       - series: 'mcq_concurrency_waiting{{job="mc_queue", instance="c", key="repo:b"}}'
         values: '1x5 0x16'
+      # k: queue full at its cap of 3 from minute 2 on; queue busy reached its cap for 4 minutes only
+      - series: 'mcq_queue_cap{{job="mc_queue", instance="k", queue="full"}}'
+        values: '3x20'
+      - series: 'mcq_queue_cap_depth{{job="mc_queue", instance="k", queue="full"}}'
+        values: '1 2 3x18'
+      - series: 'mcq_queue_cap{{job="mc_queue", instance="k", queue="busy"}}'
+        values: '3x20'
+      - series: 'mcq_queue_cap_depth{{job="mc_queue", instance="k", queue="busy"}}'
+        values: '3x4 2x15'
     alert_rule_test:
       - eval_time: 16m
         alertname: McqConcurrencyKeyStarved
@@ -411,6 +420,16 @@ tests:
             exp_annotations:
               summary: "Attempts have waited for a slot of repo:a for 15 minutes"
               description: "{starved}"
+      - eval_time: 6m
+        alertname: McqQueueAtCap
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: McqQueueAtCap
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: k, queue: full}}
+            exp_annotations:
+              summary: "Queue full has refused new work for 5 minutes: raise its cap or add workers"
+              description: "{at_cap}"
       - eval_time: 2m
         alertname: McqRedisDown
         exp_alerts: []
@@ -525,7 +544,10 @@ def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
                "Purge finished work or raise maxmemory.",
         starved="2 Attempt(s) wait in line for the key: its holders run long (or hang until their leases "
                 "expire), or it has too few slots. `mcq slots` shows the holders; `mcq slots set KEY N "
-                "--reason ..` gives it more."))
+                "--reason ..` gives it more.",
+        at_cap="It holds 3 task(s) not ended, its cap: every enqueue of the queue is refused with QueueFull and "
+               "a retry-after (nothing written) until tasks end. `mcq caps` shows its depth and its oldest due "
+               "task's wait; `mcq caps set QUEUE N --reason ..` raises the cap, more workers serving it drain it."))
     out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -163,6 +163,7 @@ def build_world(q: mc_queue.Client) -> World:
                 pass
     q.leases.complete_attempt(w.aid("repo:w-holder"), w.fences["repo:w-holder"], {"ok": True}, worker_id="w1")
     q.slots.set("repo:v", 2, reason="fuzz world")
+    q.caps.set("jobs", 1000, reason="fuzz world: a cap with room")
     # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
     q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
     q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 600_000)
@@ -188,6 +189,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "breaker_record": lambda: q.limits.record("github", False, 12, fingerprint="0123456789abcdef",
                                                   attempt_id=w.aid("stamped"), actor="w1"),
         "slot_wake": lambda: q.slots.wake_due(),
+        "queue_cap": lambda: q.caps.set("jobs", 2000, reason=REASON),
         "slot_audit": lambda: q.slots.audit(),
         "limit_stamp": lambda: q.leases.stamp_limit(w.aid("stamped"), w.fences["stamped"], "github", worker_id="w1"),
         "renew": lambda: q.leases.heartbeat(w.aid("running"), w.fences["running"], worker_id="w1", cost=0.5, tokens=3),

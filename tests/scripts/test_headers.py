@@ -713,6 +713,11 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     q.leases.complete_attempt(lh.attempt_id, lh.fence, {"ok": True}, worker_id="w")
     assert q.slots.wake_due(audit=True) == [f"{waits.id}/1"]
     q.slots.delete("repo:*", reason="header test deletes a family's slots")
+    q.caps.set("capped", 1, reason="header test caps a queue")
+    q.producer.enqueue("capped", "h", {"n": "fits"})
+    with pytest.raises(mc_queue.QueueFull):
+        q.producer.enqueue("capped", "h", {"n": "over"})
+    q.caps.delete("capped", reason="header test lifts a cap")
     q.operator.resume_queue("jobs", reason="header test resumes")
     q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
                                         overlap="queue"))

@@ -12,12 +12,13 @@ import mc_queue.cli
 from mc_queue.cli import main
 
 EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split; `wait`, `schedule`)
-    "mcq": ["archive", "attention", "breakers", "cancel", "dashboard", "demo", "dlq", "enqueue", "expire", "health",
-            "limits", "metrics",
+    "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire",
+            "health", "limits", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
             "show", "slots", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
     "mcq breakers": ["close", "open"],
+    "mcq caps": ["delete", "set"],
     "mcq dlq": ["list", "purge", "replay", "show"],
     "mcq health": ["worker"],
     "mcq limits": ["delete", "pause", "resume", "set"],

@@ -16,7 +16,7 @@ EXPECTED = {
     "Sweeper", "ValidationFailure", "classify",
     "CancelRequested", "EffectRecord", "EffectUnknown", "mint_key",
     "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
-    "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded",
+    "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded", "QueueFull",
     "Outcome", "WaitTimedOut",
     "TimeoutBudgetExceeded", "RateLimited", "OverLimit", "DependencyDown",
 }

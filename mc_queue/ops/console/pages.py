@@ -419,7 +419,8 @@ def workers(client: Client) -> dict[str, Any]:
 
 def limits(client: Client) -> dict[str, Any]:
     """The rate limits and circuit breakers now (Redis clock): each key's setting, units used and left,
-    pause, breaker state, deferred claims; and the concurrency keys (as ``mcq slots``)."""
+    pause, breaker state, deferred claims; the concurrency keys (as ``mcq slots``) and the queue caps (as
+    ``mcq caps``)."""
     rows = []
     for st in client.limits.all():
         rows.append({
@@ -432,7 +433,8 @@ def limits(client: Client) -> dict[str, Any]:
             "bfor": duration(max(0, (st.breaker_until_ms or 0) - st.now_ms)) if st.breaker_until_ms else None,
             "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
-            "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client)}
+            "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client),
+            **queue_caps(client)}
 
 
 def concurrency_keys(client: Client) -> dict[str, Any]:
@@ -451,3 +453,14 @@ def concurrency_keys(client: Client) -> dict[str, Any]:
                       "rejected": st.rejected, "holders": holders,
                       "full": st.slots is not None and st.running >= st.slots})
     return {"slots": slots, "slots_waiting": sum(r["waiting"] for r in slots)}
+
+
+def queue_caps(client: Client) -> dict[str, Any]:
+    """Each capped queue now (``mcq caps``'s columns): its cap and who set it, the tasks it holds that have
+    not ended, the room left at the default priority 5 (and at 9, shed first), and its oldest due task's
+    wait (Redis's clock)."""
+    caps = [{"queue": st.queue, "cap": st.max_depth, "source": st.source, "depth": st.depth,
+             "room": st.room(5), "room9": st.room(9), "age": duration(st.age_ms) if st.age_ms else None,
+             "full": st.room(5) == 0}
+            for st in client.caps.all() if st.max_depth is not None]
+    return {"caps": caps, "caps_full": sum(1 for r in caps if r["full"])}

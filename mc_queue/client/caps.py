@@ -1,0 +1,98 @@
+"""Backpressure: a queue's cap. At most ``max_depth`` tasks of a queue that have not ended (pending,
+scheduled, backoff, running, waiting); beyond it the enqueue scripts refuse new work with a retry-after
+(:class:`~mc_queue.contracts.errors.QueueFull`, nothing written; ``enqueue_many`` all or nothing), shedding
+the lowest priorities first (priority 1-5 may fill the cap, 6 four fifths of it, ... 9 one fifth), and refuse
+a task whose ``start_by`` the queue's present age (its oldest due task's wait) already makes impossible: the
+queue does not promise work it cannot deliver. Work already admitted goes on (``lua/queue_cap.lua``,
+``lua/includes/admit.lua`` queue_room)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..contracts.codec import check_int, check_text
+from ..contracts.errors import InvalidArgument, raise_for_reply
+from ..contracts.keys import check_queue
+from .base import Role
+
+MAX_DEPTH = 100_000_000
+DEPTH_STATES = ("pending", "scheduled", "backoff", "running", "waiting")
+
+
+@dataclass(frozen=True)
+class CapStatus:
+    """A queue's cap and how full it is now: the tasks it holds that have not ended, and how long its
+    oldest due task has waited (ms, Redis clock; 0 when none waits)."""
+
+    queue: str
+    max_depth: int | None
+    source: str | None
+    depth: int
+    age_ms: int
+
+    def room(self, priority: int = 5) -> int | None:
+        """Tasks of this priority it admits now (None: no cap)."""
+        if self.max_depth is None:
+            return None
+        return max(0, -(-self.max_depth * min(5, 10 - priority) // 5) - self.depth)
+
+
+class Caps(Role):
+    """Set and read queue caps (what the enqueue scripts check)."""
+
+    def set(self, queue: str, max_depth: int, *, reason: str = "set by an operator", source: str = "operator",
+            actor: str | None = None) -> bool:
+        """Cap ``queue`` at ``max_depth`` tasks not ended (False: it already was, or an App's cap would
+        replace an operator's)."""
+        check_int(max_depth, what="max_depth", low=1, high=MAX_DEPTH)
+        return str(self._admin("set", queue, reason, source, actor, max_depth)[0]) == "OK"
+
+    def delete(self, queue: str, *, reason: str, actor: str | None = None) -> bool:
+        """Remove the cap of ``queue`` (False: it had none)."""
+        return str(self._admin("delete", queue, reason, "operator", actor, None)[0]) == "OK"
+
+    def _admin(self, op: str, queue: str, reason: str, source: str, actor: str | None,
+               max_depth: int | None) -> list[Any]:
+        try:
+            check_queue(queue)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        check_text(reason, what="reason", max_bytes=2000, min_chars=1)
+        if source not in ("operator", "app"):
+            raise InvalidArgument(f"source must be operator or app, got {source!r}")
+        who = actor or self.actor
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("queue_cap", {**self._ns_keys(), "caps": self.keys.caps},
+                             {"epoch": epoch, "actor": who, "op": op, "queue": queue, "max_depth": max_depth,
+                              "source": source, "reason": reason})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="queue_cap")
+        return reply
+
+    def all(self, queues: list[str] | None = None) -> list[CapStatus]:
+        """Every capped queue (or the ``queues`` given), by name: two round trips."""
+        caps = cast(dict[str, str], self.redis.hgetall(self.keys.caps))
+        names = sorted(caps) if queues is None else [check_queue(q) for q in queues]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for name in names:
+            pipe.hmget(self.keys.counts, [f"{name}|{s}" for s in DEPTH_STATES])
+            pipe.zrange(self.keys.pending(name), 0, 0, withscores=True)
+        (now_s, now_us), *rest = pipe.execute()
+        now = int(now_s) * 1000 + int(now_us) // 1000
+        out = []
+        for i, name in enumerate(names):
+            counts, head = rest[2 * i], rest[2 * i + 1]
+            setting = caps.get(name)
+            depth, _, source = setting.partition(" ") if setting else ("", "", "")
+            oldest = head[0][1] if head else None
+            out.append(CapStatus(queue=name, max_depth=int(depth) if depth else None, source=source or None,
+                                 depth=sum(int(c or 0) for c in counts),
+                                 age_ms=int(now - oldest) if oldest is not None and oldest < now else 0))
+        return out
+
+    def status(self, queue: str) -> CapStatus:
+        return self.all([queue])[0]
