@@ -62,6 +62,17 @@ class HandlerSpec:
     limits: Mapping[str, int] = field(default_factory=dict)  # rate limit key -> cost, its tasks' by default
 
 
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A declared health probe (``App.probe``): the dependency key it speaks for, the check (raises, or
+    returns False, when the dependency is not usable), how often a worker runs it and how long it may take."""
+
+    key: str
+    check: Callable[[], Any]
+    every_s: float = 5.0
+    timeout_s: float = 2.0
+
+
 @dataclass
 class App:
     """A registry of handlers by name, with the defaults they inherit."""
@@ -87,6 +98,8 @@ class App:
     concurrency_keys: dict[str, tuple[int, str]] = field(default_factory=dict)
     # queue -> its cap (backpressure: tasks not ended); published the same way
     caps: dict[str, int] = field(default_factory=dict)
+    # dependency key -> its health probe, run by each worker process (mc_queue.worker.probes)
+    probes: dict[str, ProbeSpec] = field(default_factory=dict)
 
     def publish_retention(self, client: Any) -> None:
         """Record this App's retention policies and periodic schedules in the namespace (source 'app'). An
@@ -182,6 +195,21 @@ class App:
         check_queue(queue)
         check_int(max_depth, what="max_depth", low=1, high=100_000_000)
         self.caps[queue] = max_depth
+
+    def probe(self, key: str, check: Callable[[], Any], *, every_s: float = 5.0, timeout_s: float = 2.0) -> None:
+        """Declare the health probe of dependency ``key``: each worker process calls ``check()`` every
+        ``every_s`` (bounded by ``timeout_s``); while it raises, returns False or hangs, that worker claims no
+        Attempt of a task naming the key (``needs=[key]`` or ``limits``). Cheap checks only (a HEAD request,
+        a token's validity): it is this worker's view, the breaker is the fleet's (mc_queue.worker.probes)."""
+        try:
+            check_limit_name(key)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not callable(check):
+            raise InvalidArgument(f"the probe of {key} must be callable, got {type(check).__name__}")
+        check_seconds(every_s, what="every_s", high=3600)
+        check_seconds(timeout_s, what="timeout_s", high=600)
+        self.probes[key] = ProbeSpec(key, check, float(every_s), float(timeout_s))
 
     def operation(self, name: str, reconcile: Reconcile) -> None:
         """Register how to ask the provider whether operation ``name`` with a key happened.

@@ -51,6 +51,7 @@ from ..policy.classify import Classified, RateLimited, classify, decision_for
 from ..policy.reconcile import Reconciler
 from ..producer.app import App, HandlerSpec
 from .context import Context, LeaseLost
+from .probes import Probes
 from .workspace import CleanupReport, WorkspaceRoot
 
 log = logging.getLogger("mc_queue.worker")
@@ -72,6 +73,7 @@ class Runtime:
     cleanup: CleanupReport | None = None
     keep_failed_workspaces: bool = False
     grace_s: float = DEFAULT_GRACE_S
+    probes: Probes | None = None  # the App's health probes, run by a thread of this worker process
 
 
 _RUNTIME: Runtime | None = None
@@ -171,9 +173,13 @@ def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any
         with contextlib.suppress(ValueError, McqError):
             timeout_s = Manifest.model_validate_json(
                 expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
+    names = limit_names(str(limits or ""))
+    blocked = rt.probes.refusal(names) if rt.probes is not None else None
+    if blocked:
+        raise Refusal(blocked, attempt=attempt_id)
     return Admission(prefix=ns, attempt_id=attempt_id, task_id=task_id, number=n, queue=str(queue),
                      handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S,
-                     limits=limit_names(str(limits or "")))
+                     limits=names)
 
 
 def run_attempt(prefix: str, attempt_id: str, lease_ms: int | None = None) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from .attempt import (
     void_and_reconcile,
 )
 from .jobs import McqJob, screen_job
+from .probes import Probes
 from .workspace import WorkspaceRoot, default_root
 
 log = logging.getLogger("mc_queue.worker")
@@ -141,8 +142,10 @@ def _install_runtime(name: str) -> Runtime:
         log.warning("workspace cleanup in %s: removed %s; left alone %s", workspaces.root, report.removed,
                     report.refused)
     app.publish_retention(client)
-    rt = Runtime(app=app, client=client, worker_id=_SAFE.sub("_", name), workspaces=workspaces,
-                 cleanup=report, grace_s=grace_s)
+    worker_id = _SAFE.sub("_", name)
+    probes = Probes(app.probes, record=client.operator.audit, worker_id=worker_id) if app.probes else None
+    rt = Runtime(app=app, client=client, worker_id=worker_id, workspaces=workspaces, cleanup=report,
+                 grace_s=grace_s, probes=probes)
     set_runtime(rt)
     rq_log = logging.getLogger("rq.worker")
     if _NO_JOB_OK not in rq_log.filters:
@@ -195,6 +198,9 @@ class McqBaseWorker(BaseWorker):
         stop = threading.Event()
         beat = threading.Thread(target=self._liveness, args=(stop,), name="mcq-liveness", daemon=True)
         beat.start()
+        probes = runtime().probes
+        if probes is not None:  # (a thread of this process: each pool worker runs its own)
+            threading.Thread(target=probes.loop, args=(stop,), name="mcq-probes", daemon=True).start()
         try:
             worked = bool(super().work(burst, *args, **kwargs))
         finally:

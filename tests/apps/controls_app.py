@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -113,3 +114,22 @@ def write_branch(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         prs.close()
     return {"pull_request": pr["number"], "writer": writer, "started": started, "ended": ctx.now_ms()}
+
+
+# ------------------------------------------------------------------------------ health probes
+
+def _gate_probe() -> bool:
+    """The 'gate' dependency is usable while the file MCQ_TEST_GATE names exists."""
+    path = os.environ.get("MCQ_TEST_GATE", "")
+    if not path or not os.path.exists(path):
+        raise ConnectionError(f"gate {path or '(unset)'} is closed")
+    return True
+
+
+app.probe("gate", _gate_probe, every_s=0.2, timeout_s=1.0)
+
+
+@app.handler("needs-gate", needs=["gate"])
+def needs_gate(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Needs the 'gate' dependency: claimed only by a worker whose probe of it passes."""
+    return {"n": payload.get("n"), "worker": ctx.worker_id}

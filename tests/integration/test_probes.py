@@ -1,0 +1,103 @@
+"""Health probes gate claim (issue 19): a worker runs its App's probes on a thread of its own and, while the
+probe of a dependency fails, claims no Attempt of a task that needs it (nothing held, the task stays
+pending and is sent again); a probe that passes again lets them through. Each change is recorded.
+Unit cases of mc_queue.worker.probes.Probes, then a real worker process, sweeper and file-backed probe."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mc_queue import Sweeper, TaskState
+from mc_queue.contracts.errors import InvalidArgument
+from mc_queue.producer.app import App, ProbeSpec
+from mc_queue.worker.probes import Probes
+from tests.apps import controls_app
+from tests.harness import Harness, wait_for
+
+APP = "tests.apps.controls_app:app"
+
+
+def probes(**checks: Any) -> tuple[Probes, list[tuple[str, dict[str, Any]]]]:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    specs = {k: ProbeSpec(k, fn, every_s=0.05, timeout_s=0.2) for k, fn in checks.items()}
+    return Probes(specs, record=lambda e, f: seen.append((e, f)), worker_id="w1"), seen
+
+
+def test_a_failing_probe_refuses_the_tasks_that_need_its_key_and_no_other() -> None:
+    state = {"up": False}
+
+    def forge() -> bool:
+        if not state["up"]:
+            raise ConnectionError("connection refused")
+        return True
+
+    p, seen = probes(forge=forge, model=lambda: True)
+    assert p.refusal(("forge",)) is None  # never probed yet: not refused
+    p.run_once()
+    why = p.refusal(("model", "forge"))
+    assert why and "dependency forge fails its health probe on worker w1 (ConnectionError: connection refused)" in why
+    assert p.refusal(("model",)) is None and p.refusal(()) is None
+    assert seen == [("probe_failed", {"key": "forge", "worker": "w1", "reason": "ConnectionError: connection refused"})]
+    p.run_once()  # not due again yet, and no change: nothing more recorded
+    assert len(seen) == 1
+    state["up"] = True
+    p.run_once(now=time.monotonic() + 1)
+    assert p.refusal(("forge",)) is None
+    assert seen[-1] == ("probe_passed", {"key": "forge", "worker": "w1", "reason": "passes again"})
+
+
+def test_a_probe_that_hangs_or_says_no_fails() -> None:
+    release = threading.Event()
+    p, _ = probes(slow=lambda: release.wait(5), no=lambda: False)
+    started = time.monotonic()
+    p.run_once()
+    assert time.monotonic() - started < 2  # bounded by its timeout, not the check's 5 s
+    assert p.failing() == {"slow": "no answer within 0.2 s", "no": "the probe said no"}
+    release.set()
+
+
+def test_a_probe_declaration_is_checked() -> None:
+    app = App(name="t")
+    for key, check, kw in (("bad key", lambda: True, {}), ("ok", "not callable", {}),
+                           ("ok", lambda: True, {"every_s": 0}), ("ok", lambda: True, {"timeout_s": -1})):
+        with pytest.raises(InvalidArgument):
+            app.probe(key, check, **kw)  # type: ignore[arg-type]
+    assert app.probes == {}
+
+
+def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes(
+        controls: Harness, tmp_path: Path) -> None:
+    h = controls
+    gate = tmp_path / "gate-open"
+    h.extra_env["MCQ_TEST_GATE"] = str(gate)  # absent: the gate's probe fails
+    ac = h.app_client(controls_app.app)
+    sweeper = Sweeper(h.client, recheck_ms=300, claim_grace_ms=200)
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    wait_for(lambda: any(r.get("type") == "probe_failed" for r in h.client.reads.refusals()), 30,
+             "the worker's first probe of the gate to fail")
+    gated = ac.enqueue("needs-gate", {"n": 1}).id
+    free = ac.enqueue("independent", {"n": 2}).id
+    wait_for(lambda: h.client.reads.get_task(free).state is TaskState.SUCCEEDED, 30, "the task that needs nothing")
+    refused = wait_for(lambda: [r for r in h.client.reads.refusals()
+                                if "fails its health probe" in r.get("reason", "")],
+                       30, "the gated task's message to be refused")
+    assert gated in refused[0].get("attempt", "")
+    for _ in range(5):  # sent again and again: still not claimed while the probe fails
+        sweeper.run_once()
+        time.sleep(0.35)
+    t = h.client.reads.get_task(gated)
+    assert t.state is TaskState.PENDING and t.attempts[0].fence is None and len(t.attempts) == 1
+    gate.touch()  # the dependency is back: the next probe passes
+    wait_for(lambda: any(r.get("type") == "probe_passed" for r in h.client.reads.refusals()), 30,
+             "the probe to pass again")
+
+    def done() -> bool:
+        sweeper.run_once()
+        return h.client.reads.get_task(gated).state is TaskState.SUCCEEDED
+
+    wait_for(done, 30, "the gated task to run once the probe passes", interval=0.3)
