@@ -246,6 +246,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 **q.backend.ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, **tk.tomb_keys(), "deadlines": tk.deadlines,
+                "caps": keys.caps,
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench", "delay_ms": "", "run_at_ms": "", "start_by_ms": "",
@@ -259,7 +260,8 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 **q.backend.ns_keys(), "stats": keys.stats,
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "fence": tk.fence,
-                "lease": tk.lease, "paused": keys.paused, "limits": keys.limits,
+                "lease": tk.lease, "paused": keys.paused, "limits": keys.limits, "done": tk.done, "held": tk.held,
+                "released": keys.released, "slotheld": keys.slotheld, "slotwait": keys.slotwait,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
                 "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": "", "budget_ms": ""}, client=pipe)
         for tid, reply in zip(chunk, pipe.execute(), strict=True):

@@ -50,6 +50,8 @@ from ..contracts.packing import LONG_MARK, join_long
 from ..policy.classify import Classified, RateLimited, classify, decision_for
 from ..policy.reconcile import Reconciler
 from ..producer.app import App, HandlerSpec
+from ..producer.dispatch import dispatch
+from ..producer.transport import rq_connection
 from .context import Context, LeaseLost
 from .probes import Probes
 from .workspace import CleanupReport, WorkspaceRoot
@@ -316,7 +318,28 @@ def finish_started(rt: Runtime, st: Started, *, defer: list[Completion] | None =
     if ctx.workspace_created and not keep:
         with contextlib.suppress(OSError):
             rt.workspaces.remove(ctx.workspace)
+    if ctx.attempt.slots and "completing" not in outcome:
+        pass_slots_on(rt)
     return outcome
+
+
+def pass_slots_on(rt: Runtime) -> None:
+    """The Attempt held concurrency slots and stopped: the waiters its end woke are made due and sent now
+    by this worker, not at the sweeper's next look (which does it when this fails: a wake is idempotent)."""
+    try:
+        woken = rt.client.slots.wake_due(limit=10, actor=rt.worker_id)
+        if not woken:
+            return
+        rq = rq_connection(rt.client)
+        try:
+            for aid in woken:
+                task_id, n = parse_attempt_id(aid)
+                task = rt.client.reads.get_task(task_id)
+                dispatch(rt.client, rq, task, task.attempts[n - 1])
+        finally:
+            rq.close()
+    except (McqError, redis.RedisError) as exc:
+        log.info("waiters for a returned slot left to the sweeper: %s", exc)
 
 
 def canonical_result(result: Any) -> Any:

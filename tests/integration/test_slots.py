@@ -350,3 +350,21 @@ def test_a_superseding_key_cancels_the_running_push_and_runs_the_newest(controls
     assert stopped is not None and b.attempts[-1].started_at is not None
     assert b.attempts[-1].started_at >= stopped  # the newest ran only once the first stopped
     assert [p["head"] for p in forge.pulls] == ["w-2"]  # the superseded push never reached the forge
+
+
+def test_the_worker_that_returns_a_slot_sends_the_waiter_itself_with_no_sweeper_running(
+        controls: Harness, forge: ForgeServer) -> None:
+    h = controls
+    ac = h.app_client(controls_app.app)
+    controls_app.app.publish_retention(h.client)  # repo:* one slot
+    first = ac.enqueue("write-branch", {"id": 1, "key": "repo:c", "hold_s": 1}, limits={"repo:c": 1}).id
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    wait_for(lambda: h.client.slots.status("repo:c").holders, 30, "the first to hold the slot")
+    second = ac.enqueue("write-branch", {"id": 2, "key": "repo:c", "hold_s": 0}, limits={"repo:c": 1}).id
+    wait_for(lambda: h.client.reads.get_task(second).attempts[0].waiting_for == "repo:c", 30, "the second to park")
+    a, b = wait_settled(h, [first, second], timeout=30)  # no sweeper: the first's worker woke and sent it
+    assert (a.state, b.state) == (TaskState.SUCCEEDED, TaskState.SUCCEEDED)
+    assert b.attempts[0].started_at is not None and a.attempts[0].ended_at is not None
+    assert b.attempts[0].started_at >= a.attempts[0].ended_at
+    assert (b.attempts[0].started_at - a.attempts[0].ended_at).total_seconds() < 2

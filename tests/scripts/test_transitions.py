@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
 from mc_queue.client.producer import NewTask
+from mc_queue.contracts.errors import SlotRejected
 from mc_queue.contracts.states import TRANSITIONS
 from mc_queue.testing import TransitionRecorder
 
@@ -75,6 +78,20 @@ def _tour(q: mc_queue.Client) -> None:
     time.sleep(0.06)
     q.leases.claim_attempt(tid, "w", LONG)
     q.operator.cancel_task(q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600).id, REASON)
+    # a full concurrency key that rejects the newest: the claim cancels the task, from pending, backoff, scheduled
+    q.slots.set("tour:one", 1, on_full="reject", reason="the tour's writer lease")
+    keyed = {"tour:one": 1}
+    bk = q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, limits=keyed).id
+    lease = q.leases.claim_attempt(bk, "w", LONG, limits=("tour:one",))
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, FAILURE, worker_id="w", decision=_retry(0.04))
+    holder = q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, limits=keyed).id
+    q.leases.claim_attempt(holder, "w", LONG, limits=("tour:one",))
+    sched = q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, delay_s=0.04, limits=keyed).id
+    pend = q.producer.enqueue("tour", "h", {"n": time.monotonic_ns()}, limits=keyed).id
+    time.sleep(0.06)
+    for tid in (pend, bk, sched):
+        with pytest.raises(SlotRejected):
+            q.leases.claim_attempt(tid, "w", LONG, limits=("tour:one",))
     # a batch: a task due now and one scheduled, each with its Attempt 1
     q.producer.enqueue_many([NewTask("tour", "h", {"n": time.monotonic_ns()}),
                              NewTask("tour", "h", {"n": time.monotonic_ns()}, delay_s=3600)])
