@@ -66,7 +66,7 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.mi
 if err then return err end
 
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at',
-  n .. '.started_at', n .. '.worker')
+  n .. '.started_at', n .. '.worker', n .. '.slots', n .. '.slots_at')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
 if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
   if a[3] == A.result_digest then return done('DUP', a[4]) end
@@ -90,7 +90,7 @@ if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tok
 redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
-slots_free(K, n, t[2] .. '/' .. n, ts)
+slots_free(K, n, t[2] .. '/' .. n, ts, {a[7], a[8]})
 move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers

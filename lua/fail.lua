@@ -92,14 +92,15 @@ err, ts = fence_check(K, A, A.worker, A.failure_digest, 'fail', true)
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
-local started = tonumber(aget(K.attempts, n, 'started_at')) or ts
+local own = redis.call('HMGET', K.attempts, n .. '.started_at', n .. '.slots', n .. '.slots_at')
+local started = tonumber(own[1]) or ts
 aset(K.attempts, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', A.failure,
   'failure_digest', A.failure_digest, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
 if tonumber(A.cost) > 0 then redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost) end  -- 0: not written
 if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tokens) end
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
-slots_free(K, n, t[2] .. '/' .. n, ts)
+slots_free(K, n, t[2] .. '/' .. n, ts, {own[2], own[3]})
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)

@@ -114,16 +114,19 @@ local function queue_room(K, A, plan, ts, added)
     q .. 'waiting')
   local depth = added
   for i = 1, 5 do depth = depth + (tonumber(c[i] or '0') or 0) end
-  local head = redis.call('ZRANGE', K.pending, 0, 0, 'WITHSCORES')[2]
-  local age = head and tonumber(head) and tonumber(head) < ts and ts - tonumber(head) or 0
+  local function queue_age()  -- (read only when the answer needs it)
+    local head = tonumber(redis.call('ZRANGE', K.pending, 0, 0, 'WITHSCORES')[2] or '')
+    return head and head < ts and ts - head or 0
+  end
   local p = A.priority or 5
   local room = math.ceil(cap * math.min(1, (10 - p) / 5))
   if depth >= room then
     local over = depth - room + 1
     local why = 'queue ' .. A.queue .. ' holds ' .. depth .. ' tasks, its cap is ' .. cap ..
       (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or '')
-    return {'E_FULL', why, fmt(math.max(1000, math.min(60000, math.floor(age * over / math.max(1, depth)))))}
+    return {'E_FULL', why, fmt(math.max(1000, math.min(60000, math.floor(queue_age() * over / math.max(1, depth)))))}
   end
+  local age = A.start_by_ms and not plan.waiting and plan.due <= ts and queue_age() or 0
   if A.start_by_ms and not plan.waiting and plan.due <= ts and ts + age > A.start_by_ms then
     return {'E_FULL', 'queue ' .. A.queue .. "'s oldest due task has waited " .. fmt(age) .. ' ms: one enqueued ' ..
       'now would not start by its start_by (' .. A.raw.start_by_ms .. ' ms, Redis clock)', '0'}

@@ -196,9 +196,10 @@ local function slot_pad(ms) return string.format('%015.0f', tonumber(ms) or 0) e
 -- The Attempt (n of the task at K: attempts, slotheld, slotwait, slotwake) stops running: each concurrency
 -- slot it holds returns ('slots': "<key> <writer fence>,..." and 'slots_at', written by its claim), and the
 -- first waiter of that key is put in the wake set (slot_wake.lua makes it due; the sweeper runs it). Safe
--- to run twice: a slot returns once (ZREM says so). Returns how many slots returned.
-local function slots_free(K, n, aid, ts)
-  local v = redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at')
+-- to run twice: a slot returns once (ZREM says so). Returns how many slots returned. ``held``: the Attempt's
+-- 'slots' and 'slots_at' when the caller read them already (one HMGET fewer on the completion's path).
+local function slots_free(K, n, aid, ts, held)
+  local v = held or redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at')
   if not v[1] or v[1] == '' then return 0 end
   local at, freed = slot_pad(v[2]), 0
   for key in string.gmatch(v[1], '([^ ,]+) %d+') do
