@@ -261,7 +261,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 "counts": keys.counts, "leases": keys.leases, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, "fence": tk.fence,
                 "lease": tk.lease, "paused": keys.paused, "limits": keys.limits, "done": tk.done, "held": tk.held,
-                "released": keys.released, "slotheld": keys.slotheld, "slotwait": keys.slotwait,
+                "released": keys.released, "slotheld": keys.slotheld, "slotwait": keys.slotwait, "spent": keys.spent,
             }, {"worker": WORKER, "lease_ms": lease_ms, "epoch": epoch, "min_seq": 0,
                 "request_id": uuid.uuid4().hex, "expect_n": "", "with_task": "", "budget_ms": ""}, client=pipe)
         for tid, reply in zip(chunk, pipe.execute(), strict=True):

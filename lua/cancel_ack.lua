@@ -16,6 +16,7 @@
 -- KEYS[13] slotheld  concurrency slots held (the Attempt's return: slots_free)
 -- KEYS[14] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
 -- KEYS[15] slotwake  waiters to wake (slot_wake.lua)
+-- KEYS[16] spent     spend ceilings' reservations and buckets (the Attempt's reservation replaced by its spend)
 -- ARGV[1] n          attempt number
 -- ARGV[2] fence      fence the executor holds
 -- ARGV[3] worker     worker id
@@ -33,7 +34,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
   cancels = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], stats = KEYS[10],
-  fence = KEYS[11], lease = KEYS[12], slotheld = KEYS[13], slotwait = KEYS[14], slotwake = KEYS[15]}
+  fence = KEYS[11], lease = KEYS[12], slotheld = KEYS[13], slotwait = KEYS[14], slotwake = KEYS[15],
+  spent = KEYS[16]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -65,6 +67,7 @@ aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 
 redis.call('DEL', K.lease)
 redis.call('ZREM', K.leases, id .. '/' .. n)
 slots_free(K, n, id .. '/' .. n, ts)
+spend_settle(K, n, id .. '/' .. n, ts)
 redis.call('ZREM', K.cancels, id .. '/' .. n)
 redis.call('ZADD', K.suspect, ts, id .. '/' .. n)
 emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'new_fence', new_fence})

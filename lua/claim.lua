@@ -26,12 +26,15 @@
 --                    its circuit breaker: "<key>|breaker" (its setting), "<key>|bstate" ("open <until ms>" |
 --                    "half <probes out> <probes that succeeded> <last probe admitted, ms>", absent: closed),
 --                    "<key>|bwhy"; its concurrency slots: "<key>|slots" ("<slots> <on full> <source>", or the family's
---                    "<family>:*|slots"), "<key>|wfence" (its writer fence, one more at each slot taken)
+--                    "<family>:*|slots"), "<key>|wfence" (its writer fence, one more at each slot taken); its spend
+--                    ceiling: "<key>|spend" ("<cost> <tokens> <window ms> <on over> <source>", or the family's
+--                    "<family>:*|spend"), "<key>|snext" (the next recheck of an Attempt deferred by it)
 -- KEYS[15] done      the queue's finished tasks (a task rejected by a full concurrency key ends here)
 -- KEYS[16] held      the queue's tasks waiting for a person
 -- KEYS[17] released  tasks that ended with dependents waiting
 -- KEYS[18] slotheld  concurrency slots held: "<key>\n<claimed at ms, 15 digits>\n<attempt id>" (score 0)
 -- KEYS[19] slotwait  Attempts waiting for a slot: "<key>\n<place, 15 digits>\n<queue>\n<task id>" (score 0)
+-- KEYS[20] spent     spend ceilings' reservations and buckets (score 0, by text: common.lua spend_settle)
 -- ITEMKEYS[1] log    each of the task's rate limits' admission log ("<attempt id> <cost>" -> ms), in the order
 --                    the task's 'limits' field names them (none for a task without limits)
 -- ARGV[1] worker     worker id
@@ -60,6 +63,14 @@
 -- PARK_MS, in line in slotwait: the first slot returned wakes it, keeping its place when it must wait
 -- again); 'supersede' parks it too and names the oldest holder for the caller to cancel; 'reject' cancels the
 -- task (E_REJECTED). Parking wins over a rate limit's deferral (its units are checked when it wakes).
+-- Spend ceilings (denial of wallet): a key with a ceiling set (its own or its family's: cost and/or tokens per
+-- window) admits an Attempt only when what the key's Attempts spent in the window ending now, plus what its
+-- running Attempts reserved, plus this Attempt's estimate stays within it (with an estimate of 0, while
+-- anything is left). The estimate is what the task's budget has left (max_cost, max_tokens, less what its
+-- earlier Attempts were charged; 0 for no budget). Admitted, the Attempt reserves its estimate ('spend':
+-- "<key> <cost> <tokens> <bucket ms>"), replaced by what it was charged when it stops running. Over: 'wait'
+-- defers it like a rate limit (due when enough leaves the window, or a recheck while reservations block:
+-- Attempts deferred by a key are due one estimate's share of the window apart), 'reject' cancels the task.
 -- Returns: {'OK', n, fence, lease_exp_ms, seq, now_ms, lease_ms, recovered_at, deadline_ms[, task, attempts]}
 --          | {'DUP', ...same...}  (deadline_ms: '' when the Attempt has none)
 --          | {'E_LIMITED', why, due_ms, supersede} (over a rate limit or paused: offered again at due_ms; or
@@ -79,8 +90,9 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9],
   stats = KEYS[10], fence = KEYS[11], lease = KEYS[12], paused = KEYS[13], limits = KEYS[14], done = KEYS[15],
-  held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19]}
+  held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19], spent = KEYS[20]}
 local PARK_MS = 300000  -- a parked Attempt's due time: what a wake that never came would cost
+local SPEND_RECHECK_MS = 5000  -- a spend ceiling held by reservations: when a deferred Attempt looks again
 bind_task(K)
 local A, bad = args(ARGV, {
   'worker', 'id', 200, false,
@@ -93,7 +105,7 @@ local A, bad = args(ARGV, {
   'budget_ms', 'int?', 1, MAX_INT,
 }, {'limit_key', 'lkey', false, false}, 0, true)
 if bad then return bad end
-local ITEMS = each_keys(KEYS, 20, {'log'}, #A.items)
+local ITEMS = each_keys(KEYS, 21, {'log'}, #A.items)
 if not ITEMS then return {'E_BADARG', 'expected a log key for each of the ' .. #A.items .. ' limits'} end
 for i, I in ipairs(A.items) do
   local K = ITEMS[i]  -- (the item's keys)
@@ -118,7 +130,7 @@ local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker,
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'state', 'attempts', 'queue', 'id', 'lease_ms', 'handler', 'fence', 'created_at',
-  'start_by', 'finish_by', 'limits')
+  'start_by', 'finish_by', 'limits', 'budget')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
 local state, n, queue, task_id = t[1], t[2], t[3], t[4]
 local lease_ms, lease_s = A.lease_ms, A.raw.lease_ms
@@ -164,14 +176,32 @@ end
 -- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
 -- that left the window), and when the units this task needs come back (the oldest entries in the window).
 -- (In these loops K is a limit's: its log, and the namespace's limits hash and stats.)
-for _, it in ipairs(ITEMS) do it.limits, it.stats, it.nslog, it.slotheld = K.limits, K.stats, K.nslog, K.slotheld end
-local plan, over_at, over_why, full = {}, nil, nil, nil
+for _, it in ipairs(ITEMS) do
+  it.limits, it.stats, it.nslog, it.slotheld, it.spent = K.limits, K.stats, K.nslog, K.slotheld, K.spent
+end
+local plan, over_at, over_why, full, est = {}, nil, nil, nil, nil
+-- A spend ceiling's estimate of this Attempt: what the task's budget has left (thousandths of cost, tokens).
+local function estimate()
+  local ok, b = pcall(cjson.decode, t[12] or '')
+  local max_cost = ok and type(b) == 'table' and tonumber(b.max_cost) or nil
+  local max_tokens = ok and type(b) == 'table' and tonumber(b.max_tokens) or nil
+  local cost, tokens = max_cost and math.min(max_cost, 1e12) or 0, max_tokens and math.min(max_tokens, 1e15) or 0
+  local num = tonumber(n)
+  if num > 1 and (cost > 0 or tokens > 0) then  -- less what its earlier Attempts were charged
+    local f = {}
+    for i = 1, math.min(num - 1, 1000) do f[#f + 1] = i .. '.cost' ; f[#f + 1] = i .. '.tokens' end
+    local v = redis.call('HMGET', K.attempts, unpack(f))
+    for i = 1, #v, 2 do cost, tokens = cost - (tonumber(v[i] or '0') or 0), tokens - (tonumber(v[i + 1] or '0') or 0) end
+  end
+  return {cost = math.ceil(math.max(0, cost) * 1000 - 1e-6), tokens = math.max(0, math.floor(tokens))}
+end
 for i, w in ipairs(wanted) do
   local K = ITEMS[i]
   local name, cost = w[1], w[2]
   local fam = slot_family(name)
   local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next',
-    name .. '|bstate', name .. '|breaker', name .. '|bwhy', name .. '|slots', fam and (fam .. '|slots') or name .. '|slots')
+    name .. '|bstate', name .. '|breaker', name .. '|bwhy', name .. '|slots', fam and (fam .. '|slots') or name .. '|slots',
+    name .. '|spend', fam and (fam .. '|spend') or name .. '|spend', name .. '|snext')
   local st = {name = name, cost = cost, K = K, next = tonumber(c[5] or '')}
   local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
   st.lim, st.win = tonumber(lim), tonumber(win)
@@ -242,10 +272,51 @@ for i, w in ipairs(wanted) do
       st.slot = true
     end
   end
+  local ceiling = spend_setting(c[11]) or spend_setting(c[12])
+  if ceiling then  -- a spend ceiling: what was spent in its window, what is reserved, and this estimate
+    est = est or estimate()
+    local u = spend_used(K, name, ceiling.win, ts)
+    st.spend, st.stale, st.width = true, u.stale, spend_bucket_ms(ceiling.win)
+    for _, d in ipairs({{'cost (thousandths)', ceiling.cost, u.cost, u.held_cost, est.cost, 2},
+                        {'tokens', ceiling.tokens, u.tokens, u.held_tokens, est.tokens, 3}}) do
+      local what, cap, used, held, want = d[1], d[2], d[3], d[4], d[5]
+      if cap > 0 and (used + held + want > cap or (want == 0 and used + held >= cap)) and not st.spend_over then
+        local s_at
+        local s_why = 'spend ceiling ' .. name .. ': ' .. what .. ' ' .. fmt(used) .. ' spent in the last ' ..
+          ceiling.win .. ' ms and ' .. fmt(held) .. ' reserved by running Attempts, of ' .. fmt(cap) ..
+          '; this Attempt may spend ' .. fmt(want)
+        if want > cap then
+          s_at, s_why = ts + ceiling.win, 'spend ceiling ' .. name .. ': this Attempt may spend ' .. fmt(want) ..
+            ' ' .. what .. ', above the ceiling of ' .. fmt(cap) .. ' per ' .. ceiling.win ..
+            ' ms: never admitted until the ceiling is raised or its budget lowered'
+        elseif used + math.max(want, 1) > cap then  -- what was spent blocks: when its oldest buckets leave
+          local need, freed = used + math.max(want, 1) - cap, 0
+          s_at = ts + ceiling.win
+          for _, b in ipairs(u.buckets) do
+            freed = freed + b[d[6]]
+            if freed >= need then s_at = b[1] ; break end
+          end
+        else  -- running Attempts' reservations block: look again when some may have ended
+          s_at = ts + math.min(ceiling.win, SPEND_RECHECK_MS)
+        end
+        st.spend_over, st.snext = true, tonumber(c[13] or '')
+        st.spacing = math.max(50, math.ceil(ceiling.win * math.max(want, 1) / cap))
+        if ceiling.on_over == 'reject' then
+          if not full or full.on_full ~= 'reject' then
+            full = {name = name, on_full = 'reject', why = s_why, stat = 'spend_rejected|'}
+          end
+        else
+          if st.snext and st.snext > s_at then s_at = st.snext end
+          st.over = true
+          if not over_at or s_at > over_at then over_at, over_why = s_at, s_why end
+        end
+      end
+    end
+  end
   plan[i] = st
 end
 if full and full.on_full == 'reject' then  -- the newest is rejected: the task ends, canceled, and says why
-  local why = full.why .. ' (rejects when full)'
+  local why = full.why .. (full.stat and ' (rejects when over)' or ' (rejects when full)')
   local ts_s = fmt(ts)
   aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts_s, 'settled_by', 'cancel'})
   if a[11] then redis.call('ZREM', K.slotwait, a[11]) ; redis.call('HDEL', K.attempts, n .. '.parked') end
@@ -254,7 +325,7 @@ if full and full.on_full == 'reject' then  -- the newest is rejected: the task e
     'cancel_by', A.worker, 'updated_at', ts_s)
   move_count(K.counts, queue, state, 'canceled')
   index_end(K, task_id, state, 'canceled', ts)
-  redis.call('HINCRBY', K.stats, 'slot_rejected|' .. full.name, 1)
+  redis.call('HINCRBY', K.stats, (full.stat or 'slot_rejected|') .. full.name, 1)
   emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.worker, 'reason', why})
   return {'E_REJECTED', why}
 elseif full then
@@ -290,7 +361,11 @@ if over_at then
     if st.slotted then
       redis.call('HSET', K.limits, st.name .. '|next', fmt(over_at + math.ceil(st.win * st.cost / st.lim)))
     end
-    if st.over then redis.call('HINCRBY', K.stats, (st.breaker and 'breaker_deferred|' or 'limited|') .. st.name, 1) end
+    if st.spend_over then redis.call('HSET', K.limits, st.name .. '|snext', fmt(over_at + st.spacing)) end
+    if st.over then
+      redis.call('HINCRBY', K.stats, (st.breaker and 'breaker_deferred|' or st.spend_over and 'spend_deferred|' or
+        'limited|') .. st.name, 1)
+    end
   end
   aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', over_why})
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
@@ -317,7 +392,7 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
-local probe, slots = {}, {}
+local probe, slots, spend = {}, {}, {}
 for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units; a half-open breaker a probe
   local K = st.K
   if st.half_opened then
@@ -333,8 +408,14 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     redis.call('ZADD', K.slotheld, 0, st.name .. '\n' .. slot_pad(ts) .. '\n' .. aid)
     slots[#slots + 1] = st.name .. ' ' .. redis.call('HINCRBY', K.limits, st.name .. '|wfence', 1)
   end
+  if st.spend then  -- the estimate reserved (the buckets out of the window dropped)
+    for _, m in ipairs(st.stale) do redis.call('ZREM', K.spent, m) end
+    redis.call('ZADD', K.spent, 0, st.name .. '\n~\n' .. aid .. '\n' .. fmt(est.cost) .. ' ' .. fmt(est.tokens))
+    spend[#spend + 1] = st.name .. ' ' .. fmt(est.cost) .. ' ' .. fmt(est.tokens) .. ' ' .. fmt(st.width)
+  end
 end
 if #slots > 0 then aset(K.attempts, n, {'slots', table.concat(slots, ','), 'slots_at', ts_s}) end
+if #spend > 0 then aset(K.attempts, n, {'spend', table.concat(spend, ',')}) end
 if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
   redis.call('ZREM', K.slotwait, a[11])
   redis.call('HDEL', K.attempts, n .. '.parked')

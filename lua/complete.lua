@@ -20,6 +20,7 @@
 -- KEYS[15] slotheld  concurrency slots held (the Attempt's return: slots_free)
 -- KEYS[16] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
 -- KEYS[17] slotwake  waiters to wake (slot_wake.lua)
+-- KEYS[18] spent     spend ceilings' reservations and buckets (the Attempt's reservation replaced by its spend)
 -- ARGV[1] n              attempt number
 -- ARGV[2] fence          fence the caller holds
 -- ARGV[3] worker         worker id
@@ -44,7 +45,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], stats = KEYS[9], fence = KEYS[10], lease = KEYS[11],
-  done = KEYS[12], held = KEYS[13], released = KEYS[14], slotheld = KEYS[15], slotwait = KEYS[16], slotwake = KEYS[17]}
+  done = KEYS[12], held = KEYS[13], released = KEYS[14], slotheld = KEYS[15], slotwait = KEYS[16], slotwake = KEYS[17],
+  spent = KEYS[18]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -66,7 +68,7 @@ local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.mi
 if err then return err end
 
 local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at',
-  n .. '.started_at', n .. '.worker', n .. '.slots', n .. '.slots_at')
+  n .. '.started_at', n .. '.worker', n .. '.slots', n .. '.slots_at', n .. '.spend')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one has no digest).
 if a[1] == 'succeeded' and a[2] == A.raw.fence and a[3] then
   if a[3] == A.result_digest then return done('DUP', a[4]) end
@@ -91,6 +93,7 @@ redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 slots_free(K, n, t[2] .. '/' .. n, ts, {a[7], a[8]})
+if a[9] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
 move_count(K.counts, t[1], 'running', 'succeeded')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers

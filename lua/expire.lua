@@ -19,6 +19,7 @@
 -- KEYS[13] slotheld  concurrency slots held (the Attempt's return: slots_free)
 -- KEYS[14] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
 -- KEYS[15] slotwake  waiters to wake (slot_wake.lua)
+-- KEYS[16] spent     spend ceilings' reservations and buckets (the Attempt's reservation replaced by its spend)
 -- ARGV[1] member     the lease index member: "<task id>/<attempt number>"
 -- ARGV[2] actor      who expires (sweeper id)
 -- ARGV[3] force      '1' to void a live lease (recovery, unacknowledged cancel), else '0'
@@ -35,7 +36,8 @@
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], leases = KEYS[4], suspect = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], cancels = KEYS[9], stats = KEYS[10],
-  fence = KEYS[11], lease = KEYS[12], slotheld = KEYS[13], slotwait = KEYS[14], slotwake = KEYS[15]}
+  fence = KEYS[11], lease = KEYS[12], slotheld = KEYS[13], slotwait = KEYS[14], slotwake = KEYS[15],
+  spent = KEYS[16]}
 bind_task(K)
 local A, bad = args(ARGV, {
   'member', 'id', 200, false,
@@ -78,6 +80,7 @@ redis.call('HSET', K.task, 'updated_at', ts)
 aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts})
 redis.call('DEL', K.lease)
 slots_free(K, n, A.member, ts)
+spend_settle(K, n, A.member, ts)
 redis.call('ZREM', K.leases, A.member)
 redis.call('ZREM', K.cancels, A.member)
 redis.call('ZADD', K.suspect, ts, A.member)

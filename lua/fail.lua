@@ -25,6 +25,7 @@
 -- KEYS[18] slotheld  concurrency slots held (the Attempt's return: slots_free)
 -- KEYS[19] slotwait  Attempts waiting for a slot (the first of a returned slot's key is woken)
 -- KEYS[20] slotwake  waiters to wake (slot_wake.lua)
+-- KEYS[21] spent     spend ceilings' reservations and buckets (the Attempt's reservation replaced by its spend)
 -- ARGV[1] n               attempt number
 -- ARGV[2] fence           fence the caller holds
 -- ARGV[3] worker          worker id
@@ -59,7 +60,8 @@
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], counts = KEYS[4], leases = KEYS[5],
   task = KEYS[6], attempts = KEYS[7], events = KEYS[8], pending = KEYS[9], attention = KEYS[10],
   dlq = KEYS[11], stats = KEYS[12], fence = KEYS[13], lease = KEYS[14],
-  done = KEYS[15], held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19], slotwake = KEYS[20]}
+  done = KEYS[15], held = KEYS[16], released = KEYS[17], slotheld = KEYS[18], slotwait = KEYS[19], slotwake = KEYS[20],
+  spent = KEYS[21]}
 bind_task(K)
 local A, bad = args(ARGV, with({
   'n', 'int', 1, MAX_N,
@@ -92,7 +94,7 @@ err, ts = fence_check(K, A, A.worker, A.failure_digest, 'fail', true)
 if err then return err end
 
 local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
-local own = redis.call('HMGET', K.attempts, n .. '.started_at', n .. '.slots', n .. '.slots_at')
+local own = redis.call('HMGET', K.attempts, n .. '.started_at', n .. '.slots', n .. '.slots_at', n .. '.spend')
 local started = tonumber(own[1]) or ts
 aset(K.attempts, n, {'state', 'failed', 'ended_at', ts, 'elapsed_ms', ts - started, 'failure', A.failure,
   'failure_digest', A.failure_digest, 'fclass', A.fclass, 'fingerprint', A.fingerprint})
@@ -101,6 +103,7 @@ if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tok
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 slots_free(K, n, t[2] .. '/' .. n, ts, {own[2], own[3]})
+if own[4] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
 emit(K.events, 'attempt_failed', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'failure_class', A.fclass,
   'fingerprint', A.fingerprint, 'decision', A.decision, 'why', A.why})
 local state = apply_decision(K, t[2], t[1], n, 'running', A, 'policy', ts)

@@ -12,30 +12,38 @@
 -- at most that many running Attempts of tasks naming the key (claim.lua); the key may be a family, '<name>:*',
 -- giving each key '<name>:...' its own slots. A change wakes the key's waiters at the sweeper's next audit
 -- (slot_audit.lua). The key's writer fence is never deleted (a provider keeps the highest it saw).
+-- A spend ceiling of the key (denial of wallet: 'spend' sets "<cost thousandths> <tokens> <window ms> <on over>
+-- <source>", 'unspend' deletes it): what the running and recently ended Attempts of tasks naming the key may
+-- spend per window (claim.lua); a family '<name>:*' gives each key '<name>:...' its own ceiling. 'delete' drops
+-- every setting of the key (rate limit, pause, breaker, slots, ceiling).
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
 -- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
---                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy", "<key>|slots"
+--                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy", "<key>|slots",
+--                    "<key>|spend", "<key>|snext"
 -- KEYS[5] log        the key's admission log (delete drops it)
 -- KEYS[6] window     the key's circuit breaker window (delete and reset clear it)
 -- ARGV[1] epoch
 -- ARGV[2] actor
--- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset' | 'slots' | 'unslots'
--- ARGV[4] key        the limit's key (for slots and unslots also a family: '<name>:*')
--- ARGV[5] limit      units admitted per window (set), or the concurrency slots (slots, 1..1000000), else ''
--- ARGV[6] window_ms  the sliding window (set; at most 30 days), else ''
+-- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset' | 'slots' | 'unslots' |
+--                    'spend' | 'unspend'
+-- ARGV[4] key        the limit's key (for slots, unslots, spend and unspend also a family: '<name>:*')
+-- ARGV[5] limit      units admitted per window (set), the concurrency slots (slots, 1..1000000), or the cost
+--                    ceiling in thousandths (spend; '' for none), else ''
+-- ARGV[6] window_ms  the sliding window (set, spend; at most 30 days), else ''
 -- ARGV[7] for_ms     how long a pause or a trip holds, from now on Redis's clock (at most 30 days), else ''
 -- ARGV[8] source     'operator' | 'app' | 'worker': who sets it
 -- ARGV[9] reason     why, recorded (a pause's or a trip's reason is what deferred claims say)
 -- ARGV[10] breaker   the breaker's setting (breaker), else ''
 -- ARGV[11] on_full   what a claim does when the key's slots are all held (slots): 'wait' | 'reject' |
---                    'supersede', else ''
+--                    'supersede'; or when the key's spend ceiling is reached (spend): 'wait' | 'reject'; else ''
+-- ARGV[12] tokens    the tokens ceiling (spend; '' for none), else ''
 -- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}; for a trip, when it half-opens)
 --          | {'NOOP', why}
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed | breaker_set | breaker_opened |
---                 breaker_closed | slots_set | slots_deleted
+--                 breaker_closed | slots_set | slots_deleted | spend_set | spend_deleted
 -- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
 --@include common
 
@@ -44,7 +52,7 @@ local MAX_WINDOW_MS = 2592000000
 local A, bad = args(ARGV, {
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
-  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|', false,
+  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|spend|unspend|', false,
   'key', 'text', 130, false,
   'limit', 'int?', 1, 999999999,
   'window_ms', 'int?', 1, MAX_WINDOW_MS,
@@ -53,18 +61,28 @@ local A, bad = args(ARGV, {
   'reason', 'text', 2000, false,
   'breaker', 'text', 200, false,
   'on_full', 'enum', '||wait|reject|supersede|', false,
+  'tokens', 'int?', 1, 999999999999999,
 })
 if bad then return bad end
-local family = (A.op == 'slots' or A.op == 'unslots') and string.match(A.key, '^(.+:)%*$') or nil
+local family = (A.op == 'slots' or A.op == 'unslots' or A.op == 'spend' or A.op == 'unspend') and
+  string.match(A.key, '^(.+:)%*$') or nil
 local base = family or A.key
 if #base > 128 or not string.find(base, '^[%w][%w_%.:%-]*$') then
   return {'E_BADARG', "key must be 1-128 of letters, digits, '_', '.', ':', '-', starting with a letter or digit" ..
-    " (for slots also '<name>:*', a family)"}
+    " (for slots and spend also '<name>:*', a family)"}
 end
 if string.sub(K.window, -(#base + 9)) ~= ':breaker:' .. base then
   return {'E_BADARG', 'window is not the window of breaker ' .. base}
 end
-if (A.op == 'slots') ~= (A.on_full ~= '') then return {'E_BADARG', 'on_full is for slots, and slots needs it'} end
+local spend = A.op == 'spend'
+if (A.op == 'slots' or spend) ~= (A.on_full ~= '') then
+  return {'E_BADARG', 'on_full is for slots and spend, and each needs it'}
+end
+if spend and A.on_full == 'supersede' then return {'E_BADARG', "a spend ceiling's on_full is wait or reject"} end
+if spend and not (A.window_ms and (A.limit or A.tokens)) then
+  return {'E_BADARG', 'spend needs a window_ms and a cost ceiling (limit, thousandths) or a tokens ceiling'}
+end
+if A.tokens and not spend then return {'E_BADARG', 'tokens is for spend only'} end
 if A.op == 'slots' and (not A.limit or A.limit > 1000000) then
   return {'E_BADARG', 'slots needs a limit: the running Attempts the key admits, 1..1000000'}
 end
@@ -86,8 +104,8 @@ end
 if string.sub(K.log, -(#base + 7)) ~= ':limit:' .. base then return {'E_BADARG', 'log is not the log of ' .. base} end
 if A.op == 'set' and not (A.limit and A.window_ms) then return {'E_BADARG', 'set needs a limit and a window_ms'} end
 if (A.op == 'pause' or A.op == 'trip') and not A.for_ms then return {'E_BADARG', A.op .. ' needs for_ms'} end
-if A.op ~= 'set' and (A.op ~= 'slots' and A.limit or A.window_ms) then
-  return {'E_BADARG', 'limit and window_ms are for set only (limit also for slots)'}
+if A.op ~= 'set' and not spend and (A.op ~= 'slots' and A.limit or A.window_ms) then
+  return {'E_BADARG', 'limit and window_ms are for set and spend only (limit also for slots)'}
 end
 if A.op ~= 'pause' and A.op ~= 'trip' and A.for_ms then return {'E_BADARG', 'for_ms is for pause and trip only'} end
 if A.reason == '' then return {'E_BADARG', 'reason: say why (it is recorded)'} end
@@ -96,7 +114,7 @@ if err then return err end
 
 local ts = now_ms()
 local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate',
-  A.key .. '|slots')
+  A.key .. '|slots', A.key .. '|spend')
 local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
 local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
 if A.op == 'set' then
@@ -123,10 +141,26 @@ elseif A.op == 'unslots' then
   redis.call('HDEL', K.limits, A.key .. '|slots')
   emit(K.nslog, 'slots_deleted', ev)
   return {'OK', 'unslots', ts}
+elseif spend then
+  local value = (A.raw.limit ~= '' and A.raw.limit or '0') .. ' ' .. (A.raw.tokens ~= '' and A.raw.tokens or '0') ..
+    ' ' .. A.raw.window_ms .. ' ' .. A.on_full .. ' ' .. A.source
+  if string.match(c[6] or '', ' (%a+)$') == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set the spend ceiling of ' .. A.key .. ' (' .. c[6] .. '): the App does not replace it'}
+  end
+  if c[6] == value then return {'NOOP', 'the spend ceiling of ' .. A.key .. ' is ' .. value .. ' already'} end
+  redis.call('HSET', K.limits, A.key .. '|spend', value)
+  emit(K.nslog, 'spend_set', {'cost', A.raw.limit, 'tokens', A.raw.tokens, 'window_ms', A.raw.window_ms,
+    'on_over', A.on_full, unpack(ev)})
+  return {'OK', 'spend', ts}
+elseif A.op == 'unspend' then
+  if not c[6] then return {'NOOP', 'no spend ceiling set for ' .. A.key} end
+  redis.call('HDEL', K.limits, A.key .. '|spend', A.key .. '|snext')
+  emit(K.nslog, 'spend_deleted', ev)
+  return {'OK', 'unspend', ts}
 elseif A.op == 'delete' then
-  if not c[1] and not c[2] and not c[3] and not c[5] then return {'NOOP', 'no limit ' .. A.key} end
+  if not c[1] and not c[2] and not c[3] and not c[5] and not c[6] then return {'NOOP', 'no limit ' .. A.key} end
   redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next',
-    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots')
+    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots', A.key .. '|spend', A.key .. '|snext')
   redis.call('DEL', K.log, K.window)
   emit(K.nslog, 'limit_deleted', ev)
   return {'OK', 'delete', ts}

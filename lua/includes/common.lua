@@ -216,6 +216,75 @@ local function slots_free(K, n, aid, ts, held)
   return freed
 end
 
+-- Spend ceilings (denial of wallet): a key's setting "<key>|spend" in the limits hash ("<cost> <tokens>
+-- <window ms> <on over> <source>", cost in thousandths, 0: that one is not capped; on over: wait | reject),
+-- else its family's "<family>:*|spend" (each key of the family its own ceiling). What the key's Attempts
+-- spent and may still spend is in the spent zset, by text (score 0): an Attempt claimed reserves its estimate
+-- ("<key>\n~\n<attempt id>\n<cost> <tokens>"); when it stops running its reservation is replaced by what it
+-- was charged, added to the bucket of the time it stopped ("<key>\n<bucket start ms, 15 digits>\n<bucket ms>\n
+-- <cost> <tokens>", a window's sixtieth). A bucket counts while any of it is in the window (never less
+-- than was spent: the ceiling errs toward refusing).
+local SPEND_BUCKETS = 60
+local function spend_setting(text)
+  local c, tk, win, on_over = string.match(text or '', '^(%d+) (%d+) (%d+) (%a+)')
+  if not c then return nil end
+  return {cost = tonumber(c), tokens = tonumber(tk), win = tonumber(win), on_over = on_over}
+end
+
+local function spend_bucket_ms(win) return math.max(1, math.ceil(win / SPEND_BUCKETS)) end
+
+-- The Attempt (n, attempt id aid, of the task at K: attempts, spent) stops running at ts: each reservation
+-- it holds ('spend': "<key> <cost> <tokens> <bucket ms>,...", written by its claim) is replaced by what it
+-- was charged (its 'cost', in thousandths, and 'tokens'), added to the key's bucket of ts. Safe to run
+-- twice: a reservation is replaced once (ZREM says so). ``v``: the Attempt's 'spend', 'cost', 'tokens' when
+-- the caller read them already. Returns how many reservations were replaced.
+local function spend_settle(K, n, aid, ts, v)
+  v = v or redis.call('HMGET', K.attempts, n .. '.spend', n .. '.cost', n .. '.tokens')
+  if not v[1] or v[1] == '' then return 0 end
+  local cost = math.max(0, math.floor((tonumber(v[2] or '0') or 0) * 1000 + 0.5))
+  local tokens = math.max(0, tonumber(v[3] or '0') or 0)
+  local settled = 0
+  for key, c, tk, width in string.gmatch(v[1], '([^ ,]+) (%d+) (%d+) (%d+)') do
+    if redis.call('ZREM', K.spent, key .. '\n~\n' .. aid .. '\n' .. c .. ' ' .. tk) == 1 then
+      settled = settled + 1
+      if cost > 0 or tokens > 0 then
+        local w = tonumber(width)
+        local head = key .. '\n' .. slot_pad(ts - ts % w) .. '\n'
+        local b = redis.call('ZRANGEBYLEX', K.spent, '[' .. head, '(' .. head .. '\255', 'LIMIT', 0, 1)[1]
+        local bw, bc, bt = string.match(b or '', '\n(%d+)\n(%d+) (%d+)$')
+        if b then redis.call('ZREM', K.spent, b) end
+        redis.call('ZADD', K.spent, 0, head .. (bw or width) .. '\n' .. fmt(cost + (tonumber(bc) or 0)) .. ' ' ..
+          fmt(tokens + (tonumber(bt) or 0)))
+      end
+    end
+  end
+  return settled
+end
+
+-- What key ``name`` (a ceiling of window ``win``) spent in the window ending at ts, in the buckets still in it
+-- (oldest first: {until when it counts, cost, tokens}), and what its running Attempts reserved; the buckets
+-- out of the window ('stale', to drop). K: spent.
+local function spend_used(K, name, win, ts)
+  local u = {cost = 0, tokens = 0, held_cost = 0, held_tokens = 0, buckets = {}, stale = {}}
+  local lo, hi = slot_range(name)
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', K.spent, lo, hi)) do
+    local s, w, c, tk = string.match(m, '\n(%d+)\n(%d+)\n(%d+) (%d+)$')
+    if s then
+      local ends = tonumber(s) + tonumber(w)
+      if ends <= ts - win then
+        u.stale[#u.stale + 1] = m
+      else
+        u.cost, u.tokens = u.cost + tonumber(c), u.tokens + tonumber(tk)
+        u.buckets[#u.buckets + 1] = {ends + win, tonumber(c), tonumber(tk)}
+      end
+    else
+      c, tk = string.match(m, '\n(%d+) (%d+)$')
+      u.held_cost, u.held_tokens = u.held_cost + (tonumber(c) or 0), u.held_tokens + (tonumber(tk) or 0)
+    end
+  end
+  return u
+end
+
 local function check_arg(v, kind, p1, p2)
   if kind == 'int' or kind == 'int?' then
     if v == '' and kind == 'int?' then return nil end

@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (each adds its commands to main)
     retention,
     server,
     slots,
+    spend,
     sweeper,
     tasks,
     worker,

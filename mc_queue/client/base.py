@@ -14,7 +14,7 @@ import redis
 
 from ..contracts.codec import MAX_INT, canonical_json, check_int, check_text
 from ..contracts.config import Decision
-from ..contracts.errors import InvalidArgument
+from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.failures import fingerprint
 from ..contracts.frozen import expand
 from ..contracts.history import WRONGTYPE, Event, decode_events
@@ -55,11 +55,36 @@ class Role:
         return {"done": tk.done, "held": tk.held, "released": self.keys.released}
 
     def _slot_keys(self) -> dict[str, str]:
-        """The concurrency slots an Attempt's end returns (lua slots_free): who holds, who waits, who to wake."""
-        return {"slotheld": self.keys.slotheld, "slotwait": self.keys.slotwait, "slotwake": self.keys.slotwake}
+        """What an Attempt's end returns: its concurrency slots (lua slots_free: who holds, who waits, who to
+        wake) and its spend ceilings' reservations (lua spend_settle)."""
+        return {"slotheld": self.keys.slotheld, "slotwait": self.keys.slotwait, "slotwake": self.keys.slotwake,
+                "spent": self.keys.spent}
 
     def _ns_keys(self) -> dict[str, str]:
         return self.backend.ns_keys()
+
+    def _key_admin(self, op: str, key: str, base: str, reason: str, source: str, sources: Sequence[str],
+                   actor: str | None, **argv: Any) -> list[Any]:
+        """One ``lua/limit_admin.lua`` change of a key's settings (``base``: the key, or a family's name without
+        its '*'; checked by the caller), the reason and source checked first; ``argv``: the op's own arguments
+        (the rest are sent empty)."""
+        check_text(reason, what="reason", max_bytes=2000, min_chars=1)
+        if source not in sources:
+            raise InvalidArgument(f"source must be one of {', '.join(sources)}, got {source!r}")
+        who = actor or self.actor
+        args = {"limit": None, "window_ms": None, "for_ms": None, "breaker": "", "on_full": "", "tokens": None,
+                **argv}
+
+        def call(epoch: str) -> list[Any]:
+            return self._run("limit_admin", {**self._ns_keys(), "limits": self.keys.limits,
+                                             "log": self.keys.limit_log(base),
+                                             "window": self.keys.breaker_window(base)},
+                             {"epoch": epoch, "actor": who, "op": op, "key": key, "source": source, "reason": reason,
+                              **args})
+
+        reply = self._with_epoch(call)
+        raise_for_reply(reply, script="limit_admin")
+        return reply
 
     def _history(self, reply: Any, key: str) -> list[Event]:
         """A task's events from the LRANGE of its history in a pipeline run with ``raise_on_error=False``;

@@ -34,6 +34,7 @@ from .reads import Reads
 from .results import Results
 from .schedule import Schedule
 from .slots import Slots
+from .spend import Spend
 
 
 class Client:
@@ -44,7 +45,7 @@ class Client:
     what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
     for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
     tasks whose parents ended; ``limits`` sets, pauses and reads rate limits; ``slots`` the concurrency keys;
-    ``caps`` the queue caps (backpressure).
+    ``caps`` the queue caps (backpressure); ``spend`` the spend ceilings (denial of wallet).
     ``backend`` runs the scripts and keeps the namespace epoch and replication
     lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
@@ -65,6 +66,7 @@ class Client:
         self.limits = Limits(backend)
         self.slots = Slots(backend)
         self.caps = Caps(backend)
+        self.spend = Spend(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

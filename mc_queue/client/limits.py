@@ -165,24 +165,11 @@ class Limits(Role):
     def _admin(self, op: str, key: str, reason: str, source: str, actor: str | None, *, limit: int | None = None,
                window_ms: int | None = None, for_ms: int | None = None, breaker: str = "") -> list[Any]:
         try:
-            log, window = self.keys.limit_log(key), self.keys.breaker_window(key)
+            self.keys.limit_log(key)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        check_text(reason, what="reason", max_bytes=2000, min_chars=1)
-        if source not in SOURCES:
-            raise InvalidArgument(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-        who = actor or self.actor
-
-        def call(epoch: str) -> list[Any]:
-            return self._run("limit_admin", {**self._ns_keys(), "limits": self.keys.limits, "log": log,
-                                             "window": window},
-                             {"epoch": epoch, "actor": who, "op": op, "key": key, "limit": limit,
-                              "window_ms": window_ms, "for_ms": for_ms, "source": source, "reason": reason,
-                              "breaker": breaker, "on_full": ""})
-
-        reply = self._with_epoch(call)
-        raise_for_reply(reply, script="limit_admin")
-        return reply
+        return self._key_admin(op, key, key, reason, source, SOURCES, actor, limit=limit, window_ms=window_ms,
+                               for_ms=for_ms, breaker=breaker)
 
     def status(self, key: str) -> LimitStatus:
         """One key's limit now (a key never set reads as unlimited, unpaused)."""
@@ -194,7 +181,8 @@ class Limits(Role):
         """Every rate limit set or paused (or the ``keys`` given), by key: two round trips, and the
         entries of each log's window are read to count the units in it."""
         fields = cast(dict[str, str], self.redis.hgetall(self.keys.limits))
-        own = ("|next", "|used", "|slots", "|wfence")  # (units taken; a concurrency key's: mc_queue.client.slots)
+        # (units taken; a concurrency key's: mc_queue.client.slots; a spend ceiling's: mc_queue.client.spend)
+        own = ("|next", "|used", "|slots", "|wfence", "|spend", "|snext")
         names = sorted({k.partition("|")[0] for k in fields if not k.endswith(own)}) \
             if keys is None else list(keys)
         pipe = self.redis.pipeline(transaction=False)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..contracts.codec import check_int, check_text
+from ..contracts.codec import check_int
 from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.keys import check_limit_name
 from .base import Role
@@ -87,22 +87,8 @@ class Slots(Role):
     def _admin(self, op: str, key: str, reason: str, source: str, actor: str | None, *, slots: int | None = None,
                on_full: str = "") -> list[Any]:
         check_slot_key(key)
-        base = key[:-1] if key.endswith(":*") else key
-        check_text(reason, what="reason", max_bytes=2000, min_chars=1)
-        if source not in SOURCES:
-            raise InvalidArgument(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-        who = actor or self.actor
-
-        def call(epoch: str) -> list[Any]:
-            return self._run("limit_admin", {**self._ns_keys(), "limits": self.keys.limits,
-                                             "log": self.keys.limit_log(base),
-                                             "window": self.keys.breaker_window(base)},
-                             {"epoch": epoch, "actor": who, "op": op, "key": key, "limit": slots, "window_ms": None,
-                              "for_ms": None, "source": source, "reason": reason, "breaker": "", "on_full": on_full})
-
-        reply = self._with_epoch(call)
-        raise_for_reply(reply, script="limit_admin")
-        return reply
+        return self._key_admin(op, key, key[:-1] if key.endswith(":*") else key, reason, source, SOURCES, actor,
+                               limit=slots, on_full=on_full)
 
     def status(self, key: str) -> SlotStatus:
         """One key now: its own setting, else its family's (a key never set reads as unlimited)."""

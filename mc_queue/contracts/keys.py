@@ -42,7 +42,9 @@ Key schema (``P`` = ``{prefix}``)::
                                   (until, ms: a provider's 429), "<key>|why" (the pause's reason), "<key>|next" (the
                                   next free slot of a deferred claim); the claim checks and takes units;
                                   concurrency: "<key>|slots" ("<slots> <on full> <source>", a key or a family
-                                  '<name>:*'), "<key>|wfence" (the key's writer fence, one more per slot taken)
+                                  '<name>:*'), "<key>|wfence" (the key's writer fence, one more per slot taken);
+                                  spend ceilings: "<key>|spend" ("<cost thousandths> <tokens> <window_ms> <on over>
+                                  <source>", a key or a family), "<key>|snext" (the next recheck of a deferred claim)
     P:caps                 hash   queue -> "<max depth> <source>" (lua/queue_cap.lua): the enqueue scripts refuse a
                                   task beyond it (E_FULL), the lowest priorities first (admit.lua queue_room)
     P:slotheld             zset   concurrency slots held, score 0, by text: "<key>\n<claimed at, 15 digits>\n<attempt
@@ -51,6 +53,10 @@ Key schema (``P`` = ``{prefix}``)::
                                   \n<task id>" (a returned slot wakes its key's first)
     P:slotwake             zset   waiters whose slot returned (same members) -> when (ms): slot_wake.lua (the
                                   sweeper) makes each due; slot_audit.lua adds those a free slot waits for
+    P:spent                zset   spend ceilings (denial of wallet), score 0, by text: a running Attempt's reservation
+                                  "<key>\n~\n<attempt id>\n<cost thousandths> <tokens>" (claim.lua), replaced when it
+                                  stops by its charges added to a bucket "<key>\n<start ms, 15 digits>\n<bucket ms>\n
+                                  <cost> <tokens>" (spend_settle: complete, fail, expire, cancel_ack)
     P:breaker:<key>        hash   a circuit breaker's window (lua/breaker_record.lua): "<bucket ms>|calls", "|fails",
                                   "|slow", "|fp:<fingerprint>" -> counts, ten buckets to a window (PEXPIRE a window)
     P:limit:<key>          zset   a rate limit's admission log: "<attempt id> <cost>" -> when it was claimed (ms);
@@ -241,6 +247,7 @@ class Keys:
         self.slotwait = f"{tag}:slotwait"  # Attempts waiting for a slot: "<key>\n<place>\n<queue>\n<task id>"
         self.caps = f"{tag}:caps"  # queue caps (backpressure, lua/queue_cap.lua): queue -> "<max depth> <source>"
         self.slotwake = f"{tag}:slotwake"  # waiters to wake (slot_wake.lua), scored by when their slot returned
+        self.spent = f"{tag}:spent"  # spend ceilings: running Attempts' reservations, what ended ones spent
 
     def pending(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:pending"

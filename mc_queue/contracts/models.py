@@ -95,6 +95,16 @@ class Failure(_Record):
     traceback: str | None = None  # bounded: the newest frames, newest last (contracts.failures.format_traceback)
 
 
+def _spend_reserved(text: str) -> dict[str, tuple[float, int]]:
+    """An Attempt's 'spend' ("<key> <cost thousandths> <tokens> <bucket ms>,..."): key -> (cost, tokens)."""
+    out: dict[str, tuple[float, int]] = {}
+    for item in text.split(","):
+        parts = item.split(" ")
+        if len(parts) == 4 and parts[1].isdigit() and parts[2].isdigit():
+            out[parts[0]] = (int(parts[1]) / 1000, int(parts[2]))
+    return out
+
+
 class Attempt(_Record):
     id: str
     task_id: str
@@ -130,6 +140,8 @@ class Attempt(_Record):
     # concurrency keys it held a slot of -> the writer fence its claim got (lua/claim.lua 'slots')
     slots: dict[str, int] = Field(default_factory=dict)
     waiting_for: str | None = None  # the concurrency key it is parked in line for (lua/claim.lua 'parked')
+    # spend ceilings it reserved on at claim -> (cost, tokens) reserved: its budget's rest (lua/claim.lua 'spend')
+    spend: dict[str, tuple[float, int]] = Field(default_factory=dict)
     dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
 
     @property
@@ -189,6 +201,7 @@ class Attempt(_Record):
             limited_by=f.get("limited_by") or None,
             slots={k: int(v) for k, _, v in (i.partition(" ") for i in (f.get("slots") or "").split(",") if i)},
             waiting_for=(f.get("parked") or "").partition("\n")[0] or None,
+            spend=_spend_reserved(f.get("spend") or ""),
         )
 
 

@@ -97,6 +97,13 @@ mcq_queue_cap                              queue: a capped queue's cap (backpres
 mcq_queue_cap_depth                        queue: a capped queue's tasks not ended (pending, scheduled,
                                            backoff, running, waiting), what its cap bounds (not
                                            mcq_queue_depth: that one counts pending and backoff only)
+mcq_spend_ceiling                          key, kind (cost | tokens): a spend ceiling per window (its own
+                                           setting or its family's; absent while not capped)
+mcq_spend_window_seconds                   key: its window
+mcq_spend_used                             key, kind: spent in the window ending now by the key's Attempts
+mcq_spend_reserved                         key, kind: reserved by its running Attempts (their budgets' rest)
+mcq_spend_deferred_total                   key: claims it deferred (over the ceiling, on_over wait)
+mcq_spend_rejected_total                   key: claims it rejected (their tasks canceled, on_over reject)
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -200,6 +207,7 @@ class NamespaceCollector(Collector):
         yield from self._limits()
         yield from self._slots(cast(dict[str, str], raw_stats))
         yield from self._caps()
+        yield from self._spend()
 
     def _limits(self) -> Iterator[Metric]:
         """Each rate limit: its setting, the units in its window now, its pause, the claims it deferred."""
@@ -274,6 +282,29 @@ class NamespaceCollector(Collector):
                 cap.add_metric([s.queue], s.max_depth)
                 depth.add_metric([s.queue], s.depth)
         yield from (cap, depth)
+
+    def _spend(self) -> Iterator[Metric]:
+        """Each spend ceiling: its ceilings and window, what was spent in the window ending now and what
+        running Attempts reserved, per kind (cost, tokens), and the claims it deferred or rejected (one
+        ``Spend.all()``)."""
+        ceiling = GaugeMetricFamily("mcq_spend_ceiling", "A key's spend ceiling per window", labels=["key", "kind"])
+        window = GaugeMetricFamily("mcq_spend_window_seconds", "A spend ceiling's window", labels=["key"])
+        used = GaugeMetricFamily("mcq_spend_used", "Spent in the window ending now", labels=["key", "kind"])
+        reserved = GaugeMetricFamily("mcq_spend_reserved", "Reserved by running Attempts", labels=["key", "kind"])
+        deferred = CounterMetricFamily("mcq_spend_deferred", "Claims a spend ceiling deferred", labels=["key"])
+        rejected = CounterMetricFamily("mcq_spend_rejected", "Claims a spend ceiling rejected", labels=["key"])
+        for s in self.client.spend.all():
+            for kind, cap, spent, held in (("cost", s.cost, s.spent_cost, s.reserved_cost),
+                                           ("tokens", s.tokens, s.spent_tokens, s.reserved_tokens)):
+                if cap is not None:
+                    ceiling.add_metric([s.key, kind], cap)
+                used.add_metric([s.key, kind], spent)
+                reserved.add_metric([s.key, kind], held)
+            if s.window_s is not None:
+                window.add_metric([s.key], s.window_s)
+            deferred.add_metric([s.key], s.deferred)
+            rejected.add_metric([s.key], s.rejected)
+        yield from (ceiling, window, used, reserved, deferred, rejected)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

@@ -98,6 +98,8 @@ class App:
     concurrency_keys: dict[str, tuple[int, str]] = field(default_factory=dict)
     # queue -> its cap (backpressure: tasks not ended); published the same way
     caps: dict[str, int] = field(default_factory=dict)
+    # key (or family 'tenant:*') -> (cost, tokens, per seconds, on_over): a spend ceiling; published the same way
+    spend_ceilings: dict[str, tuple[float | None, int | None, float, str]] = field(default_factory=dict)
     # dependency key -> its health probe, run by each worker process (mc_queue.worker.probes)
     probes: dict[str, ProbeSpec] = field(default_factory=dict)
 
@@ -115,6 +117,9 @@ class App:
             client.slots.set(key, slots, on_full=on_full, source="app", reason=f"declared by app {self.name}")
         for queue, depth in self.caps.items():
             client.caps.set(queue, depth, source="app", reason=f"declared by app {self.name}")
+        for key, (cost, tokens, per_s, on_over) in self.spend_ceilings.items():
+            client.spend.set(key, cost=cost, tokens=tokens, per_s=per_s, on_over=on_over, source="app",
+                             reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -195,6 +200,20 @@ class App:
         check_queue(queue)
         check_int(max_depth, what="max_depth", low=1, high=100_000_000)
         self.caps[queue] = max_depth
+
+    def spend_ceiling(self, key: str, *, cost: float | None = None, tokens: int | None = None, per_s: float,
+                      on_over: str = "wait") -> None:
+        """Declare a spend ceiling (denial of wallet, :mod:`mc_queue.client.spend`): the Attempts of the tasks
+        naming ``key`` (or each key of a family 'tenant:*') spend at most ``cost`` and/or ``tokens`` in any
+        ``per_s`` seconds, each admitted with its budget's remainder reserved. ``on_over``: wait or reject.
+        Published like :meth:`limit`; an operator's ``mcq spend set`` wins."""
+        check_slot_key(key)
+        if cost is None and tokens is None:
+            raise InvalidArgument("a spend ceiling needs cost=, tokens= or both")
+        if on_over not in ("wait", "reject"):
+            raise InvalidArgument(f"on_over must be wait or reject, got {on_over!r}")
+        check_seconds(per_s, what="per_s", high=30 * 86_400)
+        self.spend_ceilings[key] = (cost, tokens, per_s, on_over)
 
     def probe(self, key: str, check: Callable[[], Any], *, every_s: float = 5.0, timeout_s: float = 2.0) -> None:
         """Declare the health probe of dependency ``key``: each worker process calls ``check()`` every

@@ -133,3 +133,16 @@ app.probe("gate", _gate_probe, every_s=0.2, timeout_s=1.0)
 def needs_gate(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     """Needs the 'gate' dependency: claimed only by a worker whose probe of it passes."""
     return {"n": payload.get("n"), "worker": ctx.worker_id}
+
+
+# ------------------------------------------------------------------------------ spend ceilings
+
+app.spend_ceiling("tenant:*", cost=1.0, per_s=3.0)  # each tenant spends at most 1.0 in any 3 s
+
+
+@app.handler("spend", budget=Budget(max_cost=0.25, max_attempts=1))
+def spend(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Works a little, then is charged its whole budget (0.25): four such Attempts fill a window."""
+    time.sleep(float(payload.get("work_s", 0.1)))
+    ctx.charge(cost=0.25, tokens=10)
+    return {"n": payload.get("n"), "worker": ctx.worker_id}

@@ -105,6 +105,22 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert '<span class="chip st-failed">0</span>' in page.split("<b>capped</b>")[1].split("</tr>")[0]
     assert q.caps.delete("capped", reason="the console listed it")
     assert "No queue is capped" in c.get("/limits").text
+    # a spend ceiling (as `mcq spend`): its ceiling, what was spent and reserved, the claims it deferred
+    assert "No spend ceiling is set" in c.get("/limits").text
+    q.spend.set("tenant:console", cost=1.0, per_s=3600, reason="the console lists it")
+    ta, tb = (q.producer.enqueue("agents", "fix-issue", {"spend": i}, limits={"tenant:console": 0},
+                                 budget=mc_queue.Budget(max_cost=0.5)) for i in range(2))
+    la = q.leases.claim_attempt(ta.id, "worker-8", 600_000, limits=("tenant:console",))
+    q.leases.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="worker-8", cost=0.75)
+    with pytest.raises(mc_queue.OverLimit):
+        q.leases.claim_attempt(tb.id, "worker-8", 600_000, limits=("tenant:console",))
+    page = c.get("/limits").text
+    row = page.split("<b>tenant:console</b>")[1].split("</tr>")[0]
+    cells = {k: re.sub(r"<[^>]+>", "", v).strip() for k, v in re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row,
+                                                                          re.S)}
+    assert cells["Ceiling"] == "cost 1 per 1h 00m operator, wait when over", cells
+    assert (cells["Spent"], cells["Reserved"], cells["Claims"]) == ("0.75", "0 0 running", "1 deferred, 0 rejected")
+    assert "1 key(s)</span>" in page
     assert c.get("/healthz").text == "ok"
 
 

@@ -175,7 +175,8 @@ def test_claiming_without_the_task_limits_costs_one_resend_and_the_wrong_ones_ch
     keys = {**q.backend.ns_keys(), "stats": q.keys.stats, "counts": q.keys.counts, "leases": q.keys.leases,
             "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events, "pending": tk.pending,
             "fence": tk.fence, "lease": tk.lease, "paused": q.keys.paused, "limits": q.keys.limits, "done": tk.done,
-            "held": tk.held, "released": q.keys.released, "slotheld": q.keys.slotheld, "slotwait": q.keys.slotwait}
+            "held": tk.held, "released": q.keys.released, "slotheld": q.keys.slotheld, "slotwait": q.keys.slotwait,
+            "spent": q.keys.spent}
     argv = {"worker": "w1", "lease_ms": "", "epoch": q.backend.epoch(), "min_seq": 0, "request_id": "r1",
             "expect_n": "", "with_task": "", "budget_ms": ""}
     for items in ([], [({"log": q.keys.limit_log("other")}, {"limit_key": "other"})]):

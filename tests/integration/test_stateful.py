@@ -436,6 +436,10 @@ class QueueMachine(RuleBasedStateMachine):
         # Attempt through every way it stops running (matches_model compares the holders with the model).
         self.q.slots.set("tenant:*", 1000, reason="the stateful test's concurrency keys")
         self.nslog["slots_set"] += 1
+        # A spend ceiling no run reaches: each running Attempt of the key holds a reservation, replaced as it
+        # stops running by whatever way it stops (matches_model compares the reservations with the model).
+        self.q.spend.set("tenant:*", cost=999_999, tokens=10**12, per_s=3600, reason="the stateful test's ceiling")
+        self.nslog["spend_set"] += 1
 
     def teardown(self) -> None:
         for r in self.recorders:
@@ -1869,6 +1873,9 @@ class QueueMachine(RuleBasedStateMachine):
         running = sorted(f"{t.id}/{t.latest.n}" for t in self.model.values()
                          if t.queue == QUEUES[0] and t.latest.state == "running")
         assert held == running, f"concurrency slots held by {held}, running Attempts of {SLOT_KEY} {running}"
+        reserved = sorted(str(m).split("\n")[2] for m in self.q.redis.zrange(self.q.keys.spent, 0, -1)
+                          if str(m).split("\n")[1] == "~")
+        assert reserved == running, f"spend reserved by {reserved}, running Attempts of {SLOT_KEY} {running}"
         seen = Counter(e["type"] for e in self.q.reads.namespace_events())
         assert +seen == +self.nslog, f"namespace log {dict(+seen)}, model {dict(+self.nslog)}"
 

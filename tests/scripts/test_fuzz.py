@@ -146,6 +146,7 @@ def build_world(q: mc_queue.Client) -> World:
     # A task with rate limits (one set, one not), and the set one with room for it.
     q.limits.set("github", 10, per_s=60, reason="fuzz world")
     q.limits.set_breaker("github", BreakerSetting(min_calls=5), reason="fuzz world")
+    q.spend.set("github", cost=100, tokens=10**9, per_s=3600, reason="fuzz world")  # (the stamped one reserves)
     w.ids["limited"] = q.producer.enqueue("jobs", "h", {"task": "limited"}, limits={"github": 2, "model:x": 1}).id
     # a running Attempt of a task with a limit: the gateway stamps its units
     w.ids["stamped"] = q.producer.enqueue("jobs", "h", {"task": "stamped"}, limits={"github": 1}).id

@@ -15,7 +15,7 @@ EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the 
     "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire",
             "health", "limits", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
-            "show", "slots", "status", "sweeper", "tasks", "wait", "worker", "workers"],
+            "show", "slots", "spend", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
     "mcq breakers": ["close", "open"],
     "mcq caps": ["delete", "set"],
@@ -28,6 +28,7 @@ EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the 
     "mcq retention": ["set", "show"],
     "mcq server": ["start", "status", "stop"],
     "mcq slots": ["delete", "set"],
+    "mcq spend": ["delete", "set"],
     "mcq tasks": ["purge"],
 }
 SHARED = {"errors", "options", "output", "root"}  # no command of their own

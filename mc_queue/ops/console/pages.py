@@ -434,7 +434,7 @@ def limits(client: Client) -> dict[str, Any]:
             "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
             "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client),
-            **queue_caps(client)}
+            **queue_caps(client), **spend_ceilings(client)}
 
 
 def concurrency_keys(client: Client) -> dict[str, Any]:
@@ -464,3 +464,23 @@ def queue_caps(client: Client) -> dict[str, Any]:
              "full": st.room(5) == 0}
             for st in client.caps.all() if st.max_depth is not None]
     return {"caps": caps, "caps_full": sum(1 for r in caps if r["full"])}
+
+
+def spend_ceilings(client: Client) -> dict[str, Any]:
+    """Each spend ceiling now (``mcq spend``'s columns): its ceilings, window and where they come from, what
+    was spent in the window and what running Attempts reserved, per kind, and the claims it deferred or
+    rejected; 'over' when nothing is left of a kind (Attempts of the key wait or are rejected)."""
+    rows = []
+    for st in client.spend.all():
+        kinds = [(kind, cap, spent, held) for kind, cap, spent, held in
+                 (("cost", st.cost, st.spent_cost, st.reserved_cost),
+                  ("tokens", st.tokens, st.spent_tokens, st.reserved_tokens)) if cap is not None]
+        rows.append({"key": st.key, "family": family_of(st.key) if st.family else None, "each": st.key.endswith(":*"),
+                     "source": st.source, "on_over": st.on_over, "per": duration(round(st.window_s * 1000))
+                     if st.window_s else None, "running": st.running, "deferred": st.deferred,
+                     "rejected": st.rejected,
+                     "kinds": [{"kind": k, "cap": f"{c:g}" if k == "cost" else f"{c:,}", "spent": f"{s:g}" if
+                                k == "cost" else f"{s:,}", "reserved": f"{h:g}" if k == "cost" else f"{h:,}",
+                                "over": s + h >= c} for k, c, s, h in kinds],
+                     "over": any(s + h >= c for _, c, s, h in kinds)})
+    return {"spend": rows, "spend_over": sum(1 for r in rows if r["over"])}
