@@ -28,7 +28,8 @@
 --                    "<key>|bwhy"; its concurrency slots: "<key>|slots" ("<slots> <on full> <source>", or the family's
 --                    "<family>:*|slots"), "<key>|wfence" (its writer fence, one more at each slot taken); its spend
 --                    ceiling: "<key>|spend" ("<cost> <tokens> <window ms> <on over> <source>", or the family's
---                    "<family>:*|spend"), "<key>|snext" (the next recheck of an Attempt deferred by it)
+--                    "<family>:*|spend"), "<key>|snext" (the next recheck of an Attempt deferred by it); its
+--                    declared fallbacks: "<key>|fallbacks" ("<fallback key>,... <source>")
 -- KEYS[15] done      the queue's finished tasks (a task rejected by a full concurrency key ends here)
 -- KEYS[16] held      the queue's tasks waiting for a person
 -- KEYS[17] released  tasks that ended with dependents waiting
@@ -63,6 +64,10 @@
 -- PARK_MS, in line in slotwait: the first slot returned wakes it, keeping its place when it must wait
 -- again); 'supersede' parks it too and names the oldest holder for the caller to cancel; 'reject' cancels the
 -- task (E_REJECTED). Parking wins over a rate limit's deferral (its units are checked when it wakes).
+-- Fallbacks: a key whose breaker is down (open, or half-open with every probe out) does not hold the claim
+-- when one of its declared fallbacks ("<key>|fallbacks") is named by the task too and its own breaker is
+-- closed (or its open time is over): the Attempt is claimed, recording 'admitted_via' ("<key>><fallback>"),
+-- and its handler's call goes to the fallback (limit_stamp.lua records the switch).
 -- Spend ceilings (denial of wallet): a key with a ceiling set (its own or its family's: cost and/or tokens per
 -- window) admits an Attempt only when what the key's Attempts spent in the window ending now, plus what its
 -- running Attempts reserved, plus this Attempt's estimate stays within it (with an estimate of 0, while
@@ -150,8 +155,8 @@ if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
 end
 
 local wanted = parse_limits(t[11] or '') or {}
-local same = #wanted == #A.items
-for i, w in ipairs(wanted) do same = same and A.items[i].limit_key == w[1] end
+local same, named = #wanted == #A.items, {}
+for i, w in ipairs(wanted) do same, named[w[1]] = same and A.items[i].limit_key == w[1], true end
 if not same then return {'E_LIMITKEYS', t[11] or ''} end
 
 local why = nil
@@ -201,7 +206,7 @@ for i, w in ipairs(wanted) do
   local fam = slot_family(name)
   local c = redis.call('HMGET', K.limits, name, name .. '|used', name .. '|paused', name .. '|why', name .. '|next',
     name .. '|bstate', name .. '|breaker', name .. '|bwhy', name .. '|slots', fam and (fam .. '|slots') or name .. '|slots',
-    name .. '|spend', fam and (fam .. '|spend') or name .. '|spend', name .. '|snext')
+    name .. '|spend', fam and (fam .. '|spend') or name .. '|spend', name .. '|snext', name .. '|fallbacks')
   local st = {name = name, cost = cost, K = K, next = tonumber(c[5] or '')}
   local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
   st.lim, st.win = tonumber(lim), tonumber(win)
@@ -230,8 +235,17 @@ for i, w in ipairs(wanted) do
   elseif bkind == 'half' then
     st.probe, st.probes_out, st.probes_ok = true, tonumber(b1) + 1, b2 ~= '' and b2 or '0'
   end
-  if at then
-    st.breaker = true
+  if at then  -- down: unless the task names one of its declared fallbacks, and that one is up
+    for fb in string.gmatch(string.match(c[14] or '', '^(%S+)') or '', '[^,]+') do
+      if named[fb] and not st.fallback then
+        local fs = redis.call('HGET', K.limits, fb .. '|bstate')
+        local fkind, funtil = string.match(fs or '', '^(%a+) (%d+)')
+        if not fkind or (fkind == 'open' and tonumber(funtil) <= ts) then st.fallback = fb end
+      end
+    end
+    if st.fallback then at = nil else st.breaker = true end
+  end
+  if st.breaker then
   elseif paused and paused > ts then
     at, why_l = paused, 'paused until ' .. c[3] .. ' ms (Redis clock): ' .. (c[4] or '')
   elseif st.lim then
@@ -392,7 +406,7 @@ aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'le
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
-local probe, slots, spend = {}, {}, {}
+local probe, slots, spend, via = {}, {}, {}, {}
 for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units; a half-open breaker a probe
   local K = st.K
   if st.half_opened then
@@ -408,6 +422,7 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     redis.call('ZADD', K.slotheld, 0, st.name .. '\n' .. slot_pad(ts) .. '\n' .. aid)
     slots[#slots + 1] = st.name .. ' ' .. redis.call('HINCRBY', K.limits, st.name .. '|wfence', 1)
   end
+  if st.fallback then via[#via + 1] = st.name .. '>' .. st.fallback end
   if st.spend then  -- the estimate reserved (the buckets out of the window dropped)
     for _, m in ipairs(st.stale) do redis.call('ZREM', K.spent, m) end
     redis.call('ZADD', K.spent, 0, st.name .. '\n~\n' .. aid .. '\n' .. fmt(est.cost) .. ' ' .. fmt(est.tokens))
@@ -416,6 +431,7 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
 end
 if #slots > 0 then aset(K.attempts, n, {'slots', table.concat(slots, ','), 'slots_at', ts_s}) end
 if #spend > 0 then aset(K.attempts, n, {'spend', table.concat(spend, ',')}) end
+if #via > 0 then aset(K.attempts, n, {'admitted_via', table.concat(via, ',')}) end
 if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
   redis.call('ZREM', K.slotwait, a[11])
   redis.call('HDEL', K.attempts, n .. '.parked')

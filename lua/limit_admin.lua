@@ -15,19 +15,22 @@
 -- A spend ceiling of the key (denial of wallet: 'spend' sets "<cost thousandths> <tokens> <window ms> <on over>
 -- <source>", 'unspend' deletes it): what the running and recently ended Attempts of tasks naming the key may
 -- spend per window (claim.lua); a family '<name>:*' gives each key '<name>:...' its own ceiling. 'delete' drops
--- every setting of the key (rate limit, pause, breaker, slots, ceiling).
+-- every setting of the key (rate limit, pause, breaker, slots, ceiling, fallbacks).
+-- Declared fallbacks of the key ('fallbacks' sets "<fallback key>,... <source>", in the order they are tried;
+-- 'unfallbacks' deletes them): while the key's breaker is down, a task that names one of them too is claimed
+-- and its call goes there (claim.lua, limit_stamp.lua).
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
 -- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
 --                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy", "<key>|slots",
---                    "<key>|spend", "<key>|snext"
+--                    "<key>|spend", "<key>|snext", "<key>|fallbacks"
 -- KEYS[5] log        the key's admission log (delete drops it)
 -- KEYS[6] window     the key's circuit breaker window (delete and reset clear it)
 -- ARGV[1] epoch
 -- ARGV[2] actor
 -- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset' | 'slots' | 'unslots' |
---                    'spend' | 'unspend'
+--                    'spend' | 'unspend' | 'fallbacks' | 'unfallbacks'
 -- ARGV[4] key        the limit's key (for slots, unslots, spend and unspend also a family: '<name>:*')
 -- ARGV[5] limit      units admitted per window (set), the concurrency slots (slots, 1..1000000), or the cost
 --                    ceiling in thousandths (spend; '' for none), else ''
@@ -39,11 +42,13 @@
 -- ARGV[11] on_full   what a claim does when the key's slots are all held (slots): 'wait' | 'reject' |
 --                    'supersede'; or when the key's spend ceiling is reached (spend): 'wait' | 'reject'; else ''
 -- ARGV[12] tokens    the tokens ceiling (spend; '' for none), else ''
+-- ARGV[13] fallbacks the key's fallbacks, in order: keys joined by ',' (fallbacks; at most 8), else ''
 -- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}; for a trip, when it half-opens)
 --          | {'NOOP', why}
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed | breaker_set | breaker_opened |
---                 breaker_closed | slots_set | slots_deleted | spend_set | spend_deleted
+--                 breaker_closed | slots_set | slots_deleted | spend_set | spend_deleted | fallbacks_set |
+--                 fallbacks_deleted
 -- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
 --@include common
 
@@ -52,7 +57,7 @@ local MAX_WINDOW_MS = 2592000000
 local A, bad = args(ARGV, {
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
-  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|spend|unspend|', false,
+  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|spend|unspend|fallbacks|unfallbacks|', false,
   'key', 'text', 130, false,
   'limit', 'int?', 1, 999999999,
   'window_ms', 'int?', 1, MAX_WINDOW_MS,
@@ -62,6 +67,7 @@ local A, bad = args(ARGV, {
   'breaker', 'text', 200, false,
   'on_full', 'enum', '||wait|reject|supersede|', false,
   'tokens', 'int?', 1, 999999999999999,
+  'fallbacks', 'text', 1040, false,
 })
 if bad then return bad end
 local family = (A.op == 'slots' or A.op == 'unslots' or A.op == 'spend' or A.op == 'unspend') and
@@ -83,6 +89,20 @@ if spend and not (A.window_ms and (A.limit or A.tokens)) then
   return {'E_BADARG', 'spend needs a window_ms and a cost ceiling (limit, thousandths) or a tokens ceiling'}
 end
 if A.tokens and not spend then return {'E_BADARG', 'tokens is for spend only'} end
+if (A.op == 'fallbacks') ~= (A.fallbacks ~= '') then
+  return {'E_BADARG', 'fallbacks is for op fallbacks, and that op needs it'}
+end
+if A.op == 'fallbacks' then
+  local seen, count = {[A.key] = true}, 0
+  for fb in string.gmatch(A.fallbacks .. ',', '([^,]*),') do
+    count = count + 1
+    if #fb > 128 or not string.find(fb, '^[%w][%w_%.:%-]*$') or seen[fb] or count > 8 then
+      return {'E_BADARG', "fallbacks must be 1-8 distinct keys joined by ',', none the key itself (letters, digits, " ..
+        "'_', '.', ':', '-')"}
+    end
+    seen[fb] = true
+  end
+end
 if A.op == 'slots' and (not A.limit or A.limit > 1000000) then
   return {'E_BADARG', 'slots needs a limit: the running Attempts the key admits, 1..1000000'}
 end
@@ -114,7 +134,7 @@ if err then return err end
 
 local ts = now_ms()
 local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate',
-  A.key .. '|slots', A.key .. '|spend')
+  A.key .. '|slots', A.key .. '|spend', A.key .. '|fallbacks')
 local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
 local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
 if A.op == 'set' then
@@ -141,26 +161,36 @@ elseif A.op == 'unslots' then
   redis.call('HDEL', K.limits, A.key .. '|slots')
   emit(K.nslog, 'slots_deleted', ev)
   return {'OK', 'unslots', ts}
-elseif spend then
-  local value = (A.raw.limit ~= '' and A.raw.limit or '0') .. ' ' .. (A.raw.tokens ~= '' and A.raw.tokens or '0') ..
-    ' ' .. A.raw.window_ms .. ' ' .. A.on_full .. ' ' .. A.source
-  if string.match(c[6] or '', ' (%a+)$') == 'operator' and A.source == 'app' then
-    return {'NOOP', 'an operator set the spend ceiling of ' .. A.key .. ' (' .. c[6] .. '): the App does not replace it'}
+elseif spend or A.op == 'fallbacks' then
+  local field, had, what, value, extra = '|fallbacks', c[7], 'the fallbacks', A.fallbacks .. ' ' .. A.source,
+    {'fallbacks', A.fallbacks}
+  if spend then
+    field, had, what = '|spend', c[6], 'the spend ceiling'
+    value = (A.raw.limit ~= '' and A.raw.limit or '0') .. ' ' .. (A.raw.tokens ~= '' and A.raw.tokens or '0') ..
+      ' ' .. A.raw.window_ms .. ' ' .. A.on_full .. ' ' .. A.source
+    extra = {'cost', A.raw.limit, 'tokens', A.raw.tokens, 'window_ms', A.raw.window_ms, 'on_over', A.on_full}
   end
-  if c[6] == value then return {'NOOP', 'the spend ceiling of ' .. A.key .. ' is ' .. value .. ' already'} end
-  redis.call('HSET', K.limits, A.key .. '|spend', value)
-  emit(K.nslog, 'spend_set', {'cost', A.raw.limit, 'tokens', A.raw.tokens, 'window_ms', A.raw.window_ms,
-    'on_over', A.on_full, unpack(ev)})
-  return {'OK', 'spend', ts}
-elseif A.op == 'unspend' then
-  if not c[6] then return {'NOOP', 'no spend ceiling set for ' .. A.key} end
-  redis.call('HDEL', K.limits, A.key .. '|spend', A.key .. '|snext')
-  emit(K.nslog, 'spend_deleted', ev)
-  return {'OK', 'unspend', ts}
+  if string.match(had or '', ' (%a+)$') == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set ' .. what .. ' of ' .. A.key .. ' (' .. had .. '): the App does not replace it'}
+  end
+  if had == value then return {'NOOP', what .. ' of ' .. A.key .. ' is ' .. value .. ' already'} end
+  redis.call('HSET', K.limits, A.key .. field, value)
+  for _, v in ipairs(ev) do extra[#extra + 1] = v end
+  emit(K.nslog, spend and 'spend_set' or 'fallbacks_set', extra)
+  return {'OK', A.op, ts}
+elseif A.op == 'unfallbacks' or A.op == 'unspend' then
+  local field = A.op == 'unspend' and '|spend' or '|fallbacks'
+  if not (A.op == 'unspend' and c[6] or A.op == 'unfallbacks' and c[7]) then
+    return {'NOOP', 'no ' .. string.sub(field, 2) .. ' set for ' .. A.key}
+  end
+  redis.call('HDEL', K.limits, A.key .. field, unpack(A.op == 'unspend' and {A.key .. '|snext'} or {}))
+  emit(K.nslog, A.op == 'unspend' and 'spend_deleted' or 'fallbacks_deleted', ev)
+  return {'OK', A.op, ts}
 elseif A.op == 'delete' then
-  if not c[1] and not c[2] and not c[3] and not c[5] and not c[6] then return {'NOOP', 'no limit ' .. A.key} end
+  if not (c[1] or c[2] or c[3] or c[5] or c[6] or c[7]) then return {'NOOP', 'no limit ' .. A.key} end
   redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next',
-    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots', A.key .. '|spend', A.key .. '|snext')
+    A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots', A.key .. '|spend', A.key .. '|snext',
+    A.key .. '|fallbacks')
   redis.call('DEL', K.log, K.window)
   emit(K.nslog, 'limit_deleted', ev)
   return {'OK', 'delete', ts}

@@ -8,6 +8,11 @@
 -- written). Fenced: a stale holder's stamp is refused. A key with no limit set: nothing to do.
 -- Its circuit breaker is checked before every call: open, no call (E_OPEN, with when it half-opens);
 -- half-open, only the Attempts its claim admitted as probes call.
+-- A fallback call (fallback_for: the primary key, whose breaker is down): the key must be one of the primary's
+-- declared fallbacks ("<primary>|fallbacks") and the task must name both; the primary must be down now (open,
+-- or half-open and this Attempt is not its probe), else NOOP and nothing written (call the primary). The
+-- switch is recorded once per primary and fallback on the Attempt ('fallbacks': "<primary>><key>,...") and in
+-- its history (fallback_used): a provider failover changes what the Attempt ran on, and that must show.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -26,12 +31,14 @@
 -- ARGV[5] epoch
 -- ARGV[6] min_seq
 -- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
+-- ARGV[8] fallback_for  '' or the primary key this call stands in for (one the task names)
 -- Returns: {'OK', stamped_ms} (stamped_ms: '' when the key has no limit set)
+--          {'NOOP', why} (a fallback call while its primary is up: nothing written)
 --          {'E_LIMITED', why, due_ms} (its units left the window and others took them: call at due_ms)
 --          {'E_OPEN', why, until_ms} (its circuit breaker is open, or half-open and this is no probe)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
--- Events: stale_write_refused
+-- Events: stale_write_refused | fallback_used
 -- Idempotent: yes (a resend stamps the same entry again, later: still in its window)
 --@include common
 --@include fenced
@@ -44,18 +51,22 @@ local A, bad = args(ARGV, with({
   'fence', 'int', 0, MAX_INT,
   'worker', 'text', 200, false,
   'key', 'lkey', false, false,
-}, fenced_args()))
+}, fenced_args(), {'fallback_for', 'text', 128, false}))
 if bad then return bad end
 if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 local t = redis.call('HMGET', K.task, 'id', 'limits')
 if not t[1] then return {'E_NOTASK', 'no such task'} end
-local cost = nil
+local cost, primary = nil, nil
 for _, w in ipairs(parse_limits(t[2] or '') or {}) do
   if w[1] == A.key then cost = w[2] end
+  if w[1] == A.fallback_for then primary = true end
 end
 if not cost then return {'E_BADARG', 'the task names no rate limit ' .. A.key .. ' (its limits: ' .. (t[2] or 'none') .. ')'} end
+if A.fallback_for ~= '' and not primary then
+  return {'E_BADARG', 'fallback_for: the task names no key ' .. A.fallback_for .. ' (its limits: ' .. (t[2] or 'none') .. ')'}
+end
 local ts
 err, ts = fence_check(K, A, A.worker, '', 'limit_stamp', false)
 if err then return err end
@@ -66,19 +77,44 @@ local bkind, b1 = string.match(c[3] or '', '^(%a+) (%d+)')
 if bkind == 'open' and tonumber(b1) > ts then
   return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is open until ' .. b1 .. ' ms (Redis clock): ' .. (c[4] or ''), b1}
 end
-if bkind and not string.find(',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ',', ',' .. A.key .. ',', 1, true) then
+local probes = ',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ','
+if bkind and not string.find(probes, ',' .. A.key .. ',', 1, true) then
   return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is half-open: only its probe Attempts call it', fmt(ts + 250)}
+end
+local switch = nil  -- a fallback call: the key must be declared for the primary, and the primary down now
+if A.fallback_for ~= '' then
+  local p = redis.call('HMGET', K.limits, A.fallback_for .. '|fallbacks', A.fallback_for .. '|bstate')
+  local declared = string.match(p[1] or '', '^(%S+)') or ''
+  if not string.find(',' .. declared .. ',', ',' .. A.key .. ',', 1, true) then
+    return {'E_BADARG', A.key .. ' is not a declared fallback of ' .. A.fallback_for .. ' (its fallbacks: ' ..
+      (declared ~= '' and declared or 'none') .. ')'}
+  end
+  local pkind, puntil = string.match(p[2] or '', '^(%a+) (%d+)')
+  local down = (pkind == 'open' and tonumber(puntil) > ts) or
+    (pkind == 'half' and not string.find(probes, ',' .. A.fallback_for .. ',', 1, true))
+  if not down then return {'NOOP', 'the breaker of ' .. A.fallback_for .. ' is not open: call it'} end
+  switch = A.fallback_for .. '>' .. A.key
+end
+-- (a fallback call goes ahead: recorded once per primary and fallback, with why the primary is down)
+local function switched(reply)
+  local had = aget(K.attempts, A.raw.n, 'fallbacks') or ''
+  if switch and not string.find(',' .. had .. ',', ',' .. switch .. ',', 1, true) then
+    aset(K.attempts, A.raw.n, {'fallbacks', had == '' and switch or (had .. ',' .. switch)})
+    emit(K.events, 'fallback_used', {'attempt', A.raw.n, 'worker', A.worker, 'from', A.fallback_for, 'to', A.key,
+      'why', redis.call('HGET', K.limits, A.fallback_for .. '|bwhy') or 'its circuit breaker is open'})
+  end
+  return reply
 end
 local lim, win = string.match(c[1] or '', '^(%d+) (%d+)')
 lim, win = tonumber(lim), tonumber(win)
-if not lim or cost == 0 then return {'OK', ''} end
+if not lim or cost == 0 then return switched({'OK', ''}) end
 local member = t[1] .. '/' .. A.raw.n .. ' ' .. cost
 local at = tonumber(redis.call('ZSCORE', K.log, member) or '')
 local ts_s = fmt(ts)
 if at and at > ts - win then  -- still in the window: counted from now
   redis.call('ZADD', K.log, 'XX', ts_s, member)
   redis.call('PEXPIRE', K.log, win + 1000)
-  return {'OK', ts_s}
+  return switched({'OK', ts_s})
 end
 -- Its units left the window (or its log was dropped): take them again, as a claim would.
 local inwin, old = window_units(K, tonumber(c[2] or '0') or 0, win, ts)
@@ -89,4 +125,4 @@ if inwin + cost > lim then
     win .. ' ms, ' .. cost .. ' wanted (this call came more than a window after its claim)', fmt(due)}
 end
 window_take(K, A.key, member, cost, inwin, old, win, ts)
-return {'OK', ts_s}
+return switched({'OK', ts_s})

@@ -74,13 +74,14 @@ from .policy.classify import (
 from .policy.effects import EffectUnknown, mint_key
 from .policy.reconcile import Reconciler, reconcile_attempt
 from .policy.recovery import RecoveryIncomplete, recover
-from .producer.app import App, HandlerSpec
+from .producer.app import App, Fallback, HandlerSpec
 from .worker.context import Context, LeaseLost
 
 __version__ = "0.1.0"
 
 __all__ = [
     "App",
+    "Fallback",
     "Attempt",
     "AttemptNotRunning",
     "AttemptState",

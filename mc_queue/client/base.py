@@ -73,6 +73,7 @@ class Role:
             raise InvalidArgument(f"source must be one of {', '.join(sources)}, got {source!r}")
         who = actor or self.actor
         args = {"limit": None, "window_ms": None, "for_ms": None, "breaker": "", "on_full": "", "tokens": None,
+                "fallbacks": "",
                 **argv}
 
         def call(epoch: str) -> list[Any]:

@@ -320,6 +320,16 @@ class LeaseHolder(Role):
         provider, and the units its claim took count from now (fenced; ``lua/limit_stamp.lua``). Returns
         the time stamped (ms, Redis clock), None when the key has no limit set. :class:`OverLimit` when the
         call comes more than a window after the claim and the units are taken (``due_ms``: when back)."""
+        reply = self._stamp(attempt_id, fence, key, worker_id, "")
+        return int(reply[1]) if reply[1] else None
+
+    def stamp_fallback(self, attempt_id: str, fence: int, key: str, primary: str, *, worker_id: str = "") -> bool:
+        """The gateway of ``key`` called in place of ``primary`` (one of its declared fallbacks; the task
+        names both), whose breaker is down: as :meth:`stamp_limit`, and the switch recorded on the Attempt
+        once (``fallbacks``, a ``fallback_used`` event). False, nothing written: the primary is up, call it."""
+        return str(self._stamp(attempt_id, fence, key, worker_id, primary)[0]) != "NOOP"
+
+    def _stamp(self, attempt_id: str, fence: int, key: str, worker_id: str, primary: str) -> list[Any]:
         task_id, n, tk = self._attempt(attempt_id)
         try:
             log = self.keys.limit_log(key)
@@ -328,9 +338,9 @@ class LeaseHolder(Role):
         reply = self._run("limit_stamp", {
             **self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
             "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease, "limits": self.keys.limits, "log": log,
-        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key})
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key, "fallback_for": primary})
         raise_for_reply(reply, script="limit_stamp", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
-        return int(reply[1]) if reply[1] else None
+        return reply
 
     def effect_begin(self, attempt_id: str, fence: int, key: str, record: Mapping[str, Any], *,
                      worker_id: str = "") -> tuple[str, EffectRecord | None]:

@@ -85,6 +85,7 @@ class LimitStatus:
     breaker_why: str | None = None
     breaker_deferred: int = 0  # claims its breaker deferred
     breaker_opened: int = 0  # times it opened
+    fallbacks: tuple[str, ...] = ()  # its declared fallbacks, in the order they are tried
 
     @property
     def left(self) -> int | None:
@@ -162,14 +163,34 @@ class Limits(Role):
         raise_for_reply(reply, script="breaker_record")
         return str(reply[1]) if reply[0] == "OK" else ""
 
+    def set_fallbacks(self, key: str, fallbacks: list[str], *, reason: str = "set by an operator",
+                      source: str = "operator", actor: str | None = None) -> bool:
+        """Declare the fallbacks of dependency ``key``, in the order they are tried (``lua/limit_admin.lua``):
+        while its breaker is down, a task that names one of them too is claimed, and its handler's
+        ``ctx.call(key, fn, fallback=...)`` goes to the first one that is up (``lua/limit_stamp.lua`` records
+        the switch on the Attempt). False: already so, or an App's setting would replace an operator's."""
+        try:
+            for fb in [key, *fallbacks]:
+                check_limit_name(fb)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not fallbacks or len(set(fallbacks)) != len(fallbacks) or key in fallbacks or len(fallbacks) > 8:
+            raise InvalidArgument(f"fallbacks of {key}: 1-8 distinct keys other than {key}, got {fallbacks!r}")
+        return str(self._admin("fallbacks", key, reason, source, actor, fallbacks=",".join(fallbacks))[0]) == "OK"
+
+    def delete_fallbacks(self, key: str, *, reason: str, actor: str | None = None) -> bool:
+        """Remove the declared fallbacks of ``key``: while its breaker is down its tasks wait again."""
+        return str(self._admin("unfallbacks", key, reason, "operator", actor)[0]) == "OK"
+
     def _admin(self, op: str, key: str, reason: str, source: str, actor: str | None, *, limit: int | None = None,
-               window_ms: int | None = None, for_ms: int | None = None, breaker: str = "") -> list[Any]:
+               window_ms: int | None = None, for_ms: int | None = None, breaker: str = "",
+               fallbacks: str = "") -> list[Any]:
         try:
             self.keys.limit_log(key)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         return self._key_admin(op, key, key, reason, source, SOURCES, actor, limit=limit, window_ms=window_ms,
-                               for_ms=for_ms, breaker=breaker)
+                               for_ms=for_ms, breaker=breaker, fallbacks=fallbacks)
 
     def status(self, key: str) -> LimitStatus:
         """One key's limit now (a key never set reads as unlimited, unpaused)."""
@@ -182,7 +203,7 @@ class Limits(Role):
         entries of each log's window are read to count the units in it."""
         fields = cast(dict[str, str], self.redis.hgetall(self.keys.limits))
         # (units taken; a concurrency key's: mc_queue.client.slots; a spend ceiling's: mc_queue.client.spend)
-        own = ("|next", "|used", "|slots", "|wfence", "|spend", "|snext")
+        own = ("|next", "|used", "|slots", "|wfence", "|spend", "|snext", "|fallbacks")
         names = sorted({k.partition("|")[0] for k in fields if not k.endswith(own)}) \
             if keys is None else list(keys)
         pipe = self.redis.pipeline(transaction=False)
@@ -209,5 +230,7 @@ class Limits(Role):
                                    breaker_state=state, breaker_until_ms=until if state == "open" else None,
                                    breaker_why=fields.get(f"{name}|bwhy") if state != "closed" else None,
                                    breaker_deferred=int(stats.get(f"breaker_deferred|{name}") or 0),
-                                   breaker_opened=int(stats.get(f"breaker_opened|{name}") or 0)))
+                                   breaker_opened=int(stats.get(f"breaker_opened|{name}") or 0),
+                                   fallbacks=tuple((fields.get(f"{name}|fallbacks") or "").partition(" ")[0]
+                                                   .split(",")) if fields.get(f"{name}|fallbacks") else ()))
         return out

@@ -142,6 +142,10 @@ class Attempt(_Record):
     waiting_for: str | None = None  # the concurrency key it is parked in line for (lua/claim.lua 'parked')
     # spend ceilings it reserved on at claim -> (cost, tokens) reserved: its budget's rest (lua/claim.lua 'spend')
     spend: dict[str, tuple[float, int]] = Field(default_factory=dict)
+    # dependencies whose breaker was down at its claim -> the declared fallback that let it be claimed
+    admitted_via: dict[str, str] = Field(default_factory=dict)
+    # dependencies its calls went around (breaker open) -> the declared fallback they went to (limit_stamp.lua)
+    fallbacks: dict[str, str] = Field(default_factory=dict)
     dispatches: int = 0  # how many times the outbox handed it to the transport or checked it was still there
 
     @property
@@ -202,6 +206,8 @@ class Attempt(_Record):
             slots={k: int(v) for k, _, v in (i.partition(" ") for i in (f.get("slots") or "").split(",") if i)},
             waiting_for=(f.get("parked") or "").partition("\n")[0] or None,
             spend=_spend_reserved(f.get("spend") or ""),
+            admitted_via=dict(i.partition(">")[::2] for i in (f.get("admitted_via") or "").split(",") if ">" in i),
+            fallbacks=dict(i.partition(">")[::2] for i in (f.get("fallbacks") or "").split(",") if ">" in i),
         )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..client import DEFAULT_LEASE_MS
 from ..client.limits import BreakerSetting
 from ..client.producer import limits_text
 from ..client.slots import MAX_SLOTS, ON_FULL, check_slot_key
-from ..contracts.codec import check_int, check_seconds
+from ..contracts.codec import check_int, check_seconds, check_text
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
 from ..contracts.keys import check_limit_name, check_queue
@@ -60,6 +60,24 @@ class HandlerSpec:
     phases: tuple[str, ...] | None  # the declared order, or None: any name, in the order an Attempt reaches it
     reusable_phases: frozenset[str]
     limits: Mapping[str, int] = field(default_factory=dict)  # rate limit key -> cost, its tasks' by default
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A prequalified substitute for dependency ``primary`` (``App.fallback``): the dependency ``key`` used
+    instead while the primary's circuit breaker is open, with what it changes, declared, not improvised:
+    ``quality`` (its semantic equivalence and what is lost), ``cost`` and ``latency`` (how they change),
+    ``autonomy`` (a lower autonomy ceiling it imposes, for the handler to respect), and ``params``, what the
+    handler calls it with (a model profile and its version: a provider failover changes the frozen model
+    version, and the Attempt records the switch)."""
+
+    primary: str
+    key: str
+    quality: str
+    cost: str | None = None
+    latency: str | None = None
+    autonomy: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,8 @@ class App:
     caps: dict[str, int] = field(default_factory=dict)
     # key (or family 'tenant:*') -> (cost, tokens, per seconds, on_over): a spend ceiling; published the same way
     spend_ceilings: dict[str, tuple[float | None, int | None, float, str]] = field(default_factory=dict)
+    # dependency key -> its declared fallbacks, in the order they are tried (published like the breakers)
+    fallbacks: dict[str, tuple[Fallback, ...]] = field(default_factory=dict)
     # dependency key -> its health probe, run by each worker process (mc_queue.worker.probes)
     probes: dict[str, ProbeSpec] = field(default_factory=dict)
 
@@ -117,6 +137,9 @@ class App:
             client.slots.set(key, slots, on_full=on_full, source="app", reason=f"declared by app {self.name}")
         for queue, depth in self.caps.items():
             client.caps.set(queue, depth, source="app", reason=f"declared by app {self.name}")
+        for key, fbs in self.fallbacks.items():
+            client.limits.set_fallbacks(key, [fb.key for fb in fbs], source="app",
+                                        reason=f"declared by app {self.name}")
         for key, (cost, tokens, per_s, on_over) in self.spend_ceilings.items():
             client.spend.set(key, cost=cost, tokens=tokens, per_s=per_s, on_over=on_over, source="app",
                              reason=f"declared by app {self.name}")
@@ -215,6 +238,26 @@ class App:
         check_seconds(per_s, what="per_s", high=30 * 86_400)
         self.spend_ceilings[key] = (cost, tokens, per_s, on_over)
 
+    def fallback(self, primary: str, key: str, *, quality: str, cost: str | None = None, latency: str | None = None,
+                 autonomy: str | None = None, params: Mapping[str, Any] | None = None) -> Fallback:
+        """Declare ``key`` a prequalified fallback of dependency ``primary`` (tried in the order declared):
+        while the primary's circuit breaker is open, its tasks are still claimed when a fallback is up, and a
+        handler's ``ctx.call(primary, fn, fallback=use)`` calls ``use(fallback)`` through the fallback's
+        gateway instead, the switch recorded on the Attempt (``Attempt.fallbacks``, a ``fallback_used``
+        event). Handlers naming the primary name its fallbacks too (cost 0), declared before or after them."""
+        for k in (primary, key):
+            check_limit_name(k)
+        check_text(quality, what="quality", max_bytes=500, min_chars=1)
+        have = self.fallbacks.get(primary, ())
+        if key == primary or any(fb.key == key for fb in have) or len(have) >= 8:
+            raise InvalidArgument(f"fallback {key!r} of {primary!r}: at most 8, distinct, not the primary itself")
+        fb = Fallback(primary, key, quality, cost, latency, autonomy, dict(params or {}))
+        self.fallbacks[primary] = (*have, fb)
+        for name, spec in self.handlers.items():  # handlers declared before: they name the fallback too
+            if primary in spec.limits and key not in spec.limits:
+                self.handlers[name] = replace(spec, limits={**spec.limits, key: 0})
+        return fb
+
     def probe(self, key: str, check: Callable[[], Any], *, every_s: float = 5.0, timeout_s: float = 2.0) -> None:
         """Declare the health probe of dependency ``key``: each worker process calls ``check()`` every
         ``every_s`` (bounded by ``timeout_s``); while it raises, returns False or hangs, that worker claims no
@@ -281,6 +324,9 @@ class App:
         if isinstance(needs, str):
             raise InvalidArgument(f"handler {name!r}: needs is a list of dependency keys, got the string {needs!r}")
         all_limits = {**{key: 0 for key in needs}, **dict(limits or {})}
+        for key in list(all_limits):  # a dependency's declared fallbacks: its tasks name them too
+            for fb in self.fallbacks.get(key, ()):
+                all_limits.setdefault(fb.key, 0)
         limits_text(all_limits)  # InvalidArgument for a bad key or cost, now rather than at enqueue
 
         def register(fn: Handler) -> Handler:

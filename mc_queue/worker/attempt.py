@@ -261,7 +261,8 @@ def start_claimed(rt: Runtime, adm: Admission, lease: Lease) -> Started | dict[s
         return _fail(client, rt, task, attempt, lease.fence, Classified(failure))
     ctx = Context(client, spec, task, attempt, lease.fence, rt.worker_id,
                   functools.partial(rt.workspaces.create, adm.attempt_id), rt.app.operations,
-                  recovered_at_ms=lease.recovered_at_ms, deadline_ms=lease.deadline_ms, now_ms=lease.claimed_now_ms)
+                  recovered_at_ms=lease.recovered_at_ms, deadline_ms=lease.deadline_ms, now_ms=lease.claimed_now_ms,
+                  fallbacks=rt.app.fallbacks)
     ctx.start_heartbeats((lease.lease_ms or spec.lease_ms) / 3000)
     return Started(adm, lease, ctx, spec)
 

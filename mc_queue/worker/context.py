@@ -26,31 +26,24 @@ from ..client import Client
 from ..contracts import failpoints
 from ..contracts.codec import canonical_json, check_seconds, digest
 from ..contracts.errors import (
-    BreakerOpen,
     CancelRequested,
     InvalidArgument,
     McqError,
-    OverLimit,
     PhaseOutOfOrder,
     WriteRefused,
 )
-from ..contracts.models import Attempt, FailureClass, Heartbeat, Manifest, Task
+from ..contracts.models import Attempt, Heartbeat, Manifest, Task
 from ..policy.classify import (
     BudgetExceeded,
-    CapacityError,
     ConfigurationFailure,
-    DependencyDown,
-    RateLimited,
     TimeoutBudgetExceeded,
-    classify,
 )
 from ..policy.effects import EffectUnknown, Perform, Reconcile, mint_key, work_id
-from ..producer.app import HandlerSpec
+from ..producer.app import Fallback, HandlerSpec
+from .gateway import Gateway
 
 log = logging.getLogger("mc_queue.worker")
 T = TypeVar("T")
-# Failure classes that count against a dependency's circuit breaker (its availability, not the request's).
-DEPENDENCY_CLASSES = frozenset({FailureClass.PROVIDER, FailureClass.CAPACITY, FailureClass.EXECUTOR})
 
 
 class LeaseLost(McqError):
@@ -65,7 +58,8 @@ class Context:
     def __init__(self, client: Client, spec: HandlerSpec, task: Task, attempt: Attempt, fence: int,
                  worker_id: str, workspace: Path | Callable[[], Path],
                  operations: Mapping[str, Reconcile] | None = None, *, recovered_at_ms: int = 0,
-                 deadline_ms: int = 0, now_ms: int = 0) -> None:
+                 deadline_ms: int = 0, now_ms: int = 0,
+                 fallbacks: Mapping[str, tuple[Fallback, ...]] | None = None) -> None:
         self.client = client
         self.spec = spec
         self.task = task
@@ -98,6 +92,8 @@ class Context:
         self._beat_lock = threading.Lock()  # serialises background heartbeats with their stop
         self._beating = False
         self._reached: list[str] = []  # phases this Attempt recorded, in order (their index is their place)
+        self._gateway = Gateway(client, self.attempt_id, fence, worker_id, check=self.check, fenced=self._fenced,
+                                now_ms=self.now_ms, time_for=self.time_for, fallbacks=fallbacks or {})
 
     @property
     def workspace(self) -> Path:
@@ -244,44 +240,20 @@ class Context:
         window, however long the Attempt took to get to its call. A call more than a window after the claim
         takes the units again, or raises :class:`CapacityError` (retried when they are back) when others
         took them. :meth:`call` does this and records the call's outcome for the breaker."""
-        self.check()
-        try:
-            self._fenced(lambda: self.client.leases.stamp_limit(self.attempt_id, self.fence, key,
-                                                                worker_id=self.worker_id))
-        except OverLimit as exc:
-            raise CapacityError(str(exc), retry_after=max(0.0, (exc.due_ms - self.now_ms()) / 1000)) from exc
-        except BreakerOpen as exc:
-            raise DependencyDown(str(exc), retry_after=max(0.0, (exc.until_ms - self.now_ms()) / 1000)) from exc
+        self._gateway.calling(key)
 
-    def call(self, key: str, fn: Callable[[], T], *, needs_s: float | None = None) -> T:
+    def call(self, key: str, fn: Callable[[], T], *, needs_s: float | None = None,
+             fallback: Callable[[Fallback], T] | None = None) -> T:
         """Call dependency ``key`` through its gateway (:meth:`calling`: its breaker checked, its rate limit's
         units counted from now; ``needs_s``: refused first when the timeout budget has less left,
         :meth:`time_for`), then record the outcome for its circuit breaker: a failure classified provider,
         capacity or executor (a 5xx, a 503, a timeout) counts against the dependency, with its fingerprint;
         anything else (a 4xx, a validation failure) is the request's, not the dependency's, and counts as a
-        call that worked. The exception, if any, is raised again as it was."""
-        if needs_s is not None:
-            self.time_for(f"a call to {key}", needs_s)
-        self.calling(key)
-        started = time.monotonic()
-        try:
-            result = fn()
-        except Exception as exc:
-            failure = classify(exc).failure
-            down = failure.failure_class in DEPENDENCY_CLASSES and not isinstance(exc, (RateLimited, DependencyDown))
-            self._record(key, not down, started, failure.fingerprint if down else "")
-            raise
-        self._record(key, True, started, "")
-        return result
-
-    def _record(self, key: str, ok: bool, started: float, fingerprint: str) -> None:
-        elapsed = round((time.monotonic() - started) * 1000)
-        try:
-            self.client.limits.record(key, ok, elapsed, fingerprint=fingerprint, attempt_id=self.attempt_id,
-                                      actor=self.worker_id)
-        except (McqError, redis.RedisError) as exc:  # the call's own outcome stands; the breaker misses one
-            log.warning("attempt %s: the outcome of a call to %s was not recorded for its breaker: %s",
-                        self.attempt_id, key, exc)
+        call that worked. The exception, if any, is raised again as it was. ``fallback``: while the breaker
+        is open, ``fallback(chosen)`` is called instead through the first of the App's declared fallbacks
+        of ``key`` that is up (``App.fallback``; ``chosen.params`` says what to call it with), the switch
+        recorded on the Attempt; with none up the call is refused as without one."""
+        return self._gateway.call(key, fn, needs_s, fallback)
 
     # -- the handler's calls
 

@@ -146,3 +146,19 @@ def spend(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     time.sleep(float(payload.get("work_s", 0.1)))
     ctx.charge(cost=0.25, tokens=10)
     return {"n": payload.get("n"), "worker": ctx.worker_id}
+
+
+# ------------------------------------------------------------------------------ declared fallbacks
+
+app.breaker("model:big", failure_rate=0.5, min_calls=2, window_s=10.0, open_s=30.0, probes=1)
+app.fallback("model:big", "model:small", quality="a smaller model: shorter patches, more review",
+             cost="a tenth", latency="about the same", autonomy="draft pull requests only",
+             params={"model": "small-2026-11"})
+
+
+@app.handler("ask-model", needs=["model:big"])
+def ask_model(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks the big model, or, while its breaker is open, the declared fallback (the App names it for this
+    handler's tasks): the answer says which model version answered."""
+    return ctx.call("model:big", lambda: {"model": "big-2026-10"},
+                    fallback=lambda fb: {"model": str(fb.params["model"]), "autonomy": fb.autonomy})

@@ -18,7 +18,7 @@ EXPECTED = {
     "OutcomeUnknown", "Reconciler", "RecoveryIncomplete", "TaskPurged", "reconcile_attempt", "recover",
     "EffectNotBegun", "ReplicationUnconfirmed", "Overloaded", "QueueFull",
     "Outcome", "WaitTimedOut",
-    "TimeoutBudgetExceeded", "RateLimited", "OverLimit", "DependencyDown",
+    "TimeoutBudgetExceeded", "RateLimited", "OverLimit", "DependencyDown", "Fallback",
 }
 
 
