@@ -14,7 +14,9 @@ Points:
   delivery that never reaches its claim (what a connection cut there leaves);
 - ``effect.before_call``: in :meth:`mc_queue.Context.effect`, after the intent is recorded (fenced)
   and before the provider is called: the window only the provider can close (its fence check);
-- ``effect.after_call``: after the provider answered, before the receipt is recorded.
+- ``effect.after_call``: after the provider answered, before the receipt is recorded;
+- ``worker.between_jobs``: in a worker's main process, recording a job's success with RQ, the worker no
+  longer busy and not yet waiting for the next job: where a stop signal once got lost.
 
 The chaos run (``bench/chaos.py``) arms them to freeze a worker between its intent and its call.
 """
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-POINTS = ("attempt.before_claim", "effect.before_call", "effect.after_call")
+POINTS = ("attempt.before_claim", "effect.before_call", "effect.after_call", "worker.between_jobs")
 ACTIONS = ("stop", "kill")
 ENV = "MCQ_FAILPOINTS_DIR"
 

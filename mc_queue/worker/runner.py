@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import redis
 from rq import Queue, SimpleWorker, Worker
+from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -34,6 +35,7 @@ from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
 from ..client import Client
+from ..contracts import failpoints
 from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
@@ -190,6 +192,7 @@ class McqBaseWorker(BaseWorker):
         self._beat: tuple[float, int] | None = None  # (when, TTL) of the last heartbeat sent
         self._suspension_checked = -1e9
         self._pinged = -1e9
+        self._dequeuing = False  # waiting in RQ's dequeue: the one place a stop may interrupt at once
 
     # -- the loop
 
@@ -256,7 +259,13 @@ class McqBaseWorker(BaseWorker):
                 self.redis_error = f"{type(exc).__name__}: {exc}"
                 raise
             self._pinged = time.monotonic()
-        result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        self._dequeuing = True
+        try:
+            if self._stop_requested:  # (a stop that came after the loop's own check: not into the wait)
+                raise StopRequested()
+            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        finally:
+            self._dequeuing = False
         if result is None and self.burst:
             self.drained = True
         return result
@@ -342,6 +351,7 @@ class McqBaseWorker(BaseWorker):
             # to the idle TTL (a forking worker's parent writes both again: the child's are not its own).
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             self.heartbeat(pipeline=pipe)
+            failpoints.hit("worker.between_jobs", attempt=str(job.id), worker=self.name)
             pipe.execute()
 
     def handle_work_horse_killed(self, job: Job, retpid: int, ret_val: int, rusage: Any) -> None:
@@ -359,6 +369,16 @@ class McqBaseWorker(BaseWorker):
         self.stop_signal = signum
         self._stop_at = time.monotonic()
         adm = self._admitted
+        if not self._dequeuing and self.get_state() != WorkerStatus.BUSY:
+            # Between two jobs (recording the last one's success, claiming the next): RQ would raise
+            # StopRequested here, inside whatever Redis call the main thread is in, where the job's handling
+            # swallows it and the stop is lost (the worker then waited in its next dequeue until killed).
+            # The loop stops at its next turn instead, as it does for a busy worker.
+            signal.signal(signal.SIGINT, self.request_force_stop)
+            signal.signal(signal.SIGTERM, self.request_force_stop)
+            self._shutdown_requested_date = now()
+            self._stop_requested = True
+            return
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # (idle: raises, stops now)
         if adm is not None and self._grace is None:
             log.warning("stop requested (%s): finishing attempt %s first, for at most %gs (--grace); a second "
