@@ -409,6 +409,15 @@ tests:
         values: '3x20'
       - series: 'mcq_queue_cap_depth{{job="mc_queue", instance="k", queue="busy"}}'
         values: '3x4 2x15'
+      # s: tenant:a at its cost ceiling of 5 from minute 2 on; tenant:b reached it for 5 minutes only
+      - series: 'mcq_spend_ceiling{{job="mc_queue", instance="s", key="tenant:a", kind="cost"}}'
+        values: '5x20'
+      - series: 'mcq_spend_used{{job="mc_queue", instance="s", key="tenant:a", kind="cost"}}'
+        values: '1 3 5x18'
+      - series: 'mcq_spend_ceiling{{job="mc_queue", instance="s", key="tenant:b", kind="cost"}}'
+        values: '5x20'
+      - series: 'mcq_spend_used{{job="mc_queue", instance="s", key="tenant:b", kind="cost"}}'
+        values: '5x5 2x14'
     alert_rule_test:
       - eval_time: 16m
         alertname: McqConcurrencyKeyStarved
@@ -430,6 +439,16 @@ tests:
             exp_annotations:
               summary: "Queue full has refused new work for 5 minutes: raise its cap or add workers"
               description: "{at_cap}"
+      - eval_time: 11m
+        alertname: McqSpendCeilingReached
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: McqSpendCeilingReached
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: s, key: "tenant:a", kind: cost}}
+            exp_annotations:
+              summary: "tenant:a has spent its cost ceiling for 10 minutes: its tasks wait"
+              description: "{spent}"
       - eval_time: 2m
         alertname: McqRedisDown
         exp_alerts: []
@@ -547,7 +566,11 @@ def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
                 "--reason ..` gives it more.",
         at_cap="It holds 3 task(s) not ended, its cap: every enqueue of the queue is refused with QueueFull and "
                "a retry-after (nothing written) until tasks end. `mcq caps` shows its depth and its oldest due "
-               "task's wait; `mcq caps set QUEUE N --reason ..` raises the cap, more workers serving it drain it."))
+               "task's wait; `mcq caps set QUEUE N --reason ..` raises the cap, more workers serving it drain it.",
+        spent="5 cost spent in the window, the ceiling: the key's Attempts are deferred (or rejected) until spend "
+              "leaves the window. `mcq spend` shows spent and reserved; look for a task retrying or looping "
+              "(`mcq tasks`, the attempts' cost), or raise the ceiling with `mcq spend set KEY --cost X --per "
+              "SECONDS --reason ..`."))
     out = subprocess.run([str(PROMTOOL), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
