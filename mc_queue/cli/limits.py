@@ -105,7 +105,8 @@ def _breaker_line(s: LimitStatus) -> str:
     if s.breaker_state == "open" and s.breaker_until_ms:
         state += f" for {duration(max(0, s.breaker_until_ms - s.now_ms))}"
     why = f": {s.breaker_why}" if s.breaker_why else ""
-    return (f"{s.key}: {state}{why}; {setting}; opened {s.breaker_opened} time(s), "
+    fallbacks = f"; fallbacks {', '.join(s.fallbacks)}" if s.fallbacks else ""
+    return (f"{s.key}: {state}{why}; {setting}{fallbacks}; opened {s.breaker_opened} time(s), "
             f"{s.breaker_deferred} claim(s) deferred")
 
 
@@ -123,7 +124,8 @@ def breakers(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         emit_json({"breakers": [{"key": s.key, "state": s.breaker_state, "until_ms": s.breaker_until_ms,
                                  "why": s.breaker_why, "setting": vars(s.breaker) if s.breaker else None,
-                                 "opened": s.breaker_opened, "deferred": s.breaker_deferred} for s in rows]})
+                                 "opened": s.breaker_opened, "deferred": s.breaker_deferred,
+                                 "fallbacks": list(s.fallbacks)} for s in rows]})
         return
     if not rows:
         click.echo("no circuit breakers (an App declares one: app.breaker(key, ...))")

@@ -6,6 +6,7 @@ session's real redis-server, and through a real worker process."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ import mc_queue
 from mc_queue import OverLimit, TaskState
 from mc_queue.contracts.errors import InvalidArgument, StaleFence
 from mc_queue.contracts.keys import limit_names
+from mc_queue.testing import RedisServer
 from tests.apps import controls_app
 from tests.harness import Harness
+from tests.integration.test_caps_ops import ok
 from tests.integration.test_slots import APP, wait_settled
 
 BIG, SMALL, OTHER = "model:big", "model:small", "model:other"
@@ -128,3 +131,17 @@ def test_through_a_real_worker_the_answer_comes_from_the_fallback_while_the_prim
     (t2,) = wait_settled(h, [up], timeout=60)
     assert t2.result == {"model": "big-2026-10"} and not t2.attempts[-1].fallbacks
     assert not t2.attempts[-1].admitted_via
+
+
+def test_mcq_breakers_lists_each_breakers_fallbacks(redis_server: RedisServer, prefix: str) -> None:
+    q = mc_queue.Client(redis_server.url, prefix=prefix)
+    q.backend.open_namespace()
+    q.limits.set_breaker(BIG, reason="the big model's breaker")
+    q.limits.set_fallbacks(BIG, [SMALL, OTHER], reason="two stand-ins, in order")
+    q.limits.trip(BIG, 60, reason="the big model is down")
+    rows = json.loads(ok(redis_server, prefix, "breakers", "--json"))["breakers"]
+    assert [(r["key"], r["state"], r["fallbacks"]) for r in rows] == [(BIG, "open", [SMALL, OTHER])]
+    line = ok(redis_server, prefix, "breakers")
+    assert line.startswith(f"{BIG}: OPEN for "), line
+    assert f"; fallbacks {SMALL}, {OTHER}; opened 0 time(s)" in line, line  # (opened by hand: not counted)
+    q.close()
