@@ -187,7 +187,7 @@ end
 local plan, over_at, over_why, full, est = {}, nil, nil, nil, nil
 -- A spend ceiling's estimate of this Attempt: what the task's budget has left (thousandths of cost, tokens).
 local function estimate()
-  local ok, b = pcall(cjson.decode, t[12] or '')
+  local ok, b = pcall(cjson.decode, long_value(K.task, 'budget', t[12]) or '')  -- (a long one is in chunks)
   local max_cost = ok and type(b) == 'table' and tonumber(b.max_cost) or nil
   local max_tokens = ok and type(b) == 'table' and tonumber(b.max_tokens) or nil
   local cost, tokens = max_cost and math.min(max_cost, 1e12) or 0, max_tokens and math.min(max_tokens, 1e15) or 0

@@ -60,6 +60,9 @@ class HandlerSpec:
     phases: tuple[str, ...] | None  # the declared order, or None: any name, in the order an Attempt reaches it
     reusable_phases: frozenset[str]
     limits: Mapping[str, int] = field(default_factory=dict)  # rate limit key -> cost, its tasks' by default
+    # what its adapter supports: being stopped mid-run (a cancel), a later Attempt resuming from its checkpoints
+    can_cancel: bool = True
+    can_resume: bool = True
 
 
 @dataclass(frozen=True)
@@ -285,8 +288,8 @@ class App:
     def handler(self, name: str, *, queue: str | None = None, retry: RetryPolicy | None = None,
                 budget: Budget | None = None, lease_ms: int | None = None, timeout_s: float | None = None,
                 phases: tuple[str, ...] | None = None, reusable_phases: frozenset[str] | None = None,
-                limits: Mapping[str, int] | None = None,
-                needs: tuple[str, ...] | list[str] = ()) -> Callable[[Handler], Handler]:
+                limits: Mapping[str, int] | None = None, needs: tuple[str, ...] | list[str] = (),
+                can_cancel: bool = True, can_resume: bool = True) -> Callable[[Handler], Handler]:
         """Register ``fn(ctx, payload)`` under ``name``. Options are validated here, not at run time.
 
         ``phases``: the checkpoint phases (``ctx.checkpoint(phase)``) in the order an Attempt must reach
@@ -296,7 +299,10 @@ class App:
         its scope binding is identical (default: ``source_capture_done``). ``limits``: the rate limits its
         tasks need and the cost of each in units (``{"github": 1}``; :meth:`limit` sets a key's limit).
         ``needs``: dependencies its tasks need without taking units (cost 0): their circuit breakers
-        (:meth:`breaker`) hold the tasks' claims while open."""
+        (:meth:`breaker`) hold the tasks' claims while open. What its adapter supports, declared:
+        ``can_cancel=False`` (it cannot be stopped mid-run: a concurrency key that supersedes its running
+        holder waits for it instead of canceling it, so two never write at once), ``can_resume=False`` (a
+        later Attempt starts over: no phase's checkpoint is reused)."""
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise InvalidArgument(f"invalid handler name {name!r}: use 1-128 letters, digits, '_', '.', ':', '-'")
         if name in self.handlers:
@@ -315,7 +321,16 @@ class App:
                 isinstance(p, str) and _NAME_RE.fullmatch(p) for p in ph)):
             raise InvalidArgument(f"handler {name!r}: phases must be distinct names (letters, digits, '_', '.', ':', "
                                   f"'-'), in the order an Attempt reaches them; got {phases!r}")
-        if reusable_phases is None:
+        for what, flag in (("can_cancel", can_cancel), ("can_resume", can_resume)):
+            if not isinstance(flag, bool):
+                raise InvalidArgument(f"handler {name!r}: {what} must be True or False, got {flag!r}")
+        if not can_resume and reusable_phases:
+            raise InvalidArgument(f"handler {name!r}: can_resume=False reuses no phase, yet reusable_phases "
+                                  f"names {sorted(reusable_phases)}")
+        reusable: frozenset[str]
+        if not can_resume:
+            reusable = frozenset()
+        elif reusable_phases is None:
             reusable = frozenset(DEFAULT_REUSABLE if ph is None else DEFAULT_REUSABLE & set(ph))
         else:
             reusable = frozenset(reusable_phases)
@@ -333,7 +348,7 @@ class App:
             self.handlers[name] = HandlerSpec(
                 name=name, fn=fn, queue=check_queue(queue or self.default_queue), retry=retry or self.retry,
                 budget=budget or self.budget, lease_ms=lease, timeout_s=timeout, phases=ph, reusable_phases=reusable,
-                limits=all_limits)
+                limits=all_limits, can_cancel=can_cancel, can_resume=can_resume)
             return fn
 
         return register

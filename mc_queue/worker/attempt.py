@@ -212,6 +212,14 @@ def run_admitted(adm: Admission) -> dict[str, Any]:
     return started if isinstance(started, dict) else finish_started(rt, started)
 
 
+def _holder_spec(rt: Runtime, task_id: str) -> HandlerSpec | None:
+    """The handler of a superseded holder's task, as this worker's App declares it (None: unknown here)."""
+    try:
+        return rt.app.handlers.get(rt.client.reads.get_task(task_id).handler)
+    except McqError:
+        return None
+
+
 def not_claimed(rt: Runtime, adm: Admission, exc: McqError) -> dict[str, Any]:
     """A claim that did not give this worker the Attempt: a duplicate or late message, or a canceled task
     (ClaimRejected), ends quietly; a claim the replicas did not confirm runs nothing and gives its lease up."""
@@ -227,6 +235,14 @@ def not_claimed(rt: Runtime, adm: Admission, exc: McqError) -> dict[str, Any]:
         # A concurrency key that supersedes its running holder: this Attempt waits in line (first) while the
         # holder's task is canceled; its slot returns when the holder acknowledges or its lease is voided.
         holder = parse_attempt_id(exc.supersede)[0]
+        spec = _holder_spec(rt, holder)
+        if spec is not None and not spec.can_cancel:
+            # Its adapter cannot be stopped mid-run: canceling it would void its lease while it keeps
+            # running, two writers at once. This Attempt waits in line for it instead (woken as it ends).
+            log.info("attempt %s: not superseding %s: handler %s declares it cannot be canceled; waiting",
+                     adm.attempt_id, exc.supersede, spec.name)
+            return {"waiting": exc.message, "not_superseding": exc.supersede,
+                    "why": f"handler {spec.name} declares it cannot be canceled"}
         try:
             rt.client.operator.cancel_task(holder, f"superseded by {adm.attempt_id}: {exc.message}",
                                            actor=rt.worker_id, ack_timeout_ms=SUPERSEDE_ACK_MS)

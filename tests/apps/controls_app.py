@@ -116,6 +116,10 @@ def write_branch(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     return {"pull_request": pr["number"], "writer": writer, "started": started, "ended": ctx.now_ms()}
 
 
+# An adapter that cannot be stopped mid-run (a coding agent's run without cancel): a superseding key waits for it.
+app.handler("write-branch-uncancelable", budget=Budget(max_attempts=5), can_cancel=False)(write_branch)
+
+
 # ------------------------------------------------------------------------------ health probes
 
 def _gate_probe() -> bool:

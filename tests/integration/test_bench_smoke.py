@@ -43,6 +43,8 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
     # (over-admission is never a verdict a short run may fail: it must be 0 in any run)
     "bench_slots.py": (["--claims", "400", "--workers", "4", "--kill-every-s", "1.5"], "over-admission: 0 keys",
                        (0,)),
+    # (overspend is never a verdict a short run may fail: it must be 0 in any run)
+    "bench_spend.py": (["--seconds", "3", "--workers", "2", "--kill-every-s", "1.5"], "overspend: 0 keys", (0,)),
     "bench_schedule.py": (["--delayed", "200", "--probes", "10", "--spread-s", "0.5", "--fill-procs", "1"],
                           "mean_ms:", (0,)),
     "bench_recovery.py": (["--runs", "1", "--rq-runs", "0", "--lease-ms", "1500"], "## Recovery time", (0,)),

@@ -352,6 +352,45 @@ def test_a_superseding_key_cancels_the_running_push_and_runs_the_newest(controls
     assert [p["head"] for p in forge.pulls] == ["w-2"]  # the superseded push never reached the forge
 
 
+def test_a_holder_whose_adapter_cannot_be_canceled_is_waited_for_not_superseded(controls: Harness,
+                                                                               forge: ForgeServer) -> None:
+    """push:* supersedes its running holder, but this holder's handler declares ``can_cancel=False``: canceling
+    it would void its lease while it keeps running (two writers). The newest waits in line instead, and runs
+    once the holder ended; both reach the forge, in order."""
+    h = controls
+    ac = h.app_client(controls_app.app)
+    controls_app.app.publish_retention(h.client)  # push:* one slot, supersede
+    first = ac.enqueue("write-branch-uncancelable", {"id": 1, "key": "push:dev", "hold_s": 2},
+                       limits={"push:dev": 1}).id
+    h.spawn(h.mcq_cmd("sweeper", "--app", APP, "--interval", "0.2"))
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    wait_for(lambda: h.client.slots.status("push:dev").holders, 30, "the first push to hold the slot")
+    newest = ac.enqueue("write-branch", {"id": 2, "key": "push:dev", "hold_s": 0}, limits={"push:dev": 1}).id
+    a, b = wait_settled(h, [first, newest], timeout=60)
+    assert (a.state, b.state) == (TaskState.SUCCEEDED, TaskState.SUCCEEDED)
+    assert not any(e.type == "cancel_requested" for e in a.events)
+    assert b.attempts[-1].started_at is not None and a.attempts[0].ended_at is not None
+    assert b.attempts[-1].started_at >= a.attempts[0].ended_at
+    assert [p["head"] for p in forge.pulls] == ["w-1", "w-2"]
+
+
+def test_adapter_capabilities_are_checked_where_declared() -> None:
+    app = mc_queue.App(name="caps")
+
+    def fn(ctx: mc_queue.Context, payload: Any) -> None: ...
+
+    with pytest.raises(InvalidArgument, match="can_resume=False reuses no phase"):
+        app.handler("a", can_resume=False, reusable_phases=frozenset({"source_capture_done"}))(fn)
+    with pytest.raises(InvalidArgument, match="can_cancel must be True or False"):
+        app.handler("b", can_cancel="no")(fn)  # type: ignore[arg-type]
+    app.handler("c", can_resume=False, can_cancel=False)(fn)
+    spec = app.spec("c")
+    assert (spec.can_cancel, spec.can_resume, spec.reusable_phases) == (False, False, frozenset())
+    app.handler("d")(fn)
+    assert app.spec("d").can_cancel and app.spec("d").reusable_phases == frozenset({"source_capture_done"})
+
+
 def test_the_worker_that_returns_a_slot_sends_the_waiter_itself_with_no_sweeper_running(
         controls: Harness, forge: ForgeServer) -> None:
     h = controls

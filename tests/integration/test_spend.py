@@ -158,6 +158,20 @@ def test_a_retry_reserves_what_the_budget_has_left(q: mc_queue.Client) -> None:
     assert (s.spent_cost, s.reserved_cost) == (0.7, 0.3)
 
 
+def test_a_budget_stored_in_chunks_is_read_whole(q: mc_queue.Client) -> None:
+    """A task's budget longer than 64 bytes is stored in chunks (common.lua ``put``): the estimate is still
+    its max_cost (found by bench_spend.py, whose budgets reserved nothing)."""
+    q.spend.set(KEY, cost=1.0, per_s=3600, reason="ceiling")
+    budget = Budget(max_cost=0.6, max_attempts=1000, max_same_fingerprint=1000, max_tokens=123_456_789)
+    a, b = (q.producer.enqueue("jobs", "h", {"n": i}, limits={KEY: 0}, budget=budget) for i in range(2))
+    assert q.redis.hexists(q.keys.task(a.id).task, "budget#0")  # (in chunks)
+    claim(q, a)
+    assert q.spend.status(KEY).reserved_cost == 0.6 and q.reads.get_task(a.id).attempts[0].spend == {
+        KEY: (0.6, 123_456_789)}
+    with pytest.raises(OverLimit):  # 0.6 + 0.6 > 1.0
+        claim(q, b)
+
+
 def test_an_estimate_above_the_ceiling_is_never_admitted_and_says_so(q: mc_queue.Client) -> None:
     q.spend.set(KEY, cost=0.5, per_s=60, reason="small")
     (a,) = enqueue(q, 1, max_cost=2.0)
