@@ -97,6 +97,8 @@ mcq_queue_cap                              queue: a capped queue's cap (backpres
 mcq_queue_cap_depth                        queue: a capped queue's tasks not ended (pending, scheduled,
                                            backoff, running, waiting), what its cap bounds (not
                                            mcq_queue_depth: that one counts pending and backoff only)
+mcq_probe_failing                          worker, key: 1 while a live worker's health probe of a dependency
+                                           fails (app.probe: it claims no task needing it), else 0
 mcq_spend_ceiling                          key, kind (cost | tokens): a spend ceiling per window (its own
                                            setting or its family's; absent while not capped)
 mcq_spend_window_seconds                   key: its window
@@ -338,7 +340,11 @@ class NamespaceCollector(Collector):
         from ..worker.runner import live_workers
 
         counts = {kind: dict.fromkeys(queues, 0) for kind in ("live", "busy", "idle")}
+        probe = GaugeMetricFamily("mcq_probe_failing", "1 while a live worker's health probe of a dependency "
+                                  "fails (it claims no task needing it), else 0", labels=["worker", "key"])
         for w in live_workers(self.client):
+            for key, said in w["probes"].items():
+                probe.add_metric([w["worker"], key], 0.0 if said == "ok" else 1.0)
             if not w["healthy"]:
                 continue
             busy = w["state"] == "busy" or bool(w["leases"])
@@ -353,6 +359,7 @@ class NamespaceCollector(Collector):
             for queue in sorted(counts["live"]):
                 family.add_metric([queue], counts[kind].get(queue, 0))
             yield family
+        yield probe
 
     def _memory(self) -> Iterator[GaugeMetricFamily]:
         try:

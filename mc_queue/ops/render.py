@@ -502,3 +502,7 @@ def print_workers(rows: list[dict[str, Any]], console: Console | None = None) ->
         _emit(console, wrap(f"queues: {', '.join(r['queues']) or '-'}", width, "  ", "    "))
         leases = ", ".join(le["attempt"] for le in r["leases"]) or "none"
         _emit(console, wrap(f"leases: {leases}", width, "  ", "    "))
+        if r.get("probes"):  # its health probes (app.probe): a failing one holds what needs its key
+            said = "; ".join(f"{key} {state}" for key, state in r["probes"].items())
+            _emit(console, wrap(f"probes: {said}", width, "  ", "    "),
+                  "bold red" if any(s != "ok" for s in r["probes"].values()) else "")

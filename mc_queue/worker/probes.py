@@ -43,6 +43,12 @@ class Probes:
         with self._lock:
             return dict(self._failing)
 
+    def published(self) -> dict[str, str]:
+        """Each probe's state as the worker publishes it beside its liveness key (``mcq workers``, the
+        metrics): key -> 'ok', or 'failing <why>'."""
+        bad = self.failing()
+        return {key: f"failing {bad[key]}" if key in bad else "ok" for key in self.specs}
+
     def refusal(self, keys: tuple[str, ...]) -> str | None:
         """Why this worker must not claim a task naming these keys now, or None."""
         bad = self.failing()

@@ -243,6 +243,10 @@ class McqBaseWorker(BaseWorker):
                 pipe.set(key, value, px=LIVENESS_TTL_MS)
                 # "this worker keeps a liveness key": its absence then means dead, not an older worker
                 pipe.set(key + ":seen", value, px=LIVENESS_SEEN_MS)
+                if rt.probes is not None:  # what its probes say, gone with the liveness key
+                    pipe.delete(key + ":probes")
+                    pipe.hset(key + ":probes", mapping=cast(Any, rt.probes.published()))
+                    pipe.pexpire(key + ":probes", LIVENESS_TTL_MS)
                 pipe.execute()
             except redis.RedisError as exc:  # Redis away for a moment: the next beat tries again
                 log.warning("worker liveness key not refreshed: %s", exc)
@@ -511,8 +515,10 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
         for _, _, worker_id in found:
             pipe.pttl(client.keys.worker(worker_id))
             pipe.exists(client.keys.worker(worker_id) + ":seen")
+            pipe.hgetall(client.keys.worker(worker_id) + ":probes")
         replies = pipe.execute() if found else []
-        for (w, queues, worker_id), pttl, marked in zip(found, replies[::2], replies[1::2], strict=True):
+        for (w, queues, worker_id), pttl, marked, probes in zip(found, replies[::3], replies[1::3], replies[2::3],
+                                                                 strict=True):
             seen = w.last_heartbeat.timestamp() if w.last_heartbeat else None
             # Alive: mc_queue's own liveness key (refreshed every few seconds by the worker process) exists;
             # a killed process's key is gone within LIVENESS_TTL_MS, while RQ still lists it for a while.
@@ -525,11 +531,13 @@ def live_workers(client: Client) -> list[dict[str, Any]]:
                 "alive": alive, "liveness_ttl_ms": max(int(pttl), 0),
                 "healthy": alive and seen is not None and now - seen < w.worker_ttl,
                 "leases": holders.pop(worker_id, []),
+                # its health probes (app.probe), as it last published them: key -> 'ok' | 'failing <why>'
+                "probes": dict(sorted(cast(dict[str, str], probes).items())) if alive else {},
             })
         for worker_id, leases in sorted(holders.items()):  # leases held by processes RQ no longer lists
             out.append({"worker": worker_id, "pid": None, "hostname": None, "state": "gone", "queues": [],
                         "last_heartbeat_s_ago": None, "alive": False, "liveness_ttl_ms": 0, "healthy": False,
-                        "leases": leases})
+                        "leases": leases, "probes": {}})
         return out
     finally:
         conn.close()

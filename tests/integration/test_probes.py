@@ -5,6 +5,7 @@ Unit cases of mc_queue.worker.probes.Probes, then a real worker process, sweeper
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -14,10 +15,13 @@ import pytest
 
 from mc_queue import Sweeper, TaskState
 from mc_queue.contracts.errors import InvalidArgument
+from mc_queue.ops.metrics import NamespaceCollector
 from mc_queue.producer.app import App, ProbeSpec
 from mc_queue.worker.probes import Probes
+from mc_queue.worker.runner import live_workers
 from tests.apps import controls_app
 from tests.harness import Harness, wait_for
+from tests.integration.test_metrics_alerts import scrape, v
 
 APP = "tests.apps.controls_app:app"
 
@@ -92,6 +96,17 @@ def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes
         time.sleep(0.35)
     t = h.client.reads.get_task(gated)
     assert t.state is TaskState.PENDING and t.attempts[0].fence is None and len(t.attempts) == 1
+    # published beside the worker's liveness key: `mcq workers --json` and the metrics show it
+    def published(state: str) -> list[dict[str, Any]]:
+        return [r for r in live_workers(h.client) if r["probes"].get("gate", "").startswith(state)]
+
+    (row,) = wait_for(lambda: published("failing"), 10, "the failing probe to be published")
+    assert "gate " in row["probes"]["gate"] and "is closed" in row["probes"]["gate"]
+    shown = json.loads(h.mcq("workers", "--json").stdout)
+    assert any(w["probes"].get("gate", "").startswith("failing") for w in shown), shown
+    assert "probes: gate failing ConnectionError: gate" in h.mcq("workers").stdout
+    m, _ = scrape(NamespaceCollector(h.client))
+    assert v(m, "mcq_probe_failing", worker=row["worker"], key="gate") == 1
     gate.touch()  # the dependency is back: the next probe passes
     wait_for(lambda: any(r.get("type") == "probe_passed" for r in h.client.reads.refusals()), 30,
              "the probe to pass again")
@@ -101,3 +116,6 @@ def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes
         return h.client.reads.get_task(gated).state is TaskState.SUCCEEDED
 
     wait_for(done, 30, "the gated task to run once the probe passes", interval=0.3)
+    wait_for(lambda: published("ok"), 10, "the passing probe to be published")
+    m, _ = scrape(NamespaceCollector(h.client))
+    assert v(m, "mcq_probe_failing", worker=row["worker"], key="gate") == 0
