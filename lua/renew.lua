@@ -1,6 +1,10 @@
 -- mc_queue: renew
 -- Extend the lease of a running Attempt (a heartbeat: PEXPIREAT of its lease key), and charge cost and
--- tokens to it: only with the current fence and a live lease.
+-- tokens to it: only with the current fence and a live lease. An Attempt with a timeout budget (its
+-- 'deadline', set by the claim) is never renewed past one lease length after it (the time to stop the
+-- handler and record why): its last renewals are cut to that, and one after it is refused (E_EXPIRED,
+-- refusal 'budget_spent'). A worker enforces the budget itself; this holds a handler that hangs where the
+-- worker cannot stop it while its heartbeat thread still beats.
 -- KEYS[1] meta       namespace meta hash
 -- KEYS[2] epochs     retired epochs set
 -- KEYS[3] nslog      namespace event stream
@@ -51,6 +55,17 @@ local err, ts = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_m
 if err then return err end
 local lease_ms = A.lease_ms or math.min(tonumber(aget(K.attempts, n, 'lease_ms') or '') or m.max_lease, m.max_lease)
 local exp = ts + lease_ms
+local deadline = tonumber(aget(K.attempts, n, 'deadline') or '')
+if deadline then
+  local last = deadline + (tonumber(aget(K.attempts, n, 'lease_ms') or '') or lease_ms)
+  if ts >= last then
+    return refuse(K.events, K.stats, 'stale_write_refused',
+      {'E_EXPIRED', A.raw.fence, 'running', aget(K.attempts, n, 'lease_exp') or ''},
+      {'attempt', n, 'op', 'renew', 'refusal', 'budget_spent', 'presented_fence', A.raw.fence, 'current_fence',
+       A.raw.fence, 'worker', A.worker, 'deadline', fmt(deadline), 'attempt_state', 'running'})
+  end
+  if exp > last then exp = last end
+end
 redis.call('PEXPIREAT', K.lease, exp)
 aset(K.attempts, n, {'lease_exp', exp, 'hb_at', ts})
 redis.call('ZADD', K.leases, exp, redis.call('HGET', K.task, 'id') .. '/' .. n)

@@ -5,6 +5,7 @@ than is left is refused before it starts (no intent, nothing at the provider) an
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -30,6 +31,46 @@ def test_the_claim_sets_the_deadline_on_redis_clock_and_a_resend_gets_the_same(q
     assert again.deadline_ms == lease.deadline_ms and again.fence == lease.fence
     attempt = q.reads.get_task(t.id).attempts[0]
     assert attempt.deadline_at is not None and round(attempt.deadline_at.timestamp() * 1000) == lease.deadline_ms
+
+
+def test_renewals_stop_one_lease_length_after_the_budget_ends(q: mc_queue.Client) -> None:
+    """A handler hung where its worker cannot stop it, its heartbeat thread still beating: the lease is cut
+    to the budget's end plus one lease length, and a renewal after that is refused, nothing renewed."""
+    t = q.producer.enqueue("jobs", "h", {"n": 1})
+    lease = q.leases.claim_attempt(t.id, "w1", 1000, budget_s=0.3)
+    last = lease.deadline_ms + 1000
+    hb = q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1")  # well before: a whole lease
+    assert lease.claimed_now_ms + 1000 <= hb.expires_at_ms <= last
+    while redis_ms(q.redis) < lease.deadline_ms + 200:
+        time.sleep(0.02)
+    hb = q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1")  # past the deadline: cut to last
+    assert hb.expires_at_ms == last
+    assert int(q.redis.pttl(q.keys.task(t.id).lease)) <= last - redis_ms(q.redis) + 5
+    while redis_ms(q.redis) < last - 150:
+        time.sleep(0.02)
+    q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1")  # the last one that is allowed
+    while redis_ms(q.redis) < last:
+        time.sleep(0.01)
+    with pytest.raises(mc_queue.LeaseExpired):  # (its lease ran out at `last` anyway: refused either way)
+        q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1")
+    att = q.reads.get_task(t.id).attempts[0]
+    assert att.lease_expires_at is not None and round(att.lease_expires_at.timestamp() * 1000) <= last
+
+
+def test_a_live_lease_is_not_renewed_after_the_budget_and_a_lease_length(q: mc_queue.Client) -> None:
+    """The other side: a lease still live (claimed with a long lease) after the budget's end plus a lease
+    length of the claim's own is refused renewal with 'budget_spent', nothing written but the audit."""
+    t = q.producer.enqueue("jobs", "h", {"n": 1})
+    lease = q.leases.claim_attempt(t.id, "w1", 1000, budget_s=0.2)
+    q.redis.pexpire(q.keys.task(t.id).lease, 60_000)  # (as if an older renewal had given it longer)
+    while redis_ms(q.redis) < lease.deadline_ms + 1000:
+        time.sleep(0.02)
+    before = q.redis.pttl(q.keys.task(t.id).lease)
+    with pytest.raises(mc_queue.LeaseExpired):
+        q.leases.heartbeat(lease.attempt_id, lease.fence, worker_id="w1")
+    assert q.redis.pttl(q.keys.task(t.id).lease) <= before
+    refused = [e for e in q.reads.get_task(t.id).events if e.type == "stale_write_refused"]
+    assert refused and refused[-1].fields["refusal"] == "budget_spent"
 
 
 def test_no_budget_and_no_finish_by_means_no_deadline_and_no_field(q: mc_queue.Client) -> None:
