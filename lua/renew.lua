@@ -53,11 +53,12 @@ end
 local n = A.raw.n
 local err, ts = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_ms) or ''), 'renew', false)
 if err then return err end
-local lease_ms = A.lease_ms or math.min(tonumber(aget(K.attempts, n, 'lease_ms') or '') or m.max_lease, m.max_lease)
+local own = redis.call('HMGET', K.attempts, n .. '.lease_ms', n .. '.deadline')
+local lease_ms = A.lease_ms or math.min(tonumber(own[1] or '') or m.max_lease, m.max_lease)
 local exp = ts + lease_ms
-local deadline = tonumber(aget(K.attempts, n, 'deadline') or '')
+local deadline = tonumber(own[2] or '')
 if deadline then
-  local last = deadline + (tonumber(aget(K.attempts, n, 'lease_ms') or '') or lease_ms)
+  local last = deadline + (tonumber(own[1] or '') or lease_ms)
   if ts >= last then
     return refuse(K.events, K.stats, 'stale_write_refused',
       {'E_EXPIRED', A.raw.fence, 'running', aget(K.attempts, n, 'lease_exp') or ''},
