@@ -7,6 +7,7 @@ session's real redis-server, and through a real worker process."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -145,3 +146,25 @@ def test_mcq_breakers_lists_each_breakers_fallbacks(redis_server: RedisServer, p
     assert line.startswith(f"{BIG}: OPEN for "), line
     assert f"; fallbacks {SMALL}, {OTHER}; opened 0 time(s)" in line, line  # (opened by hand: not counted)
     q.close()
+
+
+def test_hostile_arguments_to_the_fallbacks_setting_are_refused_and_change_nothing(q: mc_queue.Client) -> None:
+    """limit_admin.lua's 'fallbacks' op with one argument replaced by each hostile value of the fuzz test:
+    refused (E_BADARG) with no key changed, or (a value that happens to be valid) accepted."""
+    from tests.scripts.test_fuzz import HOSTILE, capture
+
+    keys, good, _ = capture(q, "limit_admin", lambda: q.limits.set_fallbacks(BIG, [SMALL], reason="good"))
+    assert (good["op"], good["fallbacks"]) == ("fallbacks", SMALL)
+    refused = 0
+    for arg in ("fallbacks", "key", "source"):
+        for value in HOSTILE:
+            before = snapshot(q)
+            reply = q.runner.call("limit_admin", keys, {**good, arg: value})
+            if reply[0] == "E_BADARG":
+                refused += 1
+                assert snapshot(q) == before, (arg, repr(value)[:40])
+            else:  # only a value that is a valid key name ('inf', '1e3', '01' ...) or source may pass
+                assert reply[0] in ("OK", "NOOP"), (arg, repr(value)[:40], reply)
+                assert isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][\w.:-]*", value), (arg, value)
+                q.limits.delete_fallbacks(BIG, reason="undo a valid value")
+    assert refused >= 2 * len(HOSTILE)
