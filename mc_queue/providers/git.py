@@ -10,6 +10,13 @@
 - Every commit carries a trailer ``Mcq-Operation-Key: <key>``; reconciliation lists the remote
   branch (``git ls-remote``), fetches its tip and looks for the trailer in its recent history.
 
+- A writer fence (``writer=(key, fence)``: a concurrency key's, ``ctx.attempt.slots[key]``) rides the same
+  push, atomically: the remote keeps the highest writer fence it accepted for the key in
+  ``refs/mcq/writers/<key>`` (a commit whose message holds it), and a push whose fence is older is refused
+  before anything moves; the writer ref is pushed with its own lease, so of two concurrent writers one
+  lands and the other reads again. Once a newer writer has pushed, an older one cannot: the seed's writer
+  lease, enforced at the provider.
+
 The branch is part of the operation's content identity: use :func:`identity` to build it.
 """
 
@@ -25,6 +32,7 @@ from ..contracts.models import FailureClass
 from ..policy.classify import register_failure_class
 
 TRAILER = "Mcq-Operation-Key"
+WRITER_PREFIX = "mcq writer fence"  # the writer ref's commit message: "<prefix> <key> <fence>"
 
 
 class GitError(RuntimeError):
@@ -40,6 +48,13 @@ def identity(branch: str, content: str) -> str:
     return f"{branch}@{content}"
 
 
+def writer_ref(writer_key: str) -> str:
+    """The ref holding the highest writer fence the remote accepted for a concurrency key (its characters
+    other than letters, digits, '_' and '-' spelled %XX: a ref name may hold no ':' and no '..')."""
+    return "refs/mcq/writers/" + "".join(c if c.isascii() and (c.isalnum() or c in "_-") else f"%{ord(c):02X}"
+                                         for c in writer_key)
+
+
 def branch_of(key: str) -> str:
     ident = key.split(":", 2)[2]
     return ident.rsplit("@", 1)[0]
@@ -52,6 +67,13 @@ def _env() -> dict[str, str]:
                 "GIT_COMMITTER_NAME": env.get("GIT_COMMITTER_NAME", "mc_queue"),
                 "GIT_COMMITTER_EMAIL": env.get("GIT_COMMITTER_EMAIL", "mc_queue@localhost")})
     return env
+
+
+class StaleWriter(GitError):
+    """A push refused because the remote accepted a newer writer of the key (a higher writer fence)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "")
 
 
 class GitTimeout(GitError, TimeoutError):
@@ -89,13 +111,30 @@ class GitRemote:
         intent, record it with the intent, and push with exactly that (``expected=``)."""
         return self.remote_head(branch) or ""
 
+    def writer_fence(self, writer_key: str) -> tuple[str, int]:
+        """The writer ref of ``writer_key`` on the remote: its commit ('' when none) and the fence it holds."""
+        ref = writer_ref(writer_key)
+        out = git("ls-remote", self.url, ref)
+        sha = out.split()[0] if out.strip() else ""
+        if not sha:
+            return "", 0
+        with tempfile.TemporaryDirectory(prefix="mcq-git-") as tmp:
+            git("init", "--quiet", "--bare", tmp)
+            git("fetch", "--quiet", "--depth=1", self.url, ref, cwd=tmp)
+            msg = git("log", "-1", "--format=%B", "FETCH_HEAD", cwd=tmp).strip()
+        parts = msg.split()
+        return sha, int(parts[-1]) if parts and parts[-1].isdigit() else 0
+
     def commit_and_push(self, key: str, workdir: Path, *, branch: str, message: str,
-                        files: dict[str, str], expected: str, timeout: float | None = None) -> dict[str, Any]:
+                        files: dict[str, str], expected: str, timeout: float | None = None,
+                        writer: tuple[str, int] | None = None) -> dict[str, Any]:
         """Write ``files``, commit with the key's trailer, push with a lease on ``expected`` (the
         remote head recorded in the intent; '' for "the branch must not exist"). Returns the receipt
         ``{"sha", "branch", "key", "expected"}``. A push whose client timed out may still have landed:
         never call this again for the same key; reconcile with :meth:`find`. ``timeout``: the push's
-        (``ctx.time_for(...)``: what is left of the Attempt's timeout budget), else ``push_timeout``."""
+        (``ctx.time_for(...)``: what is left of the Attempt's timeout budget), else ``push_timeout``.
+        ``writer``: (concurrency key, writer fence): :class:`StaleWriter` when the remote holds a newer
+        writer of the key; otherwise the push and the key's writer ref move together or not at all."""
         for rel, text in files.items():
             path = workdir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,9 +142,22 @@ class GitRemote:
         git("add", "--all", cwd=workdir)
         git("commit", "--quiet", "-m", f"{message}\n\n{TRAILER}: {key}", cwd=workdir)
         sha = git("rev-parse", "HEAD", cwd=workdir).strip()
-        git("push", "--quiet", f"--force-with-lease=refs/heads/{branch}:{expected}", self.url,
-            f"HEAD:refs/heads/{branch}", cwd=workdir, timeout=self.push_timeout if timeout is None else timeout)
-        return {"sha": sha, "branch": branch, "key": key, "expected": expected}
+        extra: list[str] = []
+        if writer is not None:
+            wkey, fence = writer
+            held_sha, held = self.writer_fence(wkey)
+            if held > fence:
+                raise StaleWriter(f"writer {wkey} fence {fence} refused: the remote accepted fence {held} (a newer "
+                                  "writer of the key); nothing pushed")
+            tree = git("hash-object", "-t", "tree", "-w", "/dev/null", cwd=workdir).strip()  # the empty tree
+            mark = git("commit-tree", tree, "-m", f"{WRITER_PREFIX} {wkey} {fence}", cwd=workdir).strip()
+            ref = writer_ref(wkey)
+            extra = ["--atomic", f"--force-with-lease={ref}:{held_sha}", f"{mark}:{ref}"]
+        git("push", "--quiet", f"--force-with-lease=refs/heads/{branch}:{expected}", *extra[:2], self.url,
+            f"HEAD:refs/heads/{branch}", *extra[2:], cwd=workdir,
+            timeout=self.push_timeout if timeout is None else timeout)
+        return {"sha": sha, "branch": branch, "key": key, "expected": expected,
+                **({"writer": list(writer)} if writer is not None else {})}
 
     def find(self, key: str) -> dict[str, Any] | None:
         """The receipt of the commit pushed with ``key`` if the remote has it, else None."""

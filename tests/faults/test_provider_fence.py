@@ -232,3 +232,58 @@ def test_the_example_app_survives_a_zombie_between_intent_and_call(redis_server:
     assert forge.count_by_key() == {k: 1 for k in forge.count_by_key()} and len(forge.pulls) == 1
     if operation == "open-pr":
         assert forge.fenced_out == 1, "the zombie's late pull request reached the forge and was refused there"
+
+
+def test_the_git_remote_refuses_an_older_writer_of_a_key_and_moves_nothing(tmp_path: Path) -> None:
+    """A concurrency key's writer fence rides the push (``writer=``): the remote keeps the highest it accepted
+    in ``refs/mcq/writers/<key>`` and an older writer's push is refused before anything moves (the branch and
+    the writer ref push atomically). Both sides: the same and a newer fence push; an older one is refused."""
+    remote = bare_git_remote(tmp_path / "git")
+    provider = gitmod.GitRemote(str(remote))
+    wkey = "repo:acme.web"
+
+    def push(n: int, fence: int | None, branch: str = "fix/w") -> dict[str, object]:
+        work = tmp_path / f"w{n}"
+        provider.prepare(work, "main")
+        return provider.commit_and_push(f"k:{n}", work, branch=branch, message=f"change {n}",
+                                        files={"f.txt": f"v{n}"}, expected=provider.expected_head(branch),
+                                        writer=None if fence is None else (wkey, fence))
+
+    assert provider.writer_fence(wkey) == ("", 0)
+    first = push(1, 5)
+    assert first["writer"] == [wkey, 5] and provider.writer_fence(wkey)[1] == 5
+    push(2, 5)  # the same writer again (its next push)
+    newer = push(3, 7)
+    assert provider.writer_fence(wkey)[1] == 7
+    refs_before = git("for-each-ref", "--format=%(refname) %(objectname)", cwd=remote)
+    with pytest.raises(gitmod.StaleWriter, match="fence 6 refused: the remote accepted fence 7"):
+        push(4, 6)  # a superseded writer, late: refused, nothing moved
+    assert git("for-each-ref", "--format=%(refname) %(objectname)", cwd=remote) == refs_before
+    assert git("rev-parse", "refs/heads/fix/w", cwd=remote).strip() == newer["sha"]
+    assert gitmod.writer_ref(wkey) == "refs/mcq/writers/repo%3Aacme%2Eweb"
+    # a push without a writer fence is unchanged (no writer ref involved)
+    other = push(5, None, branch="fix/other")
+    assert "writer" not in other and provider.writer_fence(wkey)[1] == 7
+
+
+def test_of_two_concurrent_writers_with_the_same_view_one_lands_and_the_other_is_refused(tmp_path: Path) -> None:
+    """Both read the writer ref before either pushed: the writer ref's own lease lets one push through; the
+    other is refused by the remote (it reads again and finds the newer fence, or pushes after it)."""
+    remote = bare_git_remote(tmp_path / "git")
+    provider = gitmod.GitRemote(str(remote))
+    wkey = "repo:race"
+    works = []
+    for n in (1, 2):
+        work = tmp_path / f"w{n}"
+        provider.prepare(work, "main")
+        works.append(work)
+    real = provider.writer_fence
+    seen = real(wkey)  # both see "no writer yet"
+    provider.writer_fence = lambda k: seen  # type: ignore[method-assign]
+    provider.commit_and_push("k:1", works[0], branch="b1", message="one", files={"a": "1"}, expected="",
+                             writer=(wkey, 3))
+    with pytest.raises(gitmod.GitError):  # its lease on the writer ref (still 'absent') fails: nothing moves
+        provider.commit_and_push("k:2", works[1], branch="b2", message="two", files={"a": "2"}, expected="",
+                                 writer=(wkey, 4))
+    provider.writer_fence = real  # type: ignore[method-assign]
+    assert real(wkey)[1] == 3 and provider.remote_head("b2") is None
