@@ -87,6 +87,28 @@ def page(browser: Any, console: Running) -> Iterator[Any]:
 
 def test_every_page_at_desktop_and_phone_width(browser: Any, console: Running, story: Story) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    # the Limits page's tables with rows in them: a spend ceiling with both kinds and a breaker with fallbacks
+    q = story.client
+    q.spend.set("tenant:*", cost=125.5, tokens=25_000_000, per_s=3600, reason="the browser renders it")
+    q.limits.set_breaker("model:openai-large-context", reason="the browser renders it")
+    q.limits.set_fallbacks("model:openai-large-context", ["model:local-small", "model:other-provider"],
+                           reason="the browser renders them")
+    try:
+        _every_page(browser, console, story)
+        context = browser.new_context(viewport={"width": 390, "height": 844})  # what a phone shows of them
+        pg = context.new_page()
+        open_console(pg, console)
+        pg.goto(console.url.rstrip("/") + "/limits")
+        text = re.sub(r"\s+", " ", pg.inner_text("main#main"))
+        context.close()
+        assert "fallbacks: model:local-small, model:other-provider" in text, text
+        assert "cost 125.5, tokens 25,000,000 per 1h 00m" in text, text
+    finally:
+        q.spend.delete("tenant:*", reason="the browser rendered it")
+        q.limits.delete("model:openai-large-context", reason="the browser rendered it")
+
+
+def _every_page(browser: Any, console: Running, story: Story) -> None:
     pages = {"overview": "/", "tasks": "/tasks", "task-timeline": f"/tasks/{story.reconciled}",
              **{f"task-{state}": f"/tasks/{tid}" for state, tid in story.ids().items() if state != "reconciled"},
              "attention": "/attention", "dlq": "/dlq", "workers": "/workers", "limits": "/limits"}

@@ -431,7 +431,8 @@ def limits(client: Client) -> dict[str, Any]:
             "full": st.left == 0 if st.left is not None else False,
             "breaker": st.breaker is not None or st.breaker_state != "closed", "bstate": st.breaker_state,
             "bfor": duration(max(0, (st.breaker_until_ms or 0) - st.now_ms)) if st.breaker_until_ms else None,
-            "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred})
+            "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred,
+            "fallbacks": list(st.fallbacks)})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
             "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client),
             **queue_caps(client), **spend_ceilings(client)}
