@@ -328,6 +328,13 @@ def _print_attempt(console: Console, a: Attempt) -> None:
         _field(console, "finished", iso(a.ended_at) + (f" (ran {ran})" if ran else ""))
     if a.cost or a.tokens:
         _field(console, "cost", f"{a.cost:g}, tokens {a.tokens}")
+    if a.spend:  # spend ceilings it reserved on at claim (its budget's rest), replaced by its cost as it ends
+        _field(console, "spend reserved", "; ".join(f"{k}: cost {c:g}, tokens {t}" for k, (c, t) in a.spend.items()))
+    if a.admitted_via:
+        _field(console, "claimed while down", "; ".join(f"{k} (its fallback {v} was up)"
+                                                       for k, v in a.admitted_via.items()))
+    if a.fallbacks:  # a provider failover: what it ran on is not what its task named first
+        _field(console, "fallbacks used", "; ".join(f"{k} -> {v}" for k, v in a.fallbacks.items()))
     if a.phase:
         _field(console, "phase", a.phase)
     f = a.failure

@@ -126,6 +126,8 @@ def test_through_a_real_worker_the_answer_comes_from_the_fallback_while_the_prim
     a = t.attempts[-1]
     assert t.result == {"model": "small-2026-11", "autonomy": "draft pull requests only"}
     assert (a.admitted_via, a.fallbacks) == ({BIG: SMALL}, {BIG: SMALL})
+    shown = h.mcq("show", down).stdout  # what an operator reads
+    assert "fallbacks used: model:big -> model:small" in shown and "claimed while down: model:big" in shown, shown
     # the primary back: the next task's answer is the big model's, and nothing says fallback
     h.client.limits.reset(BIG, reason="the big model is back")
     up = ac.enqueue("ask-model", {"n": 2}).id
