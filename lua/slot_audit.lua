@@ -24,16 +24,11 @@ local A, bad = args(ARGV, {
 })
 if bad then return bad end
 local ts = fmt(now_ms())
-local woken, from, seen = 0, A.after == '' and '-' or '(' .. A.after .. '\11', 0
-while seen < A.limit do
-  local first = redis.call('ZRANGEBYLEX', K.slotwait, from, '+', 'LIMIT', 0, 1)[1]
-  if not first then return {'OK', woken, ''} end
-  local key = string.match(first, '^([^\n]+)\n')
-  seen = seen + 1
-  local fam = slot_family(key)
-  local c = redis.call('HMGET', K.limits, key .. '|slots', fam and (fam .. '|slots') or key .. '|slots')
+local woken = 0
+local next_name = each_name(K.slotwait, A.after, A.limit, function(name, lo, hi)
+  local fam = slot_family(name)
+  local c = redis.call('HMGET', K.limits, name .. '|slots', fam and (fam .. '|slots') or name .. '|slots')
   local s = slot_setting(c[1]) or slot_setting(c[2])
-  local lo, hi = slot_range(key)
   local free = s and s.slots - redis.call('ZLEXCOUNT', K.slotheld, lo, hi) or 1000
   if free > 0 then
     for _, w in ipairs(redis.call('ZRANGEBYLEX', K.slotwait, lo, hi, 'LIMIT', 0, math.min(free, 1000))) do
@@ -41,7 +36,5 @@ while seen < A.limit do
       woken = woken + redis.call('ZADD', K.slotwake, 'NX', ts, w)
     end
   end
-  from = hi
-  if seen == A.limit then return {'OK', woken, key} end
-end
-return {'OK', woken, ''}
+end)
+return {'OK', woken, next_name}

@@ -193,6 +193,22 @@ local function slot_range(name) return '[' .. name .. '\n', '(' .. name .. '\11'
 
 local function slot_pad(ms) return string.format('%015.0f', tonumber(ms) or 0) end
 
+-- The names of a sorted set whose members are "<name>\n..." (score 0, by text: slotwait, spent), at most
+-- ``limit`` of them from the one after ``after`` ('' from the first): visit(name, lo, hi) for each (lo, hi:
+-- its members' ZRANGEBYLEX bounds). Returns the name to go on after, '' when every name was seen.
+local function each_name(key, after, limit, visit)
+  local from, seen = after == '' and '-' or '(' .. after .. '\11', 0
+  while true do
+    local first = redis.call('ZRANGEBYLEX', key, from, '+', 'LIMIT', 0, 1)[1]
+    if not first then return '' end
+    local name = string.match(first, '^([^\n]+)\n')
+    local lo, hi = slot_range(name)
+    visit(name, lo, hi)
+    seen, from = seen + 1, hi
+    if seen == limit then return name end
+  end
+end
+
 -- The Attempt (n of the task at K: attempts, slotheld, slotwait, slotwake) stops running: each concurrency
 -- slot it holds returns ('slots': "<key> <writer fence>,..." and 'slots_at', written by its claim), and the
 -- first waiter of that key is put in the wake set (slot_wake.lua makes it due; the sweeper runs it). Safe

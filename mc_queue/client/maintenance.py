@@ -346,6 +346,24 @@ class Maintenance(Role):
                 raise_for_reply(reply, script="queue_forget")
         return forgotten
 
+    def trim(self, *, limit: int = 1000) -> int:
+        """The sweeper's trims of bookkeeping nothing reads any more: :meth:`trim_idempotency` and
+        :meth:`trim_spend`. Returns how many entries went."""
+        return self.trim_idempotency(limit=limit) + self.trim_spend(limit=limit)
+
+    def trim_spend(self, *, limit: int = 1000) -> int:
+        """Drop the spend ceilings' buckets no window can count any more (``lua/spend_trim.lua``, ``limit``
+        keys a call, every key). Returns how many went."""
+        check_int(limit, what="limit", low=1, high=1000)
+        dropped, after = 0, ""
+        while True:
+            reply = self.runner.run("spend_trim", {"spent": self.keys.spent}, {"limit": limit, "after": after})
+            raise_for_reply(reply, script="spend_trim")
+            dropped += int(reply[1])
+            after = str(reply[2])
+            if not after:
+                return dropped
+
     def trim_idempotency(self, *, limit: int = 1000) -> int:
         """Forget producer keys whose retired task's tombstone window has passed. Returns how many."""
         reply = self.runner.run("idem_trim", {**self._ns_keys(), "idem": self.keys.idem,

@@ -20,7 +20,8 @@ Each pass:
    compressed document each (``lua/pack.lua``); deletes the ended tasks each queue's retention policy
    lets go (``Reads.retention``: age and/or count, finished and held tasks apart), in batches, each
    handed to the archive first when one is set, each leaving a tombstone (``lua/retire.lua``); and
-   forgets producer keys whose tombstone window has passed (``lua/idem_trim.lua``). This step works
+   forgets producer keys whose tombstone window has passed (``lua/idem_trim.lua``) and spend ceilings'
+   buckets no window counts any more (``lua/spend_trim.lua``). This step works
    for at most ``retention_budget_s`` a pass and goes on at the next one.
 
 Every step re-checks its condition inside its script, so two sweepers at once are safe, and a
@@ -401,7 +402,7 @@ class Sweeper:
             if n < self.retention_batch:
                 break
         self._retire(report, deadline)
-        c.maintenance.trim_idempotency(limit=1000)
+        c.maintenance.trim(limit=1000)  # producer keys past their window, spend buckets past every window
         forgotten = c.maintenance.forget_empty_queues(limit=100, actor=self.actor)
         report.forgotten.extend(forgotten)
         for queue in forgotten:  # RQ's registries of a queue no longer listed are tidied once, here

@@ -58,10 +58,11 @@ ACKNOWLEDGED = frozenset({
 # (periodic:<name>:<tick>) makes the same task once, whichever task id the new decision chose. A release
 # lost leaves the parent in the released index its (acknowledged) end wrote: the next sweep releases again.
 # A concurrency slot's wake lost (slot_wake, slot_audit) is found again by the next sweep's audit: a key with a
-# free slot and Attempts waiting for it.
+# free slot and Attempts waiting for it. A spend ledger's trim lost leaves buckets no window reads: the next
+# sweep drops them.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
                        "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release",
-                       "slot_wake", "slot_audit"})
+                       "slot_wake", "slot_audit", "spend_trim"})
 
 
 def lua_dir() -> Path:

@@ -271,3 +271,27 @@ def test_hostile_arguments_to_the_ceilings_setting_are_refused_and_change_nothin
                 assert reply[0] in ("OK", "NOOP"), (arg, repr(value)[:40], reply)
                 q.spend.delete(KEY, reason="undo a valid value")
     assert refused >= 5 * len(HOSTILE) - 6  # ('01', '1e3' ... are refused; only values that mean a number pass)
+
+
+def test_the_sweeper_drops_buckets_no_window_counts_and_keeps_the_rest(q: mc_queue.Client) -> None:
+    """A key whose tasks stopped coming would keep its last buckets for ever (the claim drops a key's stale
+    buckets only when it admits one of its Attempts): the sweeper's trim drops a bucket once it ended more
+    than sixty widths ago, never one a window may still count, never a reservation."""
+    q.spend.set("tenant:*", cost=10, per_s=0.6, reason="a window of 600 ms: buckets of 10 ms")
+    a, b, c = (q.producer.enqueue("jobs", "h", {"n": i}, limits={f"tenant:{k}": 0}, budget=Budget(max_cost=0.5))
+               for i, k in enumerate("xyz"))
+    la, lb = claim(q, a), claim(q, b)
+    q.leases.complete_attempt(la.attempt_id, la.fence, {"ok": 1}, worker_id="w1", cost=0.25)
+    q.leases.complete_attempt(lb.attempt_id, lb.fence, {"ok": 1}, worker_id="w1", cost=0.5)
+    claim(q, c)  # running: its reservation stays whatever the time
+
+    def buckets() -> list[str]:
+        return sorted(m.split("\n")[0] for m in q.redis.zrange(q.keys.spent, 0, -1) if "\n~\n" not in m)
+
+    assert buckets() == ["tenant:x", "tenant:y"]
+    assert q.maintenance.trim_spend() == 0  # still in a window: kept
+    wait_for(lambda: q.maintenance.trim_spend(limit=1) == 2 or not buckets(), 5, "the buckets to go stale")
+    assert buckets() == []
+    assert [m.split("\n")[0] for m in q.redis.zrange(q.keys.spent, 0, -1)] == ["tenant:z"]  # the reservation
+    mc_queue.Sweeper(q).run_once()  # (the sweeper's pass runs the trim: nothing left to drop)
+    assert q.spend.status("tenant:z").reserved_cost == 0.5

@@ -223,6 +223,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "pack": lambda: q.maintenance.pack_tasks([w.ids["succeeded"]]),
         "retire": lambda: q.operator.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
         "idem_trim": lambda: q.maintenance.trim_idempotency(limit=10),
+        "spend_trim": lambda: q.maintenance.trim_spend(limit=10),
         "queue_forget": lambda: q.maintenance.forget_empty_queues(limit=10),
         "periodic_publish": lambda: q.periodic.publish(PeriodicSchedule(name="hourly", handler="h", queue="jobs",
                                                                         every_s=3600)),

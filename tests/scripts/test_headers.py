@@ -691,6 +691,7 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     assert q.maintenance.pack_tasks([a.id]) == 1  # a succeeded above: its history is packed, then it is retired
     q.operator.retire_task(a.id, states=["succeeded"], reason="header test retires", tombstone_s=0.001)
     q.maintenance.trim_idempotency()
+    q.maintenance.trim_spend()
     e = q.producer.enqueue("emptied", "h", {"n": 4})
     q.operator.cancel_task(e.id, reason="header test empties a queue")
     q.operator.retire_task(e.id, states=["canceled"], reason="header test retires", tombstone_s=0)
