@@ -429,9 +429,11 @@ for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's unit
     spend[#spend + 1] = st.name .. ' ' .. fmt(est.cost) .. ' ' .. fmt(est.tokens) .. ' ' .. fmt(st.width)
   end
 end
-if #slots > 0 then aset(K.attempts, n, {'slots', table.concat(slots, ','), 'slots_at', ts_s}) end
-if #spend > 0 then aset(K.attempts, n, {'spend', table.concat(spend, ',')}) end
-if #via > 0 then aset(K.attempts, n, {'admitted_via', table.concat(via, ',')}) end
+local took = {}  -- what the claim took, in one write: slots (and when), reservations, fallbacks it relied on
+if #slots > 0 then took = {'slots', table.concat(slots, ','), 'slots_at', ts_s} end
+if #spend > 0 then took[#took + 1], took[#took + 2] = 'spend', table.concat(spend, ',') end
+if #via > 0 then took[#took + 1], took[#took + 2] = 'admitted_via', table.concat(via, ',') end
+if #took > 0 then aset(K.attempts, n, took) end
 if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
   redis.call('ZREM', K.slotwait, a[11])
   redis.call('HDEL', K.attempts, n .. '.parked')

@@ -56,6 +56,27 @@ class SpendStatus:
     rejected: int = 0
 
 
+def check_ceiling(key: str, cost: float | None, tokens: int | None, per_s: float,
+                  on_over: str) -> tuple[int | None, int]:
+    """A spend ceiling's arguments checked (InvalidArgument says what is wrong): the cost in thousandths (None:
+    not capped) and the window in ms."""
+    check_slot_key(key)
+    if cost is None and tokens is None:
+        raise InvalidArgument("a spend ceiling needs cost=, tokens= or both")
+    milli: int | None = None
+    if cost is not None:
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) \
+                or not 0 < cost <= MAX_COST:
+            raise InvalidArgument(f"cost must be a number above 0 and at most {MAX_COST:,}, got {cost!r}")
+        milli = max(1, round(cost * 1000))
+    if tokens is not None:
+        check_int(tokens, what="tokens", low=1, high=MAX_TOKENS)
+    window_ms = math.ceil(check_seconds(per_s, what="per_s", high=MAX_WINDOW_S) * 1000)
+    if on_over not in ON_OVER:
+        raise InvalidArgument(f"on_over must be one of {', '.join(ON_OVER)}, got {on_over!r}")
+    return milli, window_ms
+
+
 def _pair(text: str) -> tuple[int, int]:
     cost, _, tokens = text.partition(" ")
     return (int(cost), int(tokens)) if cost.isdigit() and tokens.isdigit() else (0, 0)
@@ -70,19 +91,7 @@ class Spend(Role):
         """Cap what the Attempts of the tasks naming ``key`` (or each key of a family '<name>:*') may spend in
         any ``per_s`` seconds: ``cost`` (in the unit the workers charge, to a thousandth) and/or ``tokens``.
         ``on_over``: wait | reject. False: it already was so, or an App's setting would replace an operator's."""
-        if cost is None and tokens is None:
-            raise InvalidArgument("a spend ceiling needs cost=, tokens= or both")
-        milli: int | None = None
-        if cost is not None:
-            if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) \
-                    or not 0 < cost <= MAX_COST:
-                raise InvalidArgument(f"cost must be a number above 0 and at most {MAX_COST:,}, got {cost!r}")
-            milli = max(1, round(cost * 1000))
-        if tokens is not None:
-            check_int(tokens, what="tokens", low=1, high=MAX_TOKENS)
-        window_ms = math.ceil(check_seconds(per_s, what="per_s", high=MAX_WINDOW_S) * 1000)
-        if on_over not in ON_OVER:
-            raise InvalidArgument(f"on_over must be one of {', '.join(ON_OVER)}, got {on_over!r}")
+        milli, window_ms = check_ceiling(key, cost, tokens, per_s, on_over)
         return str(self._admin("spend", key, reason, source, actor, limit=milli, tokens=tokens, window_ms=window_ms,
                                on_over=on_over)[0]) == "OK"
 

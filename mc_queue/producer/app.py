@@ -27,6 +27,7 @@ from ..client import DEFAULT_LEASE_MS
 from ..client.limits import BreakerSetting
 from ..client.producer import limits_text
 from ..client.slots import MAX_SLOTS, ON_FULL, check_slot_key
+from ..client.spend import check_ceiling
 from ..contracts.codec import check_int, check_seconds, check_text
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
@@ -233,12 +234,7 @@ class App:
         naming ``key`` (or each key of a family 'tenant:*') spend at most ``cost`` and/or ``tokens`` in any
         ``per_s`` seconds, each admitted with its budget's remainder reserved. ``on_over``: wait or reject.
         Published like :meth:`limit`; an operator's ``mcq spend set`` wins."""
-        check_slot_key(key)
-        if cost is None and tokens is None:
-            raise InvalidArgument("a spend ceiling needs cost=, tokens= or both")
-        if on_over not in ("wait", "reject"):
-            raise InvalidArgument(f"on_over must be wait or reject, got {on_over!r}")
-        check_seconds(per_s, what="per_s", high=30 * 86_400)
+        check_ceiling(key, cost, tokens, per_s, on_over)  # InvalidArgument now, not at publication
         self.spend_ceilings[key] = (cost, tokens, per_s, on_over)
 
     def fallback(self, primary: str, key: str, *, quality: str, cost: str | None = None, latency: str | None = None,

@@ -58,21 +58,18 @@ class Gateway:
             self.time_for(f"a call to {key}", needs_s)
         try:
             self.calling(key)
-        except DependencyDown:
+        except DependencyDown as down:
             if fallback is None:
                 raise
-            chosen = self._choose(key)
-            if chosen is None:
-                raise
-            if chosen.key != key:
+            chosen = self._choose(key, down)
+            if chosen is not None:
                 return self._outcome(chosen.key, lambda: fallback(chosen))
         return self._outcome(key, fn)
 
-    def _choose(self, primary: str) -> Fallback | None:
+    def _choose(self, primary: str, down: DependencyDown) -> Fallback | None:
         """The reliability controller: the first declared fallback of ``primary`` whose gateway admits the
-        call as its stand-in (the switch recorded, fenced, by ``lua/limit_stamp.lua``); a Fallback of the
-        primary itself when it is up again (its own call stamped); None when none is up (each one's refusal
-        logged)."""
+        call as its stand-in (the switch recorded, fenced, by ``lua/limit_stamp.lua``); None when the primary
+        is up again (its own call stamped); ``down`` raised again when none is up (each refusal logged)."""
         for fb in self.fallbacks.get(primary, ()):
             try:
                 used = self.fenced(self._stand_in(fb))
@@ -81,11 +78,11 @@ class Gateway:
                 continue
             if not used:  # the primary's breaker closed meanwhile: the call is its own again
                 self.calling(primary)
-                return Fallback(primary, primary, "the primary itself")
+                return None
             log.warning("attempt %s: %s is down, calling its fallback %s (%s)", self.attempt_id, primary, fb.key,
                         fb.quality)
             return fb
-        return None
+        raise down
 
     def _stand_in(self, fb: Fallback) -> Callable[[], bool]:
         return lambda: self.client.leases.stamp_fallback(self.attempt_id, self.fence, fb.key, fb.primary,
