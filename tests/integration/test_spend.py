@@ -250,6 +250,28 @@ def test_through_real_workers_no_window_spends_more_than_the_ceiling_and_every_t
     assert ends[-1][0] - ends[0][0] >= 6.0  # twelve at four a window: at least two windows after the first
 
 
+def hostile_refusals(q: mc_queue.Client, keys: dict[str, str], good: dict[str, Any], args: tuple[str, ...],
+                     undo: Any) -> int:
+    """limit_admin.lua sent ``good`` with each of ``args`` replaced by each hostile value of the fuzz test: a
+    refusal (E_BADARG) changes no key; a value that happens to be valid is taken and ``undo(arg, value)``
+    checks it may be and undoes it.
+    Returns how many were refused."""
+    from tests.scripts.test_fuzz import HOSTILE
+
+    refused = 0
+    for arg in args:
+        for value in HOSTILE:
+            before = snapshot(q)
+            reply = q.runner.call("limit_admin", keys, {**good, arg: value})
+            if reply[0] == "E_BADARG":
+                refused += 1
+                assert snapshot(q) == before, (arg, repr(value)[:40])
+            else:
+                assert reply[0] in ("OK", "NOOP"), (arg, repr(value)[:40], reply)
+                undo(arg, value)
+    return refused
+
+
 def test_hostile_arguments_to_the_ceilings_setting_are_refused_and_change_nothing(q: mc_queue.Client) -> None:
     """limit_admin.lua's 'spend' op with one argument replaced by each hostile value of the fuzz test: each
     call is refused (E_BADARG) or, where the value happens to be valid, succeeds; a refusal changes no key."""
@@ -259,17 +281,8 @@ def test_hostile_arguments_to_the_ceilings_setting_are_refused_and_change_nothin
     keys, good, _ = call
     assert (good["op"], good["limit"], good["tokens"], good["window_ms"], good["on_full"]) == \
         ("spend", 1000, 5, 60000, "wait")
-    refused = 0
-    for arg in ("limit", "tokens", "window_ms", "on_full", "key"):
-        for value in HOSTILE:
-            before = snapshot(q)
-            reply = q.runner.call("limit_admin", keys, {**good, arg: value})
-            if reply[0] == "E_BADARG":
-                refused += 1
-                assert snapshot(q) == before, (arg, repr(value)[:40])
-            else:
-                assert reply[0] in ("OK", "NOOP"), (arg, repr(value)[:40], reply)
-                q.spend.delete(KEY, reason="undo a valid value")
+    refused = hostile_refusals(q, keys, good, ("limit", "tokens", "window_ms", "on_full", "key"),
+                               lambda arg, value: q.spend.delete(KEY, reason="undo a valid value"))
     assert refused >= 5 * len(HOSTILE) - 6  # ('01', '1e3' ... are refused; only values that mean a number pass)
 
 
