@@ -66,8 +66,10 @@ aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts, 'cancel_ack_at', ts, 
   'cancel_ack_fence', new_fence})
 redis.call('DEL', K.lease)
 redis.call('ZREM', K.leases, id .. '/' .. n)
-slots_free(K, n, id .. '/' .. n, ts)
-spend_settle(K, n, id .. '/' .. n, ts)
+local took = redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at', n .. '.spend', n .. '.cost',
+  n .. '.tokens')  -- (what it holds: slots and reservations, returned below)
+slots_free(K, n, id .. '/' .. n, ts, {took[1], took[2]})
+if took[3] then spend_settle(K, n, id .. '/' .. n, ts, {took[3], took[4], took[5]}) end
 redis.call('ZREM', K.cancels, id .. '/' .. n)
 redis.call('ZADD', K.suspect, ts, id .. '/' .. n)
 emit(K.events, 'cancel_acknowledged', {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'new_fence', new_fence})

@@ -79,8 +79,10 @@ local fence = next_fence(K.meta, K.fence, K.task, t[3])
 redis.call('HSET', K.task, 'updated_at', ts)
 aset(K.attempts, n, {'state', 'suspect', 'suspect_at', ts})
 redis.call('DEL', K.lease)
-slots_free(K, n, A.member, ts)
-spend_settle(K, n, A.member, ts)
+local took = redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at', n .. '.spend', n .. '.cost',
+  n .. '.tokens')  -- (what it holds: slots and reservations, returned below)
+slots_free(K, n, A.member, ts, {took[1], took[2]})
+if took[3] then spend_settle(K, n, A.member, ts, {took[3], took[4], took[5]}) end
 redis.call('ZREM', K.leases, A.member)
 redis.call('ZREM', K.cancels, A.member)
 redis.call('ZADD', K.suspect, ts, A.member)
