@@ -61,7 +61,7 @@ from mc_queue.testing import RedisServer  # noqa: E402
 PEERS = ("rq-simple", "rq-fork", "celery", "celery-prefork", "dramatiq")
 DEFAULT_PEERS = "rq-simple,rq-fork,celery,dramatiq"
 NEEDS = {"rq-simple": "rq", "rq-fork": "rq", "celery": "celery", "celery-prefork": "celery", "dramatiq": "dramatiq"}
-RQ_CLASS = {"rq-simple": "rq.worker.SimpleWorker", "rq-fork": "rq.worker.Worker"}
+RQ_CLASS = {"rq-simple": "bench.rq_baseline.SimpleWorker", "rq-fork": "bench.rq_baseline.Worker"}
 NOOP_RQ = "bench.peers.noop"
 COLUMNS = [("jobs/s", "rate", ".1f"), ("Redis CPU us/job", "cpu_us_per_job", ".1f"),
            ("commands/job", "commands_per_job", ".2f"), ("round trips/job", "round_trips_per_job", ".2f")]

@@ -76,7 +76,7 @@ GOAL_P95_MS = 12_000
 # Issue 17's goals when the process running the Attempt dies and its parent lives to see it: a fork
 # worker's work horse (the worker's RQ monitor) and a SimpleWorker of a --pool (the pool's watch).
 GOALS = {"group": ("p95", 95, GOAL_P95_MS), "horse": ("p95", 95, 50), "pool-child": ("p99", 99, 250)}
-RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker"}
+RQ_WORKER_CLASS = {"fork": "bench.rq_baseline.Worker", "simple": "bench.rq_baseline.SimpleWorker"}
 RQ_DEFAULT_JOB_TIMEOUT = Queue.DEFAULT_TIMEOUT  # 180 s
 # RQ adds a fixed 60 s to every execution heartbeat TTL (BaseWorker/SimpleWorker.get_heartbeat_ttl);
 # no setting changes it, so it is the floor of RQ's detection.

@@ -9,7 +9,8 @@ For each (worker kind, worker count) and each repeat, on one private redis-serve
 (``mc_queue.testing.RedisServer`` in a temporary folder, never the machine's Redis on port 6379):
 
 1. bare RQ: ``--jobs`` no-op jobs (``bench.noop_jobs.noop``, JSONSerializer) are enqueued, then drained
-   by ``rq worker --burst`` processes (``rq.Worker`` for fork, ``rq.SimpleWorker`` for simple);
+   by ``rq worker --burst`` processes (``rq.Worker`` for fork, ``rq.SimpleWorker`` for simple, their command
+   channel's thread woken every 0.2 s like mc_queue's: ``bench/rq_baseline.py``);
 2. mc_queue: ``--jobs`` no-op Attempts (``bench.noop_app``) are enqueued with ``AppClient.enqueue``
    (which also dispatches the RQ job), then drained by ``mcq worker --burst --kind fork|simple``
    processes; every task must end succeeded with exactly one Attempt.
@@ -59,7 +60,9 @@ GOAL_RATIO = 0.85
 RQ_QUEUE = "bench-rq"
 NOOP_FUNC = "bench.noop_jobs.noop"
 APP_SPEC = "bench.noop_app:app"
-RQ_WORKER_CLASS = {"fork": "rq.Worker", "simple": "rq.SimpleWorker", "batch": "rq.SimpleWorker"}  # batch: mcq's own
+# bare RQ's classes, their command channel woken as often as mc_queue's (bench/rq_baseline.py); batch: mcq's own
+RQ_WORKER_CLASS = {"fork": "bench.rq_baseline.Worker", "simple": "bench.rq_baseline.SimpleWorker",
+                   "batch": "bench.rq_baseline.SimpleWorker"}
 SYSTEMS = ("rq", "mcq")
 LABEL = {"rq": "RQ", "mcq": "mc_queue"}
 # What mc_queue.producer.dispatch.dispatch passes to RQ for every Attempt (App default timeout_s is 3600).

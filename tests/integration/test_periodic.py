@@ -63,6 +63,9 @@ def state(q: mc_queue.Client, name: str) -> dict[str, str]:
 
 
 def test_a_new_schedule_starts_after_now_and_makes_one_task_per_due_tick(q: mc_queue.Client) -> None:
+    # Publish early in a second of Redis's clock, so the next tick (on the 1 s grid) is still ahead
+    # when run_due asks next: published at x.999 s it would rightly be due a millisecond later.
+    wait_for(lambda: q.backend.redis_time_ms() % 1000 < 200, 3, "the start of a second on Redis's clock")
     assert q.periodic.publish(schedule(every_s=1))
     assert q.periodic.run_due() == []  # nothing due the moment it is published (the next tick is ahead)
     first = wait_for(lambda: q.periodic.run_due(), 3, "the first tick")
