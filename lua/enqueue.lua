@@ -38,6 +38,8 @@
 -- ARGV[17] priority        1 (most urgent) .. 9, or '' for the default (5): which RQ queue its Attempts go to
 -- ARGV[18] limits          the task's rate limits, '<key>=<cost>' joined by ',' (checked and taken by each claim),
 --                          or '' for none
+-- ARGV[19] fair_key        the task's fairness key (its Attempts' messages wait in that key's fair lane of
+--                          their RQ queue: lua/fair_pop.lua), or '' for none
 -- Returns: {'OK', task_id, task, attempts, events} (task: HGETALL of the task hash, which holds its
 --          Attempt; attempts and events empty: what the producer returns without reading the task again)
 --          | {'DUP', task_id} (same key or id, same payload)

@@ -45,7 +45,9 @@
 -- ARGV[17] priority        1 (most urgent) .. 9, or '' for the default (5): which RQ queue its Attempts go to
 -- ARGV[18] limits          the task's rate limits, '<key>=<cost>' joined by ',' (checked and taken by each claim),
 --                          or '' for none
--- ARGV[19] after_mode      'succeeded' (every parent must succeed) | 'ended' (any end counts)
+-- ARGV[19] fair_key        the task's fairness key (its Attempts' messages wait in that key's fair lane of
+--                          their RQ queue: lua/fair_pop.lua), or '' for none
+-- ARGV[20] after_mode      'succeeded' (every parent must succeed) | 'ended' (any end counts)
 -- ITEMKEYS[1] parent       each parent's task hash
 -- ITEMARGV[1] parent_id    each parent's task id (1 to 100 of them, each once, not this task)
 -- Returns: {'OK', task_id, task, attempts, events} (as enqueue; the task hash says 'waiting' while a parent is

@@ -38,6 +38,7 @@
 -- ITEMARGV[14] finish_by_ms
 -- ITEMARGV[15] priority
 -- ITEMARGV[16] limits
+-- ITEMARGV[17] fair_key
 -- Returns: {'OK', codes, ids, tasks} (per item, in order: 'OK' | 'DUP', its task id, and for a new one the
 --          HGETALL of its task hash, else {})
 --          | a refusal of one item, with its number (1-based) last: {'E_CONFLICT', task_id, digest, item}

@@ -15,7 +15,10 @@
 -- A spend ceiling of the key (denial of wallet: 'spend' sets "<cost thousandths> <tokens> <window ms> <on over>
 -- <source>", 'unspend' deletes it): what the running and recently ended Attempts of tasks naming the key may
 -- spend per window (claim.lua); a family '<name>:*' gives each key '<name>:...' its own ceiling. 'delete' drops
--- every setting of the key (rate limit, pause, breaker, slots, ceiling, fallbacks).
+-- every setting of the key (rate limit, pause, breaker, slots, ceiling, fallbacks, weight).
+-- A fair share of the key ('weight' sets "<weight> <source>", 1..1000; 'unweight' deletes it): how many messages of
+-- its tasks' fair lanes a worker takes for one of a key of weight 1 while both have a backlog (fair_pop.lua); a
+-- family '<name>:*' gives each key '<name>:...' that weight.
 -- Declared fallbacks of the key ('fallbacks' sets "<fallback key>,... <source>", in the order they are tried;
 -- 'unfallbacks' deletes them): while the key's breaker is down, a task that names one of them too is claimed
 -- and its call goes there (claim.lua, limit_stamp.lua).
@@ -24,16 +27,17 @@
 -- KEYS[3] nslog      namespace event stream
 -- KEYS[4] limits     rate limits: "<key>" -> "<limit> <window_ms> <source>", "<key>|used", "<key>|paused",
 --                    "<key>|why", "<key>|next", "<key>|breaker", "<key>|bstate", "<key>|bwhy", "<key>|slots",
---                    "<key>|spend", "<key>|snext", "<key>|fallbacks"
+--                    "<key>|spend", "<key>|snext", "<key>|fallbacks", "<key>|weight"
 -- KEYS[5] log        the key's admission log (delete drops it)
 -- KEYS[6] window     the key's circuit breaker window (delete and reset clear it)
 -- ARGV[1] epoch
 -- ARGV[2] actor
 -- ARGV[3] op         'set' | 'delete' | 'pause' | 'resume' | 'breaker' | 'trip' | 'reset' | 'slots' | 'unslots' |
---                    'spend' | 'unspend' | 'fallbacks' | 'unfallbacks'
--- ARGV[4] key        the limit's key (for slots, unslots, spend and unspend also a family: '<name>:*')
--- ARGV[5] limit      units admitted per window (set), the concurrency slots (slots, 1..1000000), or the cost
---                    ceiling in thousandths (spend; '' for none), else ''
+--                    'spend' | 'unspend' | 'fallbacks' | 'unfallbacks' | 'weight' | 'unweight'
+-- ARGV[4] key        the limit's key (for slots, unslots, spend, unspend, weight and unweight also a family:
+--                    '<name>:*')
+-- ARGV[5] limit      units admitted per window (set), the concurrency slots (slots, 1..1000000), the cost
+--                    ceiling in thousandths (spend; '' for none), or the fair share (weight, 1..1000), else ''
 -- ARGV[6] window_ms  the sliding window (set, spend; at most 30 days), else ''
 -- ARGV[7] for_ms     how long a pause or a trip holds, from now on Redis's clock (at most 30 days), else ''
 -- ARGV[8] source     'operator' | 'app' | 'worker': who sets it
@@ -48,7 +52,7 @@
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events (nslog): limit_set | limit_deleted | limit_paused | limit_resumed | breaker_set | breaker_opened |
 --                 breaker_closed | slots_set | slots_deleted | spend_set | spend_deleted | fallbacks_set |
---                 fallbacks_deleted
+--                 fallbacks_deleted | weight_set | weight_deleted
 -- Idempotent: yes (a second run finds the limit already so; a pause keeps the later end)
 --@include common
 
@@ -57,7 +61,7 @@ local MAX_WINDOW_MS = 2592000000
 local A, bad = args(ARGV, {
   'epoch', 'epoch', false, false,
   'actor', 'id', 200, false,
-  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|spend|unspend|fallbacks|unfallbacks|', false,
+  'op', 'enum', '|set|delete|pause|resume|breaker|trip|reset|slots|unslots|spend|unspend|fallbacks|unfallbacks|weight|unweight|', false,
   'key', 'text', 130, false,
   'limit', 'int?', 1, 999999999,
   'window_ms', 'int?', 1, MAX_WINDOW_MS,
@@ -70,12 +74,13 @@ local A, bad = args(ARGV, {
   'fallbacks', 'text', 1040, false,
 })
 if bad then return bad end
-local family = (A.op == 'slots' or A.op == 'unslots' or A.op == 'spend' or A.op == 'unspend') and
+local family = (A.op == 'slots' or A.op == 'unslots' or A.op == 'spend' or A.op == 'unspend' or A.op == 'weight' or
+  A.op == 'unweight') and
   string.match(A.key, '^(.+:)%*$') or nil
 local base = family or A.key
 if #base > 128 or not string.find(base, '^[%w][%w_%.:%-]*$') then
   return {'E_BADARG', "key must be 1-128 of letters, digits, '_', '.', ':', '-', starting with a letter or digit" ..
-    " (for slots and spend also '<name>:*', a family)"}
+    " (for slots, spend and weight also '<name>:*', a family)"}
 end
 if string.sub(K.window, -(#base + 9)) ~= ':breaker:' .. base then
   return {'E_BADARG', 'window is not the window of breaker ' .. base}
@@ -103,6 +108,9 @@ if A.op == 'fallbacks' then
     seen[fb] = true
   end
 end
+if A.op == 'weight' and (not A.limit or A.limit > 1000) then
+  return {'E_BADARG', 'weight needs a limit: the fair share of the key, 1..1000'}
+end
 if A.op == 'slots' and (not A.limit or A.limit > 1000000) then
   return {'E_BADARG', 'slots needs a limit: the running Attempts the key admits, 1..1000000'}
 end
@@ -124,8 +132,8 @@ end
 if string.sub(K.log, -(#base + 7)) ~= ':limit:' .. base then return {'E_BADARG', 'log is not the log of ' .. base} end
 if A.op == 'set' and not (A.limit and A.window_ms) then return {'E_BADARG', 'set needs a limit and a window_ms'} end
 if (A.op == 'pause' or A.op == 'trip') and not A.for_ms then return {'E_BADARG', A.op .. ' needs for_ms'} end
-if A.op ~= 'set' and not spend and (A.op ~= 'slots' and A.limit or A.window_ms) then
-  return {'E_BADARG', 'limit and window_ms are for set and spend only (limit also for slots)'}
+if A.op ~= 'set' and not spend and (A.op ~= 'slots' and A.op ~= 'weight' and A.limit or A.window_ms) then
+  return {'E_BADARG', 'limit and window_ms are for set and spend only (limit also for slots and weight)'}
 end
 if A.op ~= 'pause' and A.op ~= 'trip' and A.for_ms then return {'E_BADARG', 'for_ms is for pause and trip only'} end
 if A.reason == '' then return {'E_BADARG', 'reason: say why (it is recorded)'} end
@@ -134,7 +142,7 @@ if err then return err end
 
 local ts = now_ms()
 local c = redis.call('HMGET', K.limits, A.key, A.key .. '|paused', A.key .. '|breaker', A.key .. '|bstate',
-  A.key .. '|slots', A.key .. '|spend', A.key .. '|fallbacks')
+  A.key .. '|slots', A.key .. '|spend', A.key .. '|fallbacks', A.key .. '|weight')
 local lim, win, source = string.match(c[1] or '', '^(%d+) (%d+) (%S+)$')
 local ev = {'key', A.key, 'actor', A.actor, 'reason', A.reason, 'source', A.source}
 if A.op == 'set' then
@@ -156,6 +164,20 @@ elseif A.op == 'slots' then
   redis.call('HSET', K.limits, A.key .. '|slots', value)
   emit(K.nslog, 'slots_set', {'slots', A.raw.limit, 'on_full', A.on_full, unpack(ev)})
   return {'OK', 'slots', ts}
+elseif A.op == 'weight' then
+  local value = A.raw.limit .. ' ' .. A.source
+  if string.match(c[8] or '', ' (%a+)$') == 'operator' and A.source == 'app' then
+    return {'NOOP', 'an operator set the weight of ' .. A.key .. ' (' .. c[8] .. '): the App does not replace it'}
+  end
+  if c[8] == value then return {'NOOP', A.key .. ' has weight ' .. A.raw.limit .. ' already'} end
+  redis.call('HSET', K.limits, A.key .. '|weight', value)
+  emit(K.nslog, 'weight_set', {'weight', A.raw.limit, unpack(ev)})
+  return {'OK', 'weight', ts}
+elseif A.op == 'unweight' then
+  if not c[8] then return {'NOOP', 'no weight set for ' .. A.key} end
+  redis.call('HDEL', K.limits, A.key .. '|weight')
+  emit(K.nslog, 'weight_deleted', ev)
+  return {'OK', 'unweight', ts}
 elseif A.op == 'unslots' then
   if not c[5] then return {'NOOP', 'no slots set for ' .. A.key} end
   redis.call('HDEL', K.limits, A.key .. '|slots')
@@ -187,10 +209,10 @@ elseif A.op == 'unfallbacks' or A.op == 'unspend' then
   emit(K.nslog, A.op == 'unspend' and 'spend_deleted' or 'fallbacks_deleted', ev)
   return {'OK', A.op, ts}
 elseif A.op == 'delete' then
-  if not (c[1] or c[2] or c[3] or c[5] or c[6] or c[7]) then return {'NOOP', 'no limit ' .. A.key} end
+  if not (c[1] or c[2] or c[3] or c[5] or c[6] or c[7] or c[8]) then return {'NOOP', 'no limit ' .. A.key} end
   redis.call('HDEL', K.limits, A.key, A.key .. '|used', A.key .. '|paused', A.key .. '|why', A.key .. '|next',
     A.key .. '|breaker', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|slots', A.key .. '|spend', A.key .. '|snext',
-    A.key .. '|fallbacks')
+    A.key .. '|fallbacks', A.key .. '|weight')
   redis.call('DEL', K.log, K.window)
   emit(K.nslog, 'limit_deleted', ev)
   return {'OK', 'delete', ts}

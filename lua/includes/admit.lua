@@ -28,6 +28,7 @@ local function enqueue_args()
     'finish_by_ms', 'int?', 0, MAX_RUN_AT_MS,
     'priority', 'int?', 1, 9,
     'limits', 'limits', false, false,
+    'fair_key', 'lkey?', false, false,
   }
 end
 
@@ -136,7 +137,7 @@ end
 
 -- The bytes an enqueue of these arguments may cost (memory_pressure's estimate).
 local function enqueue_bytes(A)
-  return #A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key + #A.limits
+  return #A.payload + #A.manifest + #A.retry_policy + #A.budget + #A.idem_key + #A.limits + #A.fair_key
 end
 
 -- Write the task enqueue_check planned: its hash (holding Attempt 1), its producer key, its queue's
@@ -163,6 +164,7 @@ local function enqueue_write(K, A, plan, ts, actor)
   if A.finish_by_ms then fields[#fields + 1] = 'finish_by'; fields[#fields + 1] = A.raw.finish_by_ms end
   if A.priority and A.priority ~= 5 then fields[#fields + 1] = 'priority'; fields[#fields + 1] = A.raw.priority end
   if A.limits ~= '' then fields[#fields + 1] = 'limits'; fields[#fields + 1] = A.limits end
+  if A.fair_key ~= '' then fields[#fields + 1] = 'fair_key'; fields[#fields + 1] = A.fair_key end
   tset(K.task, fields)
   -- An Attempt's frozen manifest is the task's (kept once, in the task hash; readers fill it in), its
   -- worktree is its id, and Attempt 1's reason is 'first dispatch' and its created_at and due_at the

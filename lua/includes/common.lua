@@ -358,7 +358,8 @@ local function check_arg(v, kind, p1, p2)
     local _, why = parse_limits(v)
     if why then return nil, why end
     return v
-  elseif kind == 'lkey' then  -- a rate limit's key
+  elseif kind == 'lkey' or kind == 'lkey?' then  -- a rate limit's key (lkey?: or '')
+    if v == '' and kind == 'lkey?' then return v end
     if #v > 128 or not string.find(v, '^[%w][%w_%.:%-]*$') then
       return nil, "must be 1-128 of letters, digits, '_', '.', ':', '-', starting with a letter or digit"
     end

@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (each adds its commands to main)
     dashboard,
     demo,
     dlq,
+    fair,
     health,
     limits,
     metrics,

@@ -24,6 +24,7 @@ from typing import Any
 from ..store.backend import Backend
 from .caps import Caps
 from .dependencies import Dependencies
+from .fairness import Fairness
 from .holder import LeaseHolder
 from .limits import Limits
 from .maintenance import Maintenance
@@ -45,7 +46,8 @@ class Client:
     what is due to be sent to the transport; ``reads`` everything that explains what happened; ``results`` waits
     for tasks to end; ``periodic`` publishes, ticks and steers periodic schedules; ``dependencies`` releases the
     tasks whose parents ended; ``limits`` sets, pauses and reads rate limits; ``slots`` the concurrency keys;
-    ``caps`` the queue caps (backpressure); ``spend`` the spend ceilings (denial of wallet).
+    ``caps`` the queue caps (backpressure); ``spend`` the spend ceilings (denial of wallet); ``fairness`` the
+    fair shares across keys and the fair lanes.
     ``backend`` runs the scripts and keeps the namespace epoch and replication
     lineage (``backend.open_namespace()``, ``backend.check_lineage()``).
     """
@@ -67,6 +69,7 @@ class Client:
         self.slots = Slots(backend)
         self.caps = Caps(backend)
         self.spend = Spend(backend)
+        self.fairness = Fairness(backend)
         self.embedded: Any = None  # set by connect() when it started or reused the embedded server
 
     def close(self) -> None:

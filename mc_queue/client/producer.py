@@ -53,6 +53,7 @@ class NewTask:
     after: Sequence[str] | None = None
     after_mode: str = "succeeded"
     limits: Mapping[str, int] | None = None
+    fair_key: str | None = None
 
 
 MAX_AFTER = 100  # tasks one task may wait for (lua/enqueue_after.lua MAX_PARENTS)
@@ -111,6 +112,12 @@ class Producer(Role):
         set is not limited), and is not made while a key's circuit breaker is open. An Attempt over a
         limit or behind an open breaker is not claimed: it stays pending, holds no lease, and is offered
         again when the units return or the breaker half-opens.
+
+        ``fair_key`` ("tenant:acme"): the task's share of the workers is its key's, not its place in line. Its
+        Attempts' messages wait in that key's fair lane of their RQ queue, and a worker takes from the lanes
+        in turn, each key in proportion to its weight (``client.limits.set_weight``, 1 by default): a tenant
+        with 10,000 queued tasks delays another's next task by at most one of its own per turn. Tasks
+        without one are served in arrival order beside the lanes (each lane's turn is a place in that line).
         """
         n = NewTask(queue, handler, payload, idempotency_key, **options)
         tk, argv = self._item(n)
@@ -203,6 +210,11 @@ class Producer(Role):
         delay_ms, run_at_ms = _due_args(n.delay_s, n.run_at)
         if n.priority is not None:
             check_int(n.priority, what="priority", low=1, high=9)
+        if n.fair_key is not None:
+            try:
+                check_limit_name(n.fair_key)
+            except ValueError as exc:
+                raise InvalidArgument(f"fair_key: {exc}") from None
         text, payload_digest = encode_payload(n.payload)
         policy = n.retry_policy or RetryPolicy()
         try:
@@ -226,7 +238,8 @@ class Producer(Role):
             "lease_ms": lease, "delay_ms": delay_ms, "run_at_ms": run_at_ms,
             "start_by_ms": self._deadline(n.start_by, "start_by"),
             "finish_by_ms": self._deadline(n.finish_by, "finish_by"),
-            "priority": "" if n.priority is None else n.priority, "limits": limits_text(n.limits)}
+            "priority": "" if n.priority is None else n.priority, "limits": limits_text(n.limits),
+            "fair_key": n.fair_key or ""}
 
     def _after(self, after: Sequence[str] | None, mode: str, task_id: str) -> list[str]:
         """The task ids a task waits for, checked (InvalidArgument: nothing is sent)."""

@@ -44,7 +44,9 @@ Key schema (``P`` = ``{prefix}``)::
                                   concurrency: "<key>|slots" ("<slots> <on full> <source>", a key or a family
                                   '<name>:*'), "<key>|wfence" (the key's writer fence, one more per slot taken);
                                   spend ceilings: "<key>|spend" ("<cost thousandths> <tokens> <window_ms> <on over>
-                                  <source>", a key or a family), "<key>|snext" (the next recheck of a deferred claim)
+                                  <source>", a key or a family), "<key>|snext" (the next recheck of a deferred claim);
+                                  fair shares: "<key>|weight" ("<weight> <source>", a key or a family: its
+                                  fair lanes' weight, lua/fair_pop.lua)
     P:caps                 hash   queue -> "<max depth> <source>" (lua/queue_cap.lua): the enqueue scripts refuse a
                                   task beyond it (E_FULL), the lowest priorities first (admit.lua queue_room)
     P:slotheld             zset   concurrency slots held, score 0, by text: "<key>\n<claimed at, 15 digits>\n<attempt
@@ -70,6 +72,13 @@ Key schema (``P`` = ``{prefix}``)::
     P:q:<queue>:pending    zset   task id -> time its pending Attempt became claimable (ms); the sweeper walks it
                                   to send what was never dispatched or not claimed in time (its Attempt's
                                   dispatched_at)
+    P:q:<queue>:lanes@p<n> hash   fair lanes of the queue's RQ queue of priority n (lua/fair_push.lua, fair_pop.lua):
+                                  the Attempts' messages of tasks with a fairness key, a FIFO per key: "<key>|h"
+                                  (next to serve), "<key>|t" (last queued), "<key>|<seq>" -> RQ job id, "j:<job
+                                  id>" -> "<key>|<seq>"; "<key>|p": an idle key's pass; "vt": the last pass served.
+                                  The RQ queue holds one ticket ('mcq-fair') per message in it
+    P:q:<queue>:turns@p<n> zset   the keys with messages in those lanes -> their pass (served lowest first; a
+                                  pass grows by 1,000,000 / the key's weight per message served)
     P:q:<queue>:deadlines  zset   task with a start_by or finish_by -> the next deadline to check (ms): the
                                   sweeper cancels what missed one (its step only; an entry of a task that
                                   ended or is gone is dropped when seen)
@@ -261,6 +270,14 @@ class Keys:
 
     def held(self, queue: str) -> str:
         return f"{self.tag}:q:{queue}:held"
+
+    def fair_lanes(self, queue: str, priority: int) -> str:
+        """The fair lanes of one RQ queue (a queue's priority): one FIFO per fairness key."""
+        return f"{self.tag}:q:{queue}:lanes@p{priority}"
+
+    def fair_turns(self, queue: str, priority: int) -> str:
+        """The fairness keys with messages in those lanes -> their pass (the lowest is served next)."""
+        return f"{self.tag}:q:{queue}:turns@p{priority}"
 
     def deadlines(self, queue: str) -> str:
         """The queue's tasks that carry a deadline: task id -> the next one to check (ms, Redis clock)."""

@@ -309,6 +309,7 @@ class Task(_Record):
     result: Any = None
     cancel_requested: str | None = None
     priority: int = 5  # 1 (most urgent) .. 9: the RQ queue its Attempts are sent to (5: not stored)
+    fair_key: str | None = None  # its fairness key: its Attempts' messages wait in that key's fair lane
     start_by: datetime | None = None  # deadlines (Redis clock): started by, ended by; else the sweeper cancels it
     finish_by: datetime | None = None
     after: list[str] = Field(default_factory=list)  # the tasks it waits for (enqueue with after=[...]) ...
@@ -356,6 +357,7 @@ class Task(_Record):
             next((a.result for a in reversed(attempts) if a.state == AttemptState.SUCCEEDED), None),
             cancel_requested=f.get("cancel_requested") or None,
             priority=int(f["priority"]) if f.get("priority") else 5,
+            fair_key=f.get("fair_key") or None,
             start_by=ms_to_dt(int(f["start_by"])) if f.get("start_by") else None,
             finish_by=ms_to_dt(int(f["finish_by"])) if f.get("finish_by") else None,
             after=(f.get("after") or "").split(),

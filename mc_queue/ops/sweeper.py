@@ -15,7 +15,8 @@ Each pass:
    drained the way it was sent;
 4. tidies RQ: the job of a reconciled Attempt is removed from RQ's registries (the Attempt is
    settled, its message is moot), and, every ``tidy_every_s``, registry entries naming jobs RQ no
-   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those);
+   longer holds are removed (``rq requeue --all`` and rq-dashboard fail on those), each message in a
+   fair lane has its ticket, and idle keys' passes that say nothing are dropped (``transport.tidy_lanes``);
 5. keeps Redis bounded: packs the history of tasks that finished ``pack_after_ms`` ago into one
    compressed document each (``lua/pack.lua``); deletes the ended tasks each queue's retention policy
    lets go (``Reads.retention``: age and/or count, finished and held tasks apart), in batches, each
@@ -51,7 +52,7 @@ from ..contracts.keys import parse_attempt_id, parse_task_id
 from ..contracts.models import AttemptState
 from ..policy.reconcile import Reconciler
 from ..producer.dispatch import DEFAULT_CLAIM_GRACE_MS, DEFAULT_RECHECK_MS, dispatch
-from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue, rq_queues_of
+from ..producer.transport import clear_job, forget_orphans, job_id, rq_connection, rq_queue, rq_queues_of, tidy_lanes
 from .archive import ArchiveError, ArchiveSink, archive_and_retire
 from .timing import age_priorities, enforce_deadlines
 
@@ -105,9 +106,7 @@ class Sweeper:
         self.priority_aging_ms = priority_aging_ms  # a message waits this long per priority level, then moves up
         self.actor = actor or f"sweeper@{client.actor}"
         self.reconciler = Reconciler(client, dict(app.operations) if app is not None else {}, actor=self.actor)
-        self.batch = batch
-        self.recheck_ms = recheck_ms
-        self.claim_grace_ms = claim_grace_ms
+        self.batch, self.recheck_ms, self.claim_grace_ms = batch, recheck_ms, claim_grace_ms
         self.tidy_every_s = tidy_every_s
         self._rq: redis.Redis | None = None
         self._walk: dict[str, int] = {}  # queue -> rank in its pending index where the dispatch walk goes on
@@ -115,8 +114,7 @@ class Sweeper:
         self.next_due_s: float | None = None  # from the last promote: seconds to the next due time it saw
         self._tidied_at = float("-inf")
         self.archive = archive
-        self.pack_after_ms = pack_after_ms
-        self.retention_budget_s = retention_budget_s
+        self.pack_after_ms, self.retention_budget_s = pack_after_ms, retention_budget_s
         self.retention_batch = retention_batch
         self.archive_error: str | None = None  # set while the archive fails (retention stopped)
 
@@ -383,6 +381,7 @@ class Sweeper:
         for queue in self.client.reads.queues():
             for rq_q in rq_queues_of(self.rq, self.client.keys.prefix, queue):  # (each priority's)
                 report.tidied.extend(forget_orphans(self.rq, rq_q, limit=self.batch))
+            tidy_lanes(self.client, self.rq, queue)  # (tickets for what waits in its fair lanes)
 
     def keep_bounded(self) -> SweepReport:
         """Step 5 alone (pack, retire, forget expired producer keys): for a process that runs it apart

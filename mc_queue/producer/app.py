@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from ..client import DEFAULT_LEASE_MS
+from ..client.fairness import MAX_WEIGHT
 from ..client.limits import BreakerSetting
 from ..client.producer import limits_text
 from ..client.slots import MAX_SLOTS, ON_FULL, check_slot_key
@@ -122,6 +123,8 @@ class App:
     caps: dict[str, int] = field(default_factory=dict)
     # key (or family 'tenant:*') -> (cost, tokens, per seconds, on_over): a spend ceiling; published the same way
     spend_ceilings: dict[str, tuple[float | None, int | None, float, str]] = field(default_factory=dict)
+    # fairness key (or family 'tenant:*') -> its weight in the fair lanes; published the same way
+    fair_shares: dict[str, int] = field(default_factory=dict)
     # dependency key -> its declared fallbacks, in the order they are tried (published like the breakers)
     fallbacks: dict[str, tuple[Fallback, ...]] = field(default_factory=dict)
     # dependency key -> its health probe, run by each worker process (mc_queue.worker.probes)
@@ -147,6 +150,8 @@ class App:
         for key, (cost, tokens, per_s, on_over) in self.spend_ceilings.items():
             client.spend.set(key, cost=cost, tokens=tokens, per_s=per_s, on_over=on_over, source="app",
                              reason=f"declared by app {self.name}")
+        for key, weight in self.fair_shares.items():
+            client.fairness.set_weight(key, weight, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -236,6 +241,15 @@ class App:
         Published like :meth:`limit`; an operator's ``mcq spend set`` wins."""
         check_ceiling(key, cost, tokens, per_s, on_over)  # InvalidArgument now, not at publication
         self.spend_ceilings[key] = (cost, tokens, per_s, on_over)
+
+    def fair_share(self, key: str, weight: int) -> None:
+        """Declare the weight of fairness key ``key`` (or of each key of a family 'tenant:*'): while it and
+        others have messages queued, its tasks get ``weight`` turns for one of a key of weight 1 (tasks name
+        their key: ``enqueue(..., fair_key="tenant:acme")``; :mod:`mc_queue.client.fairness`). Published like
+        :meth:`limit`; an operator's ``mcq fair set`` wins."""
+        check_slot_key(key)
+        check_int(weight, what="weight", low=1, high=MAX_WEIGHT)
+        self.fair_shares[key] = weight
 
     def fallback(self, primary: str, key: str, *, quality: str, cost: str | None = None, latency: str | None = None,
                  autonomy: str | None = None, params: Mapping[str, Any] | None = None) -> Fallback:

@@ -10,13 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
+from rq.serializers import JSONSerializer
 
 from ..client import DEFAULT_LEASE_MS, Client
 from ..client.producer import NewTask
 from ..contracts.config import Budget, RetryPolicy
 from ..contracts.errors import InvalidArgument
 from ..contracts.models import Attempt, AttemptState, Task, TaskState
-from .transport import ENTRY, clear_job, job_description, job_id, rq_connection, rq_queue, waiting
+from .transport import ENTRY, LaneQueue, clear_job, in_lane, job_description, job_id, rq_connection, rq_queue, waiting
 
 DEFAULT_RECHECK_MS = 60_000
 DEFAULT_CLAIM_GRACE_MS = 10_000
@@ -121,9 +122,13 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
     manifest = attempt.manifest or task.manifest
     timeout = manifest.timeout_s if manifest else None
     queue = rq_queue(rq, client.keys.prefix, task.queue, task.priority)  # (its priority's RQ queue)
+    if task.fair_key:  # its message waits in its key's fair lane, a ticket in the RQ queue
+        queue = LaneQueue(queue.name, client=client, queue=task.queue, priority=task.priority, lane=task.fair_key,
+                          connection=rq, serializer=JSONSerializer)
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
-        if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms):
+        laned = bool(task.fair_key) and in_lane(client, task.queue, task.priority, jid)
+        if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms, laned=laned):
             client.schedule.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
             return False
         clear_job(rq, queue, jid)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from typing import Any, cast
 
 import redis
 from rq import Queue
@@ -27,12 +28,14 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
 from ..client import Client
+from ..contracts.errors import OutcomeUnknown
 from ..contracts.keys import Keys, parse_attempt_id
 from ..contracts.models import TERMINAL_ATTEMPT_STATES
 from ..store.backend import quiet_connection_kwargs
 from ..store.urls import make_redis
 
 ENTRY = "mc_queue.worker.run_attempt"
+TICKET = "mcq-fair"  # in an RQ queue's list, a message waiting in one of its fair lanes (no job has this id)
 PRIORITIES = range(1, 10)  # 1 is the most urgent; a worker empties a more urgent RQ queue before the next
 DEFAULT_PRIORITY = 5  # a task without a priority (its RQ queue is the queue's plain one)
 
@@ -118,7 +121,77 @@ def rq_queues_of(rq: redis.Redis, prefix: str, queue: str) -> list[Queue]:
     return [rq_queue(rq, prefix, queue, p) for p in PRIORITIES]
 
 
-def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int) -> bool:
+class LaneQueue(Queue):
+    """An RQ queue whose messages of one fairness key wait in that key's fair lane (``lua/fair_push.lua``,
+    in the same MULTI as RQ's job record), the RQ queue itself holding a ticket (:data:`TICKET`) in their
+    place: a worker blocked on the RQ queue wakes as for any message, and the ticket takes the lane
+    ``lua/fair_pop.lua`` chooses (:func:`take_from_lane`)."""
+
+    def __init__(self, name: str, *, client: Client, queue: str, priority: int, lane: str, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.lane_keys = lane_keys(client, queue, priority)
+        self.lane = lane
+        self.mcq_client = client
+
+    def push_job_id(self, job_id: str, pipeline: Any = None, at_front: bool = False) -> None:
+        conn = pipeline if pipeline is not None else self.connection.pipeline(transaction=True)
+        (conn.lpush if at_front else conn.rpush)(self.key, TICKET)
+        self.mcq_client.backend.pipelined(conn, "fair_push", self.lane_keys, {"lane": self.lane, "job_id": job_id})
+        if pipeline is None:
+            conn.execute()
+
+
+def lane_keys(client: Client, queue: str, priority: int) -> dict[str, str]:
+    return {"lanes": client.keys.fair_lanes(queue, priority), "turns": client.keys.fair_turns(queue, priority)}
+
+
+def in_lane(client: Client, queue: str, priority: int, jid: str) -> bool:
+    """True when this job id waits in a fair lane of its queue's RQ queue of that priority."""
+    return bool(client.redis.hexists(client.keys.fair_lanes(queue, priority), f"j:{jid}"))
+
+
+def take_from_lane(client: Client, rq_key: str) -> str | None:
+    """A worker popped a ticket from the RQ queue ``rq_key`` (``rq:queue:<name>``): the job id of the
+    message ``lua/fair_pop.lua`` chooses from its lanes, or None (a ticket one too many, or one of
+    another namespace: skipped). A link broken during the pop loses at most the message it took, which
+    the sweeper sends again (its Attempt not claimed in time)."""
+    parts = split_rq_name(rq_key.removeprefix(Queue.redis_queue_namespace_prefix))
+    if parts is None or parts[0] != client.keys.prefix:
+        return None
+    try:
+        reply = client.backend.run("fair_pop", {**lane_keys(client, parts[1], parts[2]), "limits": client.keys.limits},
+                                   {"limit": 100})
+    except (OutcomeUnknown, redis.ConnectionError, redis.TimeoutError):
+        return None
+    return str(reply[1]) if reply[0] == "OK" else None
+
+
+def tidy_lanes(client: Client, rq: redis.Redis, queue: str) -> int:
+    """The sweeper's care of a queue's fair lanes: give each message waiting in them a ticket in its RQ queue
+    (a failover that kept a lane's entry and lost its ticket would strand it: workers only look in a lane
+    for a ticket; a ticket too many only wakes a worker for nothing), and drop the passes idle keys left
+    (``client.fairness.trim``). Returns the tickets pushed."""
+    client.fairness.trim(queue)
+    pushed = 0
+    for p in PRIORITIES:
+        keys = lane_keys(client, queue, p)
+        names = [str(k) for k in client.redis.zrange(keys["turns"], 0, -1)]
+        if not names:
+            continue
+        pipe = client.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hmget(keys["lanes"], [f"{name}|h", f"{name}|t"])
+        queued = sum(max(0, int(t) - int(h) + 1) for h, t in pipe.execute() if h and t)
+        rq_key = rq_queue(rq, client.keys.prefix, queue, p).key
+        tickets = cast(list[int] | None, rq.lpos(rq_key, TICKET, count=0))
+        missing = queued - len(tickets or [])
+        if missing > 0:
+            rq.rpush(rq_key, *([TICKET] * missing))
+            pushed += missing
+    return pushed
+
+
+def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int, laned: bool = False) -> bool:
     """True when RQ holds this job waiting in its queue's list, or started by a worker less than
     ``claim_grace_ms`` ago whose execution is still live (RQ's started registry): sending it again
     would make a second entry for one Attempt. The caller asks only for an Attempt still pending,
@@ -127,13 +200,14 @@ def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int) -> 
     worker frozen or killed there), whatever RQ's registry says: its entry stays live for the job
     timeout + 60 s. Anything else (no job, a lost list entry, failed, finished) means the message
     must be sent again. RQ's start time is the worker's clock: a skewed one sends early (a duplicate
-    message, refused by the claim) or late (by the skew), never loses the Attempt."""
+    message, refused by the claim) or late (by the skew), never loses the Attempt. ``laned``: its message
+    waits in a fair lane (:func:`in_lane`), the RQ queue's list holding a ticket for it."""
     pipe = rq.pipeline(transaction=False)
     pipe.hmget(Job.key_for(jid), ["status", "started_at"])
     pipe.lpos(queue.key, jid)
     (status, started_at), position = pipe.execute()
     if status == b"queued":
-        return position is not None
+        return position is not None or laned
     if status == b"started":
         now = time.time()
         try:

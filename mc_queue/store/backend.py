@@ -196,6 +196,13 @@ class Backend:
             self._follow_primary()
             raise
 
+    def pipelined(self, pipe: Any, name: str, keys: Mapping[str, str], argv: Mapping[str, Any]) -> None:
+        """Add one call of a script to ``pipe`` (any redis-py pipeline on this server, a MULTI of RQ's
+        included; the script is loaded before the pipeline runs): its reply is the pipeline's, and no
+        resend is made here (the pipeline's owner decides). For transport bookkeeping, not transitions."""
+        assert name not in ACKNOWLEDGED, f"{name} is an acknowledged write: run it with run()"
+        self.runner.call(name, keys, argv, client=pipe)
+
     def run_batch(self, calls: Sequence[BatchCall]) -> list[Any]:
         """Idempotent scripts of any names in one round trip (:meth:`ScriptRunner.run_batch`), judged
         like :meth:`run`: the lineage first when one of them is an acknowledged write."""

@@ -59,10 +59,12 @@ ACKNOWLEDGED = frozenset({
 # lost leaves the parent in the released index its (acknowledged) end wrote: the next sweep releases again.
 # A concurrency slot's wake lost (slot_wake, slot_audit) is found again by the next sweep's audit: a key with a
 # free slot and Attempts waiting for it. A spend ledger's trim lost leaves buckets no window reads: the next
-# sweep drops them.
+# sweep drops them. The fair lanes are transport: a message queued in a lane and lost is not waiting, so the
+# sweeper sends it again (its Attempt not claimed in time); one taken and the taking lost is taken twice (the
+# claim refuses the second); an idle key's pass trimmed and lost is trimmed again.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
                        "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release",
-                       "slot_wake", "slot_audit", "spend_trim"})
+                       "slot_wake", "slot_audit", "spend_trim", "fair_push", "fair_pop", "fair_trim"})
 
 
 def lua_dir() -> Path:

@@ -44,6 +44,7 @@ from rq.worker import WorkerStatus
 
 from ..client.holder import Claim, Completion
 from ..contracts.errors import InvalidArgument, McqError, ReplicationUnconfirmed, TransitionRefused
+from ..producer.transport import TICKET, take_from_lane
 from .attempt import (
     Admission,
     Refusal,
@@ -108,6 +109,11 @@ class McqBatchWorker(McqSimpleWorker):
             else:
                 pipe.lpop(queue.key)
         ids = [i.decode() if isinstance(i, bytes) else str(i) for i in pipe.execute() if i is not None]
+        if TICKET in ids:  # messages waiting in fair lanes: each ticket takes the one fair_pop.lua chooses
+            if len(self.queues) == 1:
+                self.connection.lrem(queue.intermediate_queue_key, ids.count(TICKET), TICKET)
+            client = runtime().client
+            ids = [j for j in (take_from_lane(client, queue.key) if i == TICKET else i for i in ids) if j is not None]
         if not ids:
             return []
         out: list[McqJob] = []

@@ -39,7 +39,7 @@ from ..contracts import failpoints
 from ..contracts.errors import McqError
 from ..contracts.keys import parse_attempt_id
 from ..producer.app import App
-from ..producer.transport import PRIORITIES, rq_connection, rq_queue_name, split_rq_name
+from ..producer.transport import PRIORITIES, TICKET, rq_connection, rq_queue_name, split_rq_name, take_from_lane
 from .attempt import (
     DEFAULT_GRACE_S,
     Admission,
@@ -457,13 +457,25 @@ WORKER_CLASSES: dict[str, type[McqWorker] | type[McqSimpleWorker]] = {"fork": Mc
 class McqQueue(Queue):
     """RQ's Queue, popping from several queues (a worker listens to every priority of its queues) in one
     round trip when it must not block (RQ's burst dequeue: an LPOP per queue): a BLPOP of them all, in
-    their order, that waits a millisecond at most."""
+    their order, that waits a millisecond at most. A ticket popped (``transport.TICKET``: a message waits
+    in a fair lane) is exchanged for the message ``lua/fair_pop.lua`` chooses (one more round trip, only
+    for tasks with a fairness key); a ticket with nothing behind it is skipped."""
 
     @classmethod
     def lpop(cls, queue_keys: Any, timeout: int | None, connection: redis.Redis | None = None) -> Any:
-        if timeout is not None or len(queue_keys) < 2 or connection is None:
-            return super().lpop(queue_keys, timeout, connection=connection)
-        return connection.blpop(list(queue_keys), 0.001)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if timeout is not None or len(queue_keys) < 2 or connection is None:
+                left = None if deadline is None else max(1, round(deadline - time.monotonic()))
+                result = super().lpop(queue_keys, left, connection=connection)  # (DequeueTimeout when none)
+            else:
+                result = connection.blpop(list(queue_keys), 0.001)
+            if result is None or (result[1] != TICKET and result[1] != TICKET.encode()):
+                return result
+            key = result[0].decode() if isinstance(result[0], bytes) else str(result[0])
+            jid = take_from_lane(runtime().client, key)
+            if jid is not None:
+                return key, jid
 
 
 def rq_names(client: Client, queues: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ from mc_queue.client.limits import BreakerSetting
 from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code
 from mc_queue.contracts.periodic import PeriodicSchedule
+from mc_queue.producer.transport import LaneQueue, lane_keys, rq_queue_name, take_from_lane
 from mc_queue.store.scripts import specs
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -165,6 +166,12 @@ def build_world(q: mc_queue.Client) -> World:
     q.leases.complete_attempt(w.aid("repo:w-holder"), w.fences["repo:w-holder"], {"ok": True}, worker_id="w1")
     q.slots.set("repo:v", 2, reason="fuzz world")
     q.caps.set("jobs", 1000, reason="fuzz world: a cap with room")
+    # Fair lanes of jobs' default priority: two keys with messages queued, one of them served and emptied
+    # (its pass kept), weights from a family.
+    q.fairness.set_weight("tenant:*", 2, reason="fuzz world")
+    for lane, jid in (("tenant:a", "mcq-a-1"), ("tenant:b", "mcq-b-1"), ("tenant:b", "mcq-b-2")):
+        q.runner.run("fair_push", lane_keys(q, "jobs", 5), {"lane": lane, "job_id": jid})
+    q.runner.run("fair_pop", {**lane_keys(q, "jobs", 5), "limits": q.keys.limits}, {"limit": 10})
     # A periodic schedule whose last ten minutes of ticks are due (its cursor moved back by hand).
     q.periodic.publish(PeriodicSchedule(name="nightly", handler="h", queue="jobs", every_s=60, catch_up="all"))
     q.redis.hset(q.keys.periodic_state("nightly"), "cursor", q.backend.redis_time_ms() - 600_000)
@@ -224,6 +231,10 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
         "retire": lambda: q.operator.retire_task(w.ids["succeeded"], states=["succeeded", "canceled"], reason=REASON),
         "idem_trim": lambda: q.maintenance.trim_idempotency(limit=10),
         "spend_trim": lambda: q.maintenance.trim_spend(limit=10),
+        "fair_push": lambda: LaneQueue(rq_queue_name(q.keys.prefix, "jobs"), client=q, queue="jobs", priority=5,
+                                       lane="tenant:c", connection=q.redis).push_job_id("mcq-c-1"),
+        "fair_pop": lambda: take_from_lane(q, f"rq:queue:{rq_queue_name(q.keys.prefix, 'jobs')}"),
+        "fair_trim": lambda: q.fairness.trim("jobs"),
         "queue_forget": lambda: q.maintenance.forget_empty_queues(limit=10),
         "periodic_publish": lambda: q.periodic.publish(PeriodicSchedule(name="hourly", handler="h", queue="jobs",
                                                                         every_s=3600)),

@@ -19,6 +19,8 @@ from mc_queue import FailureClass, make_failure, reconcile_attempt, recover
 from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code, McqError, raise_for_reply
 from mc_queue.contracts.periodic import PeriodicSchedule
+from mc_queue.producer.dispatch import dispatch
+from mc_queue.producer.transport import job_id, rq_connection, rq_queue_name, take_from_lane
 from mc_queue.store.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 
 LUA = lua_dir()
@@ -628,6 +630,7 @@ def _expected_key(q: mc_queue.Client, key_name: str, value: str) -> bool:
                 "tombs1": r":tombs:[^:]+:[0-9A-Z]{8}", "tombs2": r":tombs:[^:]+:[0-9A-Z]{9}",
                 "state": r":periodic:[A-Za-z0-9_.-]+", "log": r":limit:[A-Za-z0-9_.:-]+",
                 "window": r":breaker:[A-Za-z0-9_.:-]+",
+                "lanes": r":q:[^:]+:lanes@p[1-9]", "turns": r":q:[^:]+:turns@p[1-9]",
                 # periodic_decide's previous task: its hash, or (no previous task) the state hash, not read
                 "prev": r"(:t:[^:]+:[0-9A-Z]{26}|:periodic:[A-Za-z0-9_.-]+)"}
     assert key_name in patterns, f"a header declares the key {key_name!r}: teach this test where it lives"
@@ -719,6 +722,17 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     with pytest.raises(mc_queue.QueueFull):
         q.producer.enqueue("capped", "h", {"n": "over"})
     q.caps.delete("capped", reason="header test lifts a cap")
+    q.fairness.set_weight("tenant:*", 3, reason="header test weighs a family")
+    fair = q.producer.enqueue("jobs", "h", {"n": "fair"}, fair_key="tenant:a")
+    rq = rq_connection(q)
+    try:
+        assert dispatch(q, rq, fair, fair.attempts[0])
+        assert take_from_lane(q, f"rq:queue:{rq_queue_name(q.keys.prefix, 'jobs')}") == job_id(q.keys.prefix,
+                                                                                               f"{fair.id}/1")
+    finally:
+        rq.close()
+    q.fairness.trim("jobs")
+    q.fairness.delete_weight("tenant:*", reason="header test lifts a family's weight")
     q.operator.resume_queue("jobs", reason="header test resumes")
     q.periodic.publish(PeriodicSchedule(name="every-minute", handler="h", queue="jobs", every_s=60, catch_up="all",
                                         overlap="queue"))

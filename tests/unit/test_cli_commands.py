@@ -12,7 +12,7 @@ import mc_queue.cli
 from mc_queue.cli import main
 
 EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split; `wait`, `schedule`)
-    "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire",
+    "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire", "fair",
             "health", "limits", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
             "show", "slots", "spend", "status", "sweeper", "tasks", "wait", "worker", "workers"],
@@ -20,6 +20,7 @@ EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the 
     "mcq breakers": ["close", "open"],
     "mcq caps": ["delete", "set"],
     "mcq dlq": ["list", "purge", "replay", "show"],
+    "mcq fair": ["delete", "set"],
     "mcq health": ["worker"],
     "mcq limits": ["delete", "pause", "resume", "set"],
     "mcq providers": ["serve", "start", "stop"],
