@@ -202,8 +202,9 @@ class Limits(Role):
         """Every rate limit set or paused (or the ``keys`` given), by key: two round trips, and the
         entries of each log's window are read to count the units in it."""
         fields = cast(dict[str, str], self.redis.hgetall(self.keys.limits))
-        # (units taken; a concurrency key's: mc_queue.client.slots; a spend ceiling's: mc_queue.client.spend)
-        own = ("|next", "|used", "|slots", "|wfence", "|spend", "|snext", "|fallbacks")
+        # (units taken; a concurrency key's: mc_queue.client.slots; a spend ceiling's: mc_queue.client.spend; a
+        # fair share's: mc_queue.client.fairness)
+        own = ("|next", "|used", "|slots", "|wfence", "|spend", "|snext", "|fallbacks", "|weight")
         names = sorted({k.partition("|")[0] for k in fields if not k.endswith(own)}) \
             if keys is None else list(keys)
         pipe = self.redis.pipeline(transaction=False)

@@ -106,6 +106,9 @@ mcq_spend_used                             key, kind: spent in the window ending
 mcq_spend_reserved                         key, kind: reserved by its running Attempts (their budgets' rest)
 mcq_spend_deferred_total                   key: claims it deferred (over the ceiling, on_over wait)
 mcq_spend_rejected_total                   key: claims it rejected (their tasks canceled, on_over reject)
+mcq_fair_weight                            key: a fairness key's weight in the fair lanes (its own, its
+                                           family's, or 1), for each key with a weight set or messages queued
+mcq_fair_queued                            key, queue, priority: its messages waiting in that RQ queue's lane
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -210,6 +213,7 @@ class NamespaceCollector(Collector):
         yield from self._slots(cast(dict[str, str], raw_stats))
         yield from self._caps()
         yield from self._spend()
+        yield from self._fair()
 
     def _limits(self) -> Iterator[Metric]:
         """Each rate limit: its setting, the units in its window now, its pause, the claims it deferred."""
@@ -307,6 +311,18 @@ class NamespaceCollector(Collector):
             deferred.add_metric([s.key], s.deferred)
             rejected.add_metric([s.key], s.rejected)
         yield from (ceiling, window, used, reserved, deferred, rejected)
+
+    def _fair(self) -> Iterator[Metric]:
+        """Each fairness key: its weight, and its messages waiting in each queue's fair lanes."""
+        weight = GaugeMetricFamily("mcq_fair_weight", "A fairness key's weight in the fair lanes", labels=["key"])
+        queued = GaugeMetricFamily("mcq_fair_queued", "Messages waiting in a key's fair lane",
+                                   labels=["key", "queue", "priority"])
+        for s in self.client.fairness.all():
+            weight.add_metric([s.key], s.weight)
+            for where, n in s.queued.items():
+                queue, _, p = where.rpartition("@p")
+                queued.add_metric([s.key, queue, p], n)
+        yield from (weight, queued)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

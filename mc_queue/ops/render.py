@@ -267,6 +267,8 @@ def print_task(task: Task, console: Console | None = None, effects: dict[str, Ef
     if task.idempotency_key:
         key = task.idempotency_key
         _field(console, "idempotency key", key + periodic_origin(key))
+    if task.fair_key:
+        _field(console, "fair key", f"{task.fair_key} (its messages wait in the key's fair lane)")
     if task.start_by or task.finish_by:
         _field(console, "deadlines", ", ".join(
             f"{what} {iso(when)}" for what, when in (("start by", task.start_by), ("finish by", task.finish_by))

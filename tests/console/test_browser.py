@@ -93,6 +93,7 @@ def test_every_page_at_desktop_and_phone_width(browser: Any, console: Running, s
     q.limits.set_breaker("model:openai-large-context", reason="the browser renders it")
     q.limits.set_fallbacks("model:openai-large-context", ["model:local-small", "model:other-provider"],
                            reason="the browser renders them")
+    q.fairness.set_weight("tenant:acme-enterprise", 12, reason="the browser renders it")
     try:
         _every_page(browser, console, story)
         context = browser.new_context(viewport={"width": 390, "height": 844})  # what a phone shows of them
@@ -103,7 +104,9 @@ def test_every_page_at_desktop_and_phone_width(browser: Any, console: Running, s
         context.close()
         assert "fallbacks: model:local-small, model:other-provider" in text, text
         assert "cost 125.5, tokens 25,000,000 per 1h 00m" in text, text
+        assert "tenant:acme-enterprise" in text and "12 operator" in text, text
     finally:
+        q.fairness.delete_weight("tenant:acme-enterprise", reason="the browser rendered it")
         q.spend.delete("tenant:*", reason="the browser rendered it")
         q.limits.delete("model:openai-large-context", reason="the browser rendered it")
 

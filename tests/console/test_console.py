@@ -121,6 +121,18 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert cells["Ceiling"] == "cost 1 per 1h 00m operator, wait when over", cells
     assert (cells["Spent"], cells["Reserved"], cells["Claims"]) == ("0.75", "0 0 running", "1 deferred, 0 rejected")
     assert "1 key(s)</span>" in page
+    # a fairness key (as `mcq fair`): its weight and where it comes from, its messages in each fair lane
+    assert "No task names a fairness key" in c.get("/limits").text
+    q.fairness.set_weight("tenant:*", 3, reason="the console lists it")
+    q.runner.run("fair_push", {"lanes": q.keys.fair_lanes("agents", 2), "turns": q.keys.fair_turns("agents", 2)},
+                 {"lane": "tenant:console", "job_id": "mcq-console-1"})
+    page = c.get("/limits").text
+    rows = page.split('<table class="fair">')[1].split("</table>")[0]
+    row = rows.split("<b>tenant:console</b>")[1].split("</tr>")[0]
+    cells = {k: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", v)).strip()
+             for k, v in re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row, re.S)}
+    assert cells == {"Weight": "3 operator", "Queued": "1 in agents@p2"}, cells
+    assert "2 key(s), 1 with messages queued</span>" in page
     assert c.get("/healthz").text == "ok"
 
 

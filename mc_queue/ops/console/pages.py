@@ -435,7 +435,7 @@ def limits(client: Client) -> dict[str, Any]:
             "fallbacks": list(st.fallbacks)})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
             "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client),
-            **queue_caps(client), **spend_ceilings(client)}
+            **queue_caps(client), **spend_ceilings(client), **fair_shares(client)}
 
 
 def concurrency_keys(client: Client) -> dict[str, Any]:
@@ -485,3 +485,13 @@ def spend_ceilings(client: Client) -> dict[str, Any]:
                                 "over": s + h >= c} for k, c, s, h in kinds],
                      "over": any(s + h >= c for _, c, s, h in kinds)})
     return {"spend": rows, "spend_over": sum(1 for r in rows if r["over"])}
+
+
+def fair_shares(client: Client) -> dict[str, Any]:
+    """Each fairness key now (``mcq fair``'s columns): its weight and where it comes from, and its messages
+    waiting in each queue's fair lanes."""
+    rows = [{"key": st.key, "weight": st.weight, "family": family_of(st.key) if st.family else None,
+             "each": st.key.endswith(":*"), "source": st.source or "default",
+             "queued": sorted(st.queued.items()), "backlog": sum(st.queued.values())}
+            for st in client.fairness.all()]
+    return {"fair": rows, "fair_backlogged": sum(1 for r in rows if r["backlog"])}
