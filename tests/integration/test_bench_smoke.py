@@ -34,6 +34,9 @@ SMOKE: dict[str, tuple[list[str], str, tuple[int, ...]]] = {
                           "exactly one task per tick: PASS", (0,)),
     "bench_priority.py": (["--tasks", "60", "--workers", "2", "--work-ms", "2", "--aging-ms", "200"],
                           "priorities: PASS", (0,)),
+    # (fairness is a verdict a short drain can be held to: the share within 5 of 100 claims in any window)
+    "bench_fair.py": (["--big", "300", "--small", "10", "--small-each", "20", "--weighted", "150", "--workers", "2"],
+                      "fairness: PASS", (0,)),
     # a verdict (exit 1) on overshoot at the provider is the long run's to give, not a few seconds'
     "bench_limits.py": (["--tasks", "40", "--limit", "10", "--window-s", "1", "--pool", "2"], '"overshoot_at_claims"',
                         (0, 1)),

@@ -9,6 +9,7 @@ written.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -18,7 +19,7 @@ import mc_queue
 from mc_queue import TaskState
 from mc_queue.producer.dispatch import dispatch
 from mc_queue.producer.transport import TICKET, job_id, rq_queue_name, tidy_lanes
-from tests.harness import BASIC, Harness, harness_fixture
+from tests.harness import BASIC, Harness, harness_fixture, wait_for
 
 QUEUE = "jobs"
 h = harness_fixture(Harness)
@@ -200,6 +201,15 @@ def test_a_message_waiting_in_its_lane_is_not_sent_again_and_one_taken_and_not_c
     assert rq_list(h) == [TICKET]
     h.run_worker("simple", BASIC)
     assert h.task(task.id).state is TaskState.SUCCEEDED
+
+
+def test_a_worker_blocked_on_its_queues_wakes_for_a_ticket_and_takes_its_lane(h: Harness) -> None:
+    worker = h.spawn(h.worker_cmd("simple", BASIC, burst=False))  # blocked in BLPOP once its queues are empty
+    time.sleep(1.0)
+    ids = [h.basic.enqueue("noop", {"n": i}, fair_key=f"tenant:{i % 3}").id for i in range(6)]
+    wait_for(lambda: all(h.task(t).state is TaskState.SUCCEEDED for t in ids), 30, "the blocked worker to run them")
+    assert worker.poll() is None, h.worker_log(worker)
+    assert rq_list(h) == []
 
 
 def test_a_batch_worker_takes_the_fair_lanes_in_turn_too(h: Harness) -> None:

@@ -12,8 +12,8 @@ import mc_queue.cli
 from mc_queue.cli import main
 
 EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the split; `wait`, `schedule`)
-    "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire", "fair",
-            "health", "limits", "metrics",
+    "mcq": ["archive", "attention", "breakers", "cancel", "caps", "dashboard", "demo", "dlq", "enqueue", "expire",
+            "fair", "health", "limits", "metrics",
             "namespace", "providers", "queue", "reconcile", "recover", "retention", "retry", "schedule", "server",
             "show", "slots", "spend", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
