@@ -72,7 +72,7 @@ end
 redis.call('ZREM', K.pending, task_id)
 redis.call('HSET', K.task, 'state', 'canceled', 'active', '')
 redis.call('HDEL', K.attention, task_id)
-move_count(K.counts, queue, state, 'canceled')
+move_count(K.counts, queue, state, 'canceled', K.task)
 index_end(K, task_id, state, 'canceled', ts)
 emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor, 'reason', reason})
 return {'OK', 'canceled'}

@@ -337,7 +337,7 @@ if full and full.on_full == 'reject' then  -- the newest is rejected: the task e
   redis.call('ZREM', K.pending, task_id)
   redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'cancel_requested', why, 'cancel_at', ts_s,
     'cancel_by', A.worker, 'updated_at', ts_s)
-  move_count(K.counts, queue, state, 'canceled')
+  move_count(K.counts, queue, state, 'canceled', K.task)
   index_end(K, task_id, state, 'canceled', ts)
   redis.call('HINCRBY', K.stats, (full.stat or 'slot_rejected|') .. full.name, 1)
   emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.worker, 'reason', why})
@@ -438,7 +438,7 @@ if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
   redis.call('ZREM', K.slotwait, a[11])
   redis.call('HDEL', K.attempts, n .. '.parked')
 end
-move_count(K.counts, queue, state, 'running')
+move_count(K.counts, queue, state, 'running', K.task)
 if #probe > 0 then aset(K.attempts, n, {'probe', table.concat(probe, ',')}) end
 -- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).

@@ -80,7 +80,7 @@ local ts
 err, ts = fence_check(K, A, A.worker, A.result_digest, 'complete', true)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler')
+local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler', 'fair_key')
 local started = tonumber(a[5]) or ts
 local ts_s = fmt(ts)
 aset(K.attempts, n, {'state', 'succeeded', 'ended_at', ts_s, 'elapsed_ms', fmt(ts - started), 'result', A.result,
@@ -94,7 +94,7 @@ redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 slots_free(K, n, t[2] .. '/' .. n, ts, {a[7], a[8]})
 if a[9] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
-move_count(K.counts, t[1], 'running', 'succeeded')
+move_count(K.counts, t[1], 'running', 'succeeded', nil, t[4] or '')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers
 -- fill them in (mc_queue.contracts.models.filled_in).

@@ -90,7 +90,7 @@ end
 tomb_put(K.tombs0, K.tombs1, K.tombs2, t[1], until_ms, tonumber(t[4]) or 0, 'quarantined', fence, t[5] or '', A.request_id,
   cjson.encode({kind = 'purged', actor = A.actor, reason = reason, window_ms = A.tombstone_ms}),
   ts + math.max(A.tombstone_ms, 60000))
-move_count(K.counts, t[2], 'quarantined', '')
+move_count(K.counts, t[2], 'quarantined', '', K.task)
 emit(K.nslog, 'task_purged', {'task', t[1], 'actor', A.actor, 'reason', reason, 'attempts', t[4],
   'idem_key', t[5] or '', 'tombstone_until', A.tombstone_ms > 0 and fmt(until_ms) or ''})
 return {'OK', tonumber(t[4])}

@@ -60,7 +60,7 @@ redis.call('HSET', K.task, 'state', 'pending', 'attempts', m, 'active', m, 'upda
 redis.call('ZADD', K.pending, ts, t[1])
 redis.call('ZREM', K.dlq, t[1])
 redis.call('HDEL', K.attention, t[1])
-move_count(K.counts, t[2], 'quarantined', 'pending')
+move_count(K.counts, t[2], 'quarantined', 'pending', K.task)
 index_end(K, t[1], 'quarantined', 'pending', ts)
 emit(K.events, 'dlq_replayed', {'attempt', m, 'actor', A.actor, 'reason', reason})
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', t[4], 'actor', A.actor, 'reason', reason,

@@ -99,7 +99,7 @@ emit(K.events, 'attempt_reconciled', {'attempt', n, 'actor', A.actor, 'outcome',
 local state
 if A.outcome == 'canceled' then
   redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'updated_at', ts)
-  move_count(K.counts, t[2], t[3], 'canceled')
+  move_count(K.counts, t[2], t[3], 'canceled', K.task)
   index_end(K, t[1], t[3], 'canceled', ts)
   emit(K.events, 'task_canceled', {'attempt', n, 'actor', A.actor,
     'reason', redis.call('HGET', K.task, 'cancel_requested') or ''})
@@ -107,7 +107,7 @@ if A.outcome == 'canceled' then
 elseif A.outcome == 'succeeded' then
   aset(K.attempts, n, {'result', A.result})
   redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts)  -- (the result is the Attempt's)
-  move_count(K.counts, t[2], t[3], 'succeeded')
+  move_count(K.counts, t[2], t[3], 'succeeded', K.task)
   index_end(K, t[1], t[3], 'succeeded', ts)
   state = 'succeeded'
 else

@@ -91,7 +91,7 @@ for i, I in ipairs(A.items) do
       aset(K.task, 1, {'state', 'canceled', 'ended_at', tss, 'settled_by', 'cancel'})
       redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'updated_at', tss, 'after_left', table.concat(waits, ' '))
       redis.call('ZREM', K.pending, I.task_id)
-      move_count(K.counts, queue, 'waiting', 'canceled')
+      move_count(K.counts, queue, 'waiting', 'canceled', K.task)
       index_end(K, I.task_id, 'waiting', 'canceled', ts)
       emit(K.events, 'task_canceled', {'attempt', '1', 'actor', A.actor, 'reason', why, 'parent', A.parent_id,
         'parent_state', pstate})
@@ -110,7 +110,7 @@ for i, I in ipairs(A.items) do
       redis.call('HSET', K.task, 'state', state, 'updated_at', tss)
       redis.call('HDEL', K.task, 'after_left')
       redis.call('ZADD', K.pending, due > ts and fmt(due) or tss, I.task_id)
-      move_count(K.counts, queue, 'waiting', state)
+      move_count(K.counts, queue, 'waiting', state, K.task)
       emit(K.events, 'dependency_met', {'parent', A.parent_id, 'parent_state', pstate, 'left', '0', 'state', state})
       redis.call('HINCRBY', K.stats, 'dependents|' .. queue .. '|released', '1')
       if state == 'pending' then released[#released + 1] = I.task_id else scheduled[#scheduled + 1] = I.task_id end

@@ -128,7 +128,7 @@ if A.tombstone_ms > 0 then
   tomb_put(K.tombs0, K.tombs1, K.tombs2, t[1], until_ms, tonumber(t[4]) or 0, t[3], fence, idem_key or '', '',
     cjson.encode({kind = 'retired', actor = A.actor, reason = reason, window_ms = A.tombstone_ms}), until_ms)
 end
-move_count(K.counts, t[2], t[3], '')
+move_count(K.counts, t[2], t[3], '', K.task)
 if A.log == 'task' then
   emit(K.nslog, 'task_retired', {'task', t[1], 'state', t[3], 'actor', A.actor, 'reason', reason, 'attempts', t[4],
     'idem_key', idem_key or '', 'tombstone_until', A.tombstone_ms > 0 and fmt(until_ms) or ''})

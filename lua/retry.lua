@@ -73,7 +73,7 @@ aset(K.attempts, m, {'state', 'pending', 'created_at', ts, 'due_at', due, 'prev'
 redis.call('HSET', K.task, 'state', new_state, 'attempts', m, 'active', m, 'updated_at', ts)
 redis.call('ZADD', K.pending, due, task_id)
 redis.call('HDEL', K.attention, task_id)
-move_count(K.counts, queue, state, new_state)
+move_count(K.counts, queue, state, new_state, K.task)
 index_end(K, task_id, state, new_state, ts)
 emit(K.events, 'attempt_created', {'attempt', m, 'retry_of', n, 'actor', A.actor, 'reason', reason,
   'hypothesis', A.hypothesis, 'due_at', due})

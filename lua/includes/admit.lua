@@ -99,6 +99,24 @@ local function enqueue_check(K, A, ts, actor)
   return nil, plan
 end
 
+-- Backpressure per fairness key: a key's cap ("@<key>" in the caps hash, else its family's "@<name>:*") bounds the
+-- tasks naming it that have not ended, in every queue ("@<key>|open" in the counts hash: common.lua move_count).
+-- Priorities are shed alike (the lowest first). ``added``: tasks of this key an enqueue_many admitted before
+-- this one. Returns nil (room) or {'E_FULL', why, retry_after_ms} (1 s: a key's own age is not known).
+local function key_room(K, A, added)
+  local fam = string.match(A.fair_key, '^([^:]+):.')
+  local c = redis.call('HMGET', K.caps, '@' .. A.fair_key, fam and ('@' .. fam .. ':*') or '@')
+  local cap = tonumber(string.match(c[1] or c[2] or '', '^(%d+) '))
+  if not cap then return nil end
+  local depth = added + (tonumber(redis.call('HGET', K.counts, '@' .. A.fair_key .. '|open') or '0') or 0)
+  local p = A.priority or 5
+  local room = math.ceil(cap * math.min(1, (10 - p) / 5))
+  if depth < room then return nil end
+  return {'E_FULL', 'key ' .. A.fair_key .. ' holds ' .. depth .. ' tasks not ended, its cap is ' .. cap ..
+    (c[1] and '' or (' (its family ' .. fam .. ':*)')) ..
+    (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or ''), '1000'}
+end
+
 -- Backpressure: a queue's cap ("<queue>" in the caps hash: "<max depth> <source>", queue_cap.lua) bounds
 -- the tasks it holds that have not ended (pending, scheduled, backoff, running, waiting). The lowest
 -- priorities are shed first: priority 1-5 may fill the cap, 6 four fifths of it, 7 three, 8 two, 9 one.
@@ -107,7 +125,9 @@ end
 -- this queue an enqueue_many admitted before this one. Returns nil (room), or {'E_FULL', why, retry_after_ms}:
 -- retry_after is an estimate, the queue's age times the share of it that must drain first (1 s to 60 s).
 -- K: caps, counts, pending.
-local function queue_room(K, A, plan, ts, added)
+local function queue_room(K, A, plan, ts, added, added_key)
+  local full = A.fair_key ~= '' and key_room(K, A, added_key or 0)
+  if full then return full end
   local cap = tonumber(string.match(redis.call('HGET', K.caps, A.queue) or '', '^(%d+) '))
   if not cap then return nil end
   local q = A.queue .. '|'
@@ -179,7 +199,7 @@ local function enqueue_write(K, A, plan, ts, actor)
   if A.start_by_ms or A.finish_by_ms then  -- the sweeper checks it then (the earlier deadline first)
     redis.call('ZADD', K.deadlines, A.start_by_ms and A.raw.start_by_ms or A.raw.finish_by_ms, A.task_id)
   end
-  move_count(K.counts, A.queue, '', state)
+  move_count(K.counts, A.queue, '', state, nil, A.fair_key)
   -- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
   -- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,
   -- which gives them the ids '<created_at>-0' and '-1'; emit starts the list after them), with the

@@ -779,10 +779,24 @@ end
 local EFFECT_OWN_FIELDS = {'state', 'attempt', 'fence', 'worker', 'intent_at', 'key', 'record_json', 'receipt_json',
   'receipt', 'receipt_at', 'receipt_attempt', 'settled_by', 'source', 'note'}
 
-local function move_count(k_counts, queue, from, to)
+-- A task's states that have not ended: its queue's depth (queue caps) and its fairness key's open tasks (key caps).
+local OPEN = {scheduled = true, waiting = true, pending = true, running = true, backoff = true}
+
+-- Move a task between states in its queue's counters ("<queue>|<state>"); a task with a fairness key that starts
+-- or stops being open (OPEN) moves its key's counter too ("@<key>|open", gone at 0: admit.lua key caps). k_task:
+-- the task hash, whose fair_key is read only when the move crosses that line; fair_key: the key itself (an
+-- enqueue, which knows it), '' for none.
+local function move_count(k_counts, queue, from, to, k_task, fair_key)
   if from == to then return end
   if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, '-1') end
   if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, '1') end
+  if (OPEN[from] or false) ~= (OPEN[to] or false) and (k_task or fair_key) then
+    local key = fair_key or redis.call('HGET', k_task, 'fair_key')
+    if key and key ~= '' then
+      local field = '@' .. key .. '|open'
+      if redis.call('HINCRBY', k_counts, field, OPEN[to] and 1 or -1) <= 0 then redis.call('HDEL', k_counts, field) end
+    end
+  end
 end
 
 -- Histogram buckets of the Attempt metrics in ms (mc_queue.ops.metrics.BUCKETS_S reads them back): bucket i

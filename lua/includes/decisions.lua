@@ -79,7 +79,7 @@ local function apply_decision(K, task_id, queue, n, from_state, d, actor, ts)
       emit(K.events, 'task_quarantined', {'attempt', n, 'actor', actor, 'reason', d.why})
     end
   end
-  move_count(K.counts, queue, from_state, state)
+  move_count(K.counts, queue, from_state, state, K.task)
   index_end(K, task_id, from_state, state, ts)
   return state
 end

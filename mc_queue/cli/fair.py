@@ -1,11 +1,12 @@
 """``mcq fair``: fair shares across keys as they stand (each fairness key's weight, its own, its family's or
-the default, and its messages queued in each queue's fair lanes), and setting and deleting weights
-(recorded in the namespace log)."""
+the default, its messages queued in each queue's fair lanes, its cap and tasks not ended), and setting and
+deleting weights and caps (recorded in the namespace log)."""
 
 from __future__ import annotations
 
 import click
 
+from ..client.caps import MAX_DEPTH, KeyCapStatus
 from ..client.fairness import MAX_WEIGHT, FairStatus
 from ..client.slots import family_of
 from .errors import handle_errors
@@ -21,11 +22,26 @@ def _setting(s: FairStatus) -> str:
     return f"family {family_of(s.key)}" if s.family else "own"
 
 
-def _line(s: FairStatus) -> str:
+def _line(s: FairStatus, cap: KeyCapStatus | None) -> str:
     queued = ", ".join(f"{n} in {where}" for where, n in sorted(s.queued.items())) or "none"
     each = " for each key of the family" if s.key.endswith(":*") else ""
     source = f", {s.source}" if s.source else ""
-    return f"{s.key}: weight {s.weight}{each} ({_setting(s)}{source}); messages queued: {queued}"
+    capped = ""
+    if cap is not None and cap.max_open is not None:
+        whose = f"family {family_of(cap.key)}" if cap.family else "own"
+        capped = f"; cap {cap.max_open} task(s) not ended ({whose}, {cap.source}), {cap.open} now"
+    elif cap is not None and cap.open:
+        capped = f"; {cap.open} task(s) not ended"
+    return f"{s.key}: weight {s.weight}{each} ({_setting(s)}{source}); messages queued: {queued}{capped}"
+
+
+def _rows(obj: Ctx, queues: list[str] | None) -> list[tuple[FairStatus, KeyCapStatus | None]]:
+    """Each key with a weight, messages queued, a cap or tasks not ended: its fair share and its cap."""
+    shares = {s.key: s for s in obj.reader.fairness.all(queues)}
+    caps = {c.key: c for c in obj.reader.caps.keys_all()}
+    for key in sorted(set(caps) - set(shares)):  # (a key with a cap only: its weight as it stands)
+        shares[key] = obj.reader.fairness.status(key)
+    return [(shares[k], caps.get(k)) for k in sorted(shares)]
 
 
 @main.group(invoke_without_command=True)
@@ -41,17 +57,19 @@ def fair(ctx: click.Context, queues: tuple[str, ...], as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     obj: Ctx = ctx.obj
-    rows = obj.reader.fairness.all(list(queues) or None)
+    rows = _rows(obj, list(queues) or None)
     if as_json:
         emit_json({"fair": [{"key": s.key, "weight": s.weight, "setting": _setting(s), "family": s.family,
-                             "source": s.source, "queued": s.queued} for s in rows]})
+                             "source": s.source, "queued": s.queued, "cap": c.max_open if c else None,
+                             "cap_family": c.family if c else False, "open": c.open if c else 0}
+                            for s, c in rows]})
         return
     if not rows:
         click.echo("no fairness keys (tasks name one: enqueue(..., fair_key='tenant:acme'); "
                    "weigh one: mcq fair set KEY WEIGHT --reason ..)")
         return
-    for s in rows:
-        click.echo(_line(s))
+    for s, c in rows:
+        click.echo(_line(s, c))
 
 
 @fair.command("set")
@@ -78,3 +96,30 @@ def fair_delete(obj: Ctx, key: str, reason: str) -> None:
     check_reason(reason)
     ok = obj.client.fairness.delete_weight(key, reason=reason, actor="operator")
     click.echo(f"fair {key}: weight deleted" if ok else f"fair {key}: no weight set")
+
+
+@fair.command("cap")
+@click.argument("key", type=SLOT_KEY)
+@click.argument("max_open", metavar="MAX_OPEN", type=click.IntRange(1, MAX_DEPTH))
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.pass_obj
+@handle_errors
+def fair_cap(obj: Ctx, key: str, max_open: int, reason: str) -> None:
+    """Cap KEY at MAX_OPEN tasks naming it (fair_key) that have not ended, in every queue (KEY 'tenant:*':
+    each key 'tenant:<name>'): beyond it enqueue refuses the key's new work (QueueFull, nothing written), the
+    lowest priorities first. Work already admitted goes on. An App's cap does not replace it."""
+    check_reason(reason)
+    changed = obj.client.caps.set_key(key, max_open, reason=reason, actor="operator")
+    click.echo(f"fair {key}: cap {max_open} task(s) not ended" + ("" if changed else " (unchanged)"))
+
+
+@fair.command("uncap")
+@click.argument("key", type=SLOT_KEY)
+@click.option("--reason", required=True, help="Why (at least ten characters); recorded.")
+@click.pass_obj
+@handle_errors
+def fair_uncap(obj: Ctx, key: str, reason: str) -> None:
+    """Remove KEY's cap (a key of a family falls back to the family's)."""
+    check_reason(reason)
+    ok = obj.client.caps.delete_key(key, reason=reason, actor="operator")
+    click.echo(f"fair {key}: cap deleted" if ok else f"fair {key}: no cap set")

@@ -4,7 +4,11 @@ scheduled, backoff, running, waiting); beyond it the enqueue scripts refuse new 
 the lowest priorities first (priority 1-5 may fill the cap, 6 four fifths of it, ... 9 one fifth), and refuse
 a task whose ``start_by`` the queue's present age (its oldest due task's wait) already makes impossible: the
 queue does not promise work it cannot deliver. Work already admitted goes on (``lua/queue_cap.lua``,
-``lua/includes/admit.lua`` queue_room)."""
+``lua/includes/admit.lua`` queue_room).
+
+A fairness key may be capped too (:meth:`Caps.set_key`: a tenant's tasks not ended, in every queue, counted
+for the tasks naming it with ``fair_key``), or each key of a family ``tenant:*``; beyond it the same
+refusal, naming the key."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from ..contracts.codec import check_int, check_text
 from ..contracts.errors import InvalidArgument, raise_for_reply
 from ..contracts.keys import check_queue
 from .base import Role
+from .slots import check_slot_key, family_of
 
 MAX_DEPTH = 100_000_000
 DEPTH_STATES = ("pending", "scheduled", "backoff", "running", "waiting")
@@ -38,6 +43,17 @@ class CapStatus:
         return max(0, -(-self.max_depth * min(5, 10 - priority) // 5) - self.depth)
 
 
+@dataclass(frozen=True)
+class KeyCapStatus:
+    """A fairness key's cap (its own, its family's, or none) and its tasks not ended now."""
+
+    key: str
+    max_open: int | None
+    source: str | None
+    family: bool  # the cap is the family's ('tenant:*'), not the key's own
+    open: int
+
+
 class Caps(Role):
     """Set and read queue caps (what the enqueue scripts check)."""
 
@@ -52,12 +68,45 @@ class Caps(Role):
         """Remove the cap of ``queue`` (False: it had none)."""
         return str(self._admin("delete", queue, reason, "operator", actor, None)[0]) == "OK"
 
+    def set_key(self, key: str, max_open: int, *, reason: str = "set by an operator", source: str = "operator",
+                actor: str | None = None) -> bool:
+        """Cap fairness key ``key`` (or each key of a family 'tenant:*') at ``max_open`` tasks naming it that have
+        not ended, in every queue (False: it already was, or an App's cap would replace an operator's)."""
+        check_slot_key(key)
+        check_int(max_open, what="max_open", low=1, high=MAX_DEPTH)
+        return str(self._admin("set", "@" + key, reason, source, actor, max_open)[0]) == "OK"
+
+    def delete_key(self, key: str, *, reason: str, actor: str | None = None) -> bool:
+        """Remove the cap of fairness key ``key`` (False: it had none)."""
+        check_slot_key(key)
+        return str(self._admin("delete", "@" + key, reason, "operator", actor, None)[0]) == "OK"
+
+    def keys_all(self) -> list[KeyCapStatus]:
+        """Every fairness key with a cap or tasks not ended (counted for keys with a cap in force), by key."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.caps)
+        pipe.hgetall(self.keys.counts)
+        caps, counts = cast(tuple[dict[str, str], dict[str, str]], pipe.execute())
+        open_ = {f[1:].rpartition("|")[0]: int(v) for f, v in counts.items()
+                 if f.startswith("@") and f.endswith("|open")}
+        names = sorted({f[1:] for f in caps if f.startswith("@")} | set(open_))
+        out = []
+        for name in names:
+            own = caps.get("@" + name)
+            fam = family_of(name) if not name.endswith(":*") else None
+            setting = own or (caps.get("@" + fam) if fam else None)
+            depth, _, source = setting.partition(" ") if setting else ("", "", "")
+            out.append(KeyCapStatus(key=name, max_open=int(depth) if depth else None, source=source or None,
+                                    family=bool(setting) and not own, open=open_.get(name, 0)))
+        return out
+
     def _admin(self, op: str, queue: str, reason: str, source: str, actor: str | None,
                max_depth: int | None) -> list[Any]:
-        try:
-            check_queue(queue)
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+        if not queue.startswith("@"):
+            try:
+                check_queue(queue)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
         check_text(reason, what="reason", max_bytes=2000, min_chars=1)
         if source not in ("operator", "app"):
             raise InvalidArgument(f"source must be operator or app, got {source!r}")
@@ -75,7 +124,7 @@ class Caps(Role):
     def all(self, queues: list[str] | None = None) -> list[CapStatus]:
         """Every capped queue (or the ``queues`` given), by name: two round trips."""
         caps = cast(dict[str, str], self.redis.hgetall(self.keys.caps))
-        names = sorted(caps) if queues is None else [check_queue(q) for q in queues]
+        names = sorted(q for q in caps if not q.startswith("@")) if queues is None else [check_queue(q) for q in queues]
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         for name in names:

@@ -96,6 +96,16 @@ class Fairness(Role):
                                   family=bool(setting) and not own, queued=queued.get(name, {})))
         return out
 
+    def status(self, key: str) -> FairStatus:
+        """One key's weight as it stands (its own, its family's, or 1), without its lanes' backlog."""
+        check_slot_key(key)
+        own = self.redis.hget(self.keys.limits, f"{key}|weight")
+        fam = family_of(key) if not key.endswith(":*") else None
+        setting = own or (self.redis.hget(self.keys.limits, f"{fam}|weight") if fam else None)
+        weight, _, source = str(setting).partition(" ") if setting else ("1", "", "")
+        return FairStatus(key=key, weight=int(weight), source=source or None, family=bool(setting) and not own,
+                          queued={})
+
     def trim(self, queue: str, *, count: int = 1000) -> int:
         """Drop the passes idle keys left in a queue's fair lanes once they say nothing (``lua/fair_trim.lua``,
         run by the sweeper: a key that never comes back keeps nothing). Returns how many were dropped."""

@@ -109,6 +109,9 @@ mcq_spend_rejected_total                   key: claims it rejected (their tasks 
 mcq_fair_weight                            key: a fairness key's weight in the fair lanes (its own, its
                                            family's, or 1), for each key with a weight set or messages queued
 mcq_fair_queued                            key, queue, priority: its messages waiting in that RQ queue's lane
+mcq_key_cap                                key: a fairness key's cap of tasks not ended (its own or its
+                                           family's; absent while not capped)
+mcq_key_open                               key: its tasks not ended, every queue (what its cap bounds)
 mcq_deadline_slack_seconds                 queue: its nearest deadline (a waiting task's start_by or a
                                            task's finish_by) less now; negative: missed, not acted on yet
 mcq_periodic_paused                        schedule: 1 while paused by an operator
@@ -322,7 +325,13 @@ class NamespaceCollector(Collector):
             for where, n in s.queued.items():
                 queue, _, p = where.rpartition("@p")
                 queued.add_metric([s.key, queue, p], n)
-        yield from (weight, queued)
+        key_cap = GaugeMetricFamily("mcq_key_cap", "A fairness key's cap of tasks not ended", labels=["key"])
+        key_open = GaugeMetricFamily("mcq_key_open", "A fairness key's tasks not ended", labels=["key"])
+        for c in self.client.caps.keys_all():
+            if c.max_open is not None:
+                key_cap.add_metric([c.key], c.max_open)
+            key_open.add_metric([c.key], c.open)
+        yield from (weight, queued, key_cap, key_open)
 
     def _deadlines(self, queues: list[str], stats: dict[str, int]) -> Iterator[Metric]:
         """Deadlines missed per queue and kind, and each queue's slack: its nearest deadline (start_by of a

@@ -125,6 +125,8 @@ class App:
     spend_ceilings: dict[str, tuple[float | None, int | None, float, str]] = field(default_factory=dict)
     # fairness key (or family 'tenant:*') -> its weight in the fair lanes; published the same way
     fair_shares: dict[str, int] = field(default_factory=dict)
+    # fairness key (or family) -> its cap (tasks naming it not ended, every queue); published the same way
+    key_caps: dict[str, int] = field(default_factory=dict)
     # dependency key -> its declared fallbacks, in the order they are tried (published like the breakers)
     fallbacks: dict[str, tuple[Fallback, ...]] = field(default_factory=dict)
     # dependency key -> its health probe, run by each worker process (mc_queue.worker.probes)
@@ -152,6 +154,8 @@ class App:
                              reason=f"declared by app {self.name}")
         for key, weight in self.fair_shares.items():
             client.fairness.set_weight(key, weight, source="app", reason=f"declared by app {self.name}")
+        for key, max_open in self.key_caps.items():
+            client.caps.set_key(key, max_open, source="app", reason=f"declared by app {self.name}")
         for schedule in self.schedules.values():
             client.periodic.publish(schedule)
         if self.schedules:
@@ -232,6 +236,15 @@ class App:
         check_queue(queue)
         check_int(max_depth, what="max_depth", low=1, high=100_000_000)
         self.caps[queue] = max_depth
+
+    def key_cap(self, key: str, max_open: int) -> None:
+        """Cap fairness key ``key`` (or each key of a family 'tenant:*') at ``max_open`` tasks naming it
+        (``fair_key``) that have not ended, in every queue: beyond it enqueue refuses the key's new work with
+        :class:`~mc_queue.contracts.errors.QueueFull`, the lowest priorities first. Published like
+        :meth:`limit`; an operator's ``mcq fair cap`` wins."""
+        check_slot_key(key)
+        check_int(max_open, what="max_open", low=1, high=100_000_000)
+        self.key_caps[key] = max_open
 
     def spend_ceiling(self, key: str, *, cost: float | None = None, tokens: int | None = None, per_s: float,
                       on_over: str = "wait") -> None:

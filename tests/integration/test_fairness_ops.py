@@ -24,12 +24,12 @@ def test_mcq_fair_sets_lists_and_deletes_weights(redis_server: RedisServer, pref
                  {"lane": "tenant:acme", "job_id": "mcq-x-1"})
     rows = json.loads(ok(redis_server, prefix, "fair", "--json"))["fair"]
     assert rows == [{"key": "tenant:*", "weight": 3, "setting": "own", "family": False, "source": "operator",
-                     "queued": {}},
+                     "queued": {}, "cap": None, "cap_family": False, "open": 0},
                     {"key": "tenant:acme", "weight": 3, "setting": "family tenant:*", "family": True,
-                     "source": "operator", "queued": {"jobs@p5": 1}}]
+                     "source": "operator", "queued": {"jobs@p5": 1}, "cap": None, "cap_family": False, "open": 1}]
     assert ok(redis_server, prefix, "fair").splitlines() == [
         "tenant:*: weight 3 for each key of the family (own, operator); messages queued: none",
-        "tenant:acme: weight 3 (family tenant:*, operator); messages queued: 1 in jobs@p5"]
+        "tenant:acme: weight 3 (family tenant:*, operator); messages queued: 1 in jobs@p5; 1 task(s) not ended"]
     assert "fair key: tenant:acme" in ok(redis_server, prefix, "show", task.id)
     assert ok(redis_server, prefix, "fair", "delete", "tenant:*", "--reason", "equal shares again") == \
         "fair tenant:*: weight deleted\n"

@@ -213,6 +213,7 @@ INVALID_REASONS = ("", "too short", "   short    \t", "ééééé ééé")
 LUA_SPACE = " \t\n\r\f\v"  # Lua's %s in the C locale (the scripts trim reasons with it)
 TERMINAL = frozenset({"succeeded", "failed", "canceled"})
 ENDED = frozenset({"succeeded", "failed", "blocked", "quarantined", "canceled"})  # a task's (common.lua HELD, DONE)
+OPEN_STATES = frozenset({"scheduled", "waiting", "pending", "running", "backoff"})  # common.lua OPEN
 GHOST = new_task_id(QUEUES[0])  # a task id no run has enqueued (until enqueue_with_task_id names it)
 
 # The retry policy and budget frozen into a task follow from its (handler, payload); the backoff is
@@ -370,6 +371,12 @@ def _limits(queue: str) -> dict[str, int]:
     queue, not a draw: which task a rule picks among those of a queue then does not decide what its claim
     does)."""
     return {LIMIT_KEY: 1} if queue == QUEUES[1] else {SLOT_KEY: 1}
+
+
+def _fair(queue: str) -> str | None:
+    """The first queue's tasks name the concurrency key as their fairness key too (its counter of tasks not
+    ended must follow every transition: matches_model)."""
+    return SLOT_KEY if queue == QUEUES[0] else None
 
 
 def _running(t: ModelTask) -> bool:
@@ -593,7 +600,7 @@ class QueueMachine(RuleBasedStateMachine):
         policy, budget = CONFIGS[CONFIG_OF[(handler, payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, handler, _payload(payload), idem, task_id=task_id,
                                retry_policy=policy, budget=budget, delay_s=delay_ms / 1000 if delay_ms else None,
-                               limits=_limits(queue))
+                               limits=_limits(queue), fair_key=_fair(queue))
         self._expect(f"enqueue({queue}, {handler}, payload={payload}, key={idem}, id={task_id})", expected, exc)
         if exc is not None:
             return None
@@ -647,7 +654,8 @@ class QueueMachine(RuleBasedStateMachine):
         for q, h, p, k, tid, delay_ms in items:
             policy, budget = CONFIGS[CONFIG_OF[(h, p)]]
             batch.append(NewTask(q, h, _payload(p), k, task_id=tid, retry_policy=policy, budget=budget,
-                                 delay_s=delay_ms / 1000 if delay_ms else None, limits=_limits(q)))
+                                 delay_s=delay_ms / 1000 if delay_ms else None, limits=_limits(q),
+                                 fair_key=_fair(q)))
         tasks, exc = self._call(self.q.producer.enqueue_many, batch)
         self._expect(f"enqueue_many({items})", expected, exc)
         if exc is not None:
@@ -675,7 +683,8 @@ class QueueMachine(RuleBasedStateMachine):
                     break
         policy, budget = CONFIGS[CONFIG_OF[(HANDLERS[0], payload)]]
         task, exc = self._call(self.q.producer.enqueue, queue, HANDLERS[0], _payload(payload), retry_policy=policy,
-                               budget=budget, after=parents, after_mode=mode, limits=_limits(queue))
+                               budget=budget, after=parents, after_mode=mode, limits=_limits(queue),
+                               fair_key=_fair(queue))
         self._expect(f"enqueue(after={parents}, after_mode={mode})", expected, exc)
         if exc is not None:
             return
@@ -1876,6 +1885,10 @@ class QueueMachine(RuleBasedStateMachine):
         reserved = sorted(str(m).split("\n")[2] for m in self.q.redis.zrange(self.q.keys.spent, 0, -1)
                           if str(m).split("\n")[1] == "~")
         assert reserved == running, f"spend reserved by {reserved}, running Attempts of {SLOT_KEY} {running}"
+        # The fairness key's counter of tasks not ended (its cap's measure) follows every transition.
+        open_ = sum(1 for t in self.model.values() if t.queue == QUEUES[0] and t.state in OPEN_STATES)
+        got_open = int(self.q.redis.hget(self.q.keys.counts, f"@{SLOT_KEY}|open") or 0)
+        assert got_open == open_, f"tasks of {SLOT_KEY} not ended: counted {got_open}, model {open_}"
         seen = Counter(e["type"] for e in self.q.reads.namespace_events())
         assert +seen == +self.nslog, f"namespace log {dict(+seen)}, model {dict(+self.nslog)}"
 

@@ -20,7 +20,7 @@ EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the 
     "mcq breakers": ["close", "open"],
     "mcq caps": ["delete", "set"],
     "mcq dlq": ["list", "purge", "replay", "show"],
-    "mcq fair": ["delete", "set"],
+    "mcq fair": ["cap", "delete", "set", "uncap"],
     "mcq health": ["worker"],
     "mcq limits": ["delete", "pause", "resume", "set"],
     "mcq providers": ["serve", "start", "stop"],
