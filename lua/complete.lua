@@ -94,7 +94,7 @@ redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
 slots_free(K, n, t[2] .. '/' .. n, ts, {a[7], a[8]})
 if a[9] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
-move_count(K.counts, t[1], 'running', 'succeeded', nil, t[4] or '')
+move_count(K.counts, t[1], 'running', 'succeeded', K.task, t[4] or '')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers
 -- fill them in (mc_queue.contracts.models.filled_in).

@@ -91,14 +91,20 @@ for i, I in ipairs(A.items) do
     bytes = bytes + enqueue_cost(enqueue_bytes(I))
     -- (in K: the queue's caps, counts and pending index; the batch's earlier items of its queue count too)
     K.caps, K.counts, K.pending = NS.caps, NS.counts, T.pending
-    local full = queue_room(K, I, plan, ts, added[I.queue] or 0, added['@' .. I.fair_key] or 0)
+    local kb = '@' .. I.fair_key .. '|bytes'
+    local full = queue_room(K, I, plan, ts, added[I.queue] or 0, added['@' .. I.fair_key] or 0,
+      added[I.queue .. '|bytes'] or 0, added[kb] or 0)
     if full then
       full[2] = 'item ' .. i .. ': ' .. full[2]
       full[#full + 1] = i
       return full
     end
     added[I.queue] = (added[I.queue] or 0) + 1
-    if I.fair_key ~= '' then added['@' .. I.fair_key] = (added['@' .. I.fair_key] or 0) + 1 end
+    added[I.queue .. '|bytes'] = (added[I.queue .. '|bytes'] or 0) + #I.payload
+    if I.fair_key ~= '' then
+      added['@' .. I.fair_key] = (added['@' .. I.fair_key] or 0) + 1
+      added[kb] = (added[kb] or 0) + #I.payload
+    end
   end
 end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, bytes)

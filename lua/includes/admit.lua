@@ -99,21 +99,44 @@ local function enqueue_check(K, A, ts, actor)
   return nil, plan
 end
 
+-- The room a cap leaves a task of priority p: the lowest priorities are shed first (1-5 may fill the cap, 6 four
+-- fifths of it, 7 three, 8 two, 9 one).
+local function shed_room(cap, p) return math.ceil(cap * math.min(1, (10 - p) / 5)) end
+
+-- A cap by bytes ("<max bytes> <source>", or nil): nil when the task's payload fits beside the bytes its scope's
+-- tasks not ended hold (counter: "<queue>|bytes" or "@<key>|bytes", common.lua move_count), else the reason.
+local function bytes_over(K, A, setting, counter, added, scope)
+  local cap = tonumber(string.match(setting or '', '^(%d+) '))
+  if not cap then return nil end
+  local used = added + (tonumber(redis.call('HGET', K.counts, counter) or '0') or 0)
+  local p = A.priority or 5
+  local room = shed_room(cap, p)
+  if used + #A.payload <= room then return nil end
+  return scope .. ' holds ' .. fmt(used) .. ' bytes of payload in tasks not ended; this one (' .. #A.payload ..
+    ' bytes) is over its cap of ' .. fmt(cap) .. ' bytes' ..
+    (room < cap and (' (' .. fmt(room) .. ' for priority ' .. p .. ': the lowest are shed first)') or '')
+end
+
 -- Backpressure per fairness key: a key's cap ("@<key>" in the caps hash, else its family's "@<name>:*") bounds the
--- tasks naming it that have not ended, in every queue ("@<key>|open" in the counts hash: common.lua move_count).
--- Priorities are shed alike (the lowest first). ``added``: tasks of this key an enqueue_many admitted before
--- this one. Returns nil (room) or {'E_FULL', why, retry_after_ms} (1 s: a key's own age is not known).
-local function key_room(K, A, added)
+-- tasks naming it that have not ended, in every queue ("@<key>|open" in the counts hash: common.lua move_count),
+-- and its cap by bytes ("@<key>|bytes", else the family's) their payloads' bytes. Priorities are shed alike (the
+-- lowest first). ``added``: tasks of this key an enqueue_many admitted before this one, ``added_bytes`` their
+-- payloads' bytes. Returns nil (room) or {'E_FULL', why, retry_after_ms} (1 s: a key's own age is not known).
+local function key_room(K, A, added, added_bytes)
   local fam = string.match(A.fair_key, '^([^:]+):.')
-  local c = redis.call('HMGET', K.caps, '@' .. A.fair_key, fam and ('@' .. fam .. ':*') or '@')
+  local famk = fam and ('@' .. fam .. ':*') or '@'
+  local c = redis.call('HMGET', K.caps, '@' .. A.fair_key, famk, '@' .. A.fair_key .. '|bytes', famk .. '|bytes')
+  local whose = c[1] and '' or (' (its family ' .. tostring(fam) .. ':*)')
+  local over = bytes_over(K, A, c[3] or c[4], '@' .. A.fair_key .. '|bytes', added_bytes,
+    'key ' .. A.fair_key .. (c[3] and '' or (c[4] and (' (its family ' .. fam .. ':*)') or '')))
+  if over then return {'E_FULL', over, '1000'} end
   local cap = tonumber(string.match(c[1] or c[2] or '', '^(%d+) '))
   if not cap then return nil end
   local depth = added + (tonumber(redis.call('HGET', K.counts, '@' .. A.fair_key .. '|open') or '0') or 0)
   local p = A.priority or 5
-  local room = math.ceil(cap * math.min(1, (10 - p) / 5))
+  local room = shed_room(cap, p)
   if depth < room then return nil end
-  return {'E_FULL', 'key ' .. A.fair_key .. ' holds ' .. depth .. ' tasks not ended, its cap is ' .. cap ..
-    (c[1] and '' or (' (its family ' .. fam .. ':*)')) ..
+  return {'E_FULL', 'key ' .. A.fair_key .. ' holds ' .. depth .. ' tasks not ended, its cap is ' .. cap .. whose ..
     (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or ''), '1000'}
 end
 
@@ -122,13 +145,18 @@ end
 -- priorities are shed first: priority 1-5 may fill the cap, 6 four fifths of it, 7 three, 8 two, 9 one.
 -- With a cap, a task whose start_by the queue cannot meet is refused too: one due now would wait about as
 -- long as the queue's oldest due Attempt has (its age), and that is past its start_by. ``added``: tasks of
--- this queue an enqueue_many admitted before this one. Returns nil (room), or {'E_FULL', why, retry_after_ms}:
--- retry_after is an estimate, the queue's age times the share of it that must drain first (1 s to 60 s).
--- K: caps, counts, pending.
-local function queue_room(K, A, plan, ts, added, added_key)
-  local full = A.fair_key ~= '' and key_room(K, A, added_key or 0)
+-- this queue an enqueue_many admitted before this one (added_bytes: their payloads' bytes; added_key and
+-- added_key_bytes: of the task's fairness key). A cap by bytes ("<queue>|bytes") bounds the payloads' bytes of the
+-- tasks not ended. The task's fairness key's caps come first (key_room). Returns nil (room), or {'E_FULL', why,
+-- retry_after_ms}: retry_after is an estimate, the queue's age times the share of it that must drain first (1 s
+-- to 60 s; 1 s for a cap by bytes). K: caps, counts, pending.
+local function queue_room(K, A, plan, ts, added, added_key, added_bytes, added_key_bytes)
+  local full = A.fair_key ~= '' and key_room(K, A, added_key or 0, added_key_bytes or 0)
   if full then return full end
-  local cap = tonumber(string.match(redis.call('HGET', K.caps, A.queue) or '', '^(%d+) '))
+  local c = redis.call('HMGET', K.caps, A.queue, A.queue .. '|bytes')
+  local over = bytes_over(K, A, c[2], A.queue .. '|bytes', added_bytes or 0, 'queue ' .. A.queue)
+  if over then return {'E_FULL', over, '1000'} end
+  local cap = tonumber(string.match(c[1] or '', '^(%d+) '))
   if not cap then return nil end
   local q = A.queue .. '|'
   local c = redis.call('HMGET', K.counts, q .. 'pending', q .. 'scheduled', q .. 'backoff', q .. 'running',
@@ -140,7 +168,7 @@ local function queue_room(K, A, plan, ts, added, added_key)
     return head and head < ts and ts - head or 0
   end
   local p = A.priority or 5
-  local room = math.ceil(cap * math.min(1, (10 - p) / 5))
+  local room = shed_room(cap, p)
   if depth >= room then
     local over = depth - room + 1
     local why = 'queue ' .. A.queue .. ' holds ' .. depth .. ' tasks, its cap is ' .. cap ..
@@ -199,7 +227,7 @@ local function enqueue_write(K, A, plan, ts, actor)
   if A.start_by_ms or A.finish_by_ms then  -- the sweeper checks it then (the earlier deadline first)
     redis.call('ZADD', K.deadlines, A.start_by_ms and A.raw.start_by_ms or A.raw.finish_by_ms, A.task_id)
   end
-  move_count(K.counts, A.queue, '', state, nil, A.fair_key)
+  move_count(K.counts, A.queue, '', state, nil, A.fair_key, #A.payload)
   -- No event is stored: task_created and Attempt 1's attempt_created say what the task hash holds
   -- (created_at, actor, idem_key), and readers imply them (mc_queue.contracts.history.whole_history,
   -- which gives them the ids '<created_at>-0' and '-1'; emit starts the list after them), with the

@@ -782,20 +782,28 @@ local EFFECT_OWN_FIELDS = {'state', 'attempt', 'fence', 'worker', 'intent_at', '
 -- A task's states that have not ended: its queue's depth (queue caps) and its fairness key's open tasks (key caps).
 local OPEN = {scheduled = true, waiting = true, pending = true, running = true, backoff = true}
 
--- Move a task between states in its queue's counters ("<queue>|<state>"); a task with a fairness key that starts
--- or stops being open (OPEN) moves its key's counter too ("@<key>|open", gone at 0: admit.lua key caps). k_task:
--- the task hash, whose fair_key is read only when the move crosses that line; fair_key: the key itself (an
--- enqueue, which knows it), '' for none.
-local function move_count(k_counts, queue, from, to, k_task, fair_key)
+-- Add n to a counter, which is dropped when it reaches 0 (or less: a counter older than what it counts).
+local function count_add(k_counts, field, n)
+  if redis.call('HINCRBY', k_counts, field, n) <= 0 then redis.call('HDEL', k_counts, field) end
+end
+
+-- Move a task between states in its queue's counters ("<queue>|<state>"). A task that starts or stops being open
+-- (OPEN) moves its payload's bytes in its queue's "<queue>|bytes" too, and, with a fairness key, its key's
+-- "@<key>|open" and "@<key>|bytes" (admit.lua caps by count and by bytes). k_task: the task hash, whose payload
+-- length and fair_key are read only when the move crosses that line; fair_key and nbytes: what an enqueue knows
+-- (fair_key '' for none), or a caller that read the key already (nbytes nil: read).
+local function move_count(k_counts, queue, from, to, k_task, fair_key, nbytes)
   if from == to then return end
   if from and from ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. from, '-1') end
   if to and to ~= '' then redis.call('HINCRBY', k_counts, queue .. '|' .. to, '1') end
-  if (OPEN[from] or false) ~= (OPEN[to] or false) and (k_task or fair_key) then
-    local key = fair_key or redis.call('HGET', k_task, 'fair_key')
-    if key and key ~= '' then
-      local field = '@' .. key .. '|open'
-      if redis.call('HINCRBY', k_counts, field, OPEN[to] and 1 or -1) <= 0 then redis.call('HDEL', k_counts, field) end
-    end
+  if (OPEN[from] or false) == (OPEN[to] or false) or not (k_task or nbytes) then return end
+  local sign = OPEN[to] and 1 or -1
+  local key = fair_key or redis.call('HGET', k_task, 'fair_key')
+  local size = (nbytes or redis.call('HSTRLEN', k_task, 'payload')) * sign
+  count_add(k_counts, queue .. '|bytes', size)
+  if key and key ~= '' then
+    count_add(k_counts, '@' .. key .. '|open', sign)
+    count_add(k_counts, '@' .. key .. '|bytes', size)
   end
 end
 

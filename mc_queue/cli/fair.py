@@ -32,6 +32,8 @@ def _line(s: FairStatus, cap: KeyCapStatus | None) -> str:
         capped = f"; cap {cap.max_open} task(s) not ended ({whose}, {cap.source}), {cap.open} now"
     elif cap is not None and cap.open:
         capped = f"; {cap.open} task(s) not ended"
+    if cap is not None and cap.max_bytes is not None:
+        capped += f"; {cap.bytes:,} of {cap.max_bytes:,} bytes of payload"
     return f"{s.key}: weight {s.weight}{each} ({_setting(s)}{source}); messages queued: {queued}{capped}"
 
 
@@ -61,7 +63,8 @@ def fair(ctx: click.Context, queues: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         emit_json({"fair": [{"key": s.key, "weight": s.weight, "setting": _setting(s), "family": s.family,
                              "source": s.source, "queued": s.queued, "cap": c.max_open if c else None,
-                             "cap_family": c.family if c else False, "open": c.open if c else 0}
+                             "cap_family": c.family if c else False, "open": c.open if c else 0,
+                             "max_bytes": c.max_bytes if c else None, "bytes": c.bytes if c else 0}
                             for s, c in rows]})
         return
     if not rows:

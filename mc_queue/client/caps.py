@@ -8,7 +8,8 @@ queue does not promise work it cannot deliver. Work already admitted goes on (``
 
 A fairness key may be capped too (:meth:`Caps.set_key`: a tenant's tasks not ended, in every queue, counted
 for the tasks naming it with ``fair_key``), or each key of a family ``tenant:*``; beyond it the same
-refusal, naming the key."""
+refusal, naming the key. Either may be capped by bytes too (:meth:`Caps.set_bytes`): the bytes of the payloads
+of its tasks not ended, a task refused when its own payload would not fit."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .base import Role
 from .slots import check_slot_key, family_of
 
 MAX_DEPTH = 100_000_000
+MAX_BYTES = 1_000_000_000_000
 DEPTH_STATES = ("pending", "scheduled", "backoff", "running", "waiting")
 
 
@@ -35,6 +37,8 @@ class CapStatus:
     source: str | None
     depth: int
     age_ms: int
+    max_bytes: int | None = None  # its cap by bytes of payload (None: none)
+    bytes: int = 0  # the bytes of the payloads of its tasks not ended
 
     def room(self, priority: int = 5) -> int | None:
         """Tasks of this priority it admits now (None: no cap)."""
@@ -52,6 +56,8 @@ class KeyCapStatus:
     source: str | None
     family: bool  # the cap is the family's ('tenant:*'), not the key's own
     open: int
+    max_bytes: int | None = None  # its cap by bytes of payload, its own or its family's (None: none)
+    bytes: int = 0  # the bytes of the payloads of its tasks not ended
 
 
 class Caps(Role):
@@ -81,6 +87,23 @@ class Caps(Role):
         check_slot_key(key)
         return str(self._admin("delete", "@" + key, reason, "operator", actor, None)[0]) == "OK"
 
+    def set_bytes(self, scope: str, max_bytes: int, *, reason: str = "set by an operator", source: str = "operator",
+                  actor: str | None = None) -> bool:
+        """Cap the bytes of payload in the tasks not ended of ``scope``: a queue, or '@<fairness key>' (or a family
+        '@tenant:*'). A task whose payload would not fit is refused (QueueFull), the lowest priorities first."""
+        self._scope(scope)
+        check_int(max_bytes, what="max_bytes", low=1, high=MAX_BYTES)
+        return str(self._admin("set_bytes", scope, reason, source, actor, max_bytes)[0]) == "OK"
+
+    def delete_bytes(self, scope: str, *, reason: str, actor: str | None = None) -> bool:
+        """Remove the cap by bytes of ``scope`` (a queue or '@<fairness key>'; False: it had none)."""
+        self._scope(scope)
+        return str(self._admin("delete_bytes", scope, reason, "operator", actor, None)[0]) == "OK"
+
+    def _scope(self, scope: str) -> None:
+        if isinstance(scope, str) and scope.startswith("@"):
+            check_slot_key(scope[1:])
+
     def keys_all(self) -> list[KeyCapStatus]:
         """Every fairness key with a cap or tasks not ended (counted for keys with a cap in force), by key."""
         pipe = self.redis.pipeline(transaction=False)
@@ -89,15 +112,18 @@ class Caps(Role):
         caps, counts = cast(tuple[dict[str, str], dict[str, str]], pipe.execute())
         open_ = {f[1:].rpartition("|")[0]: int(v) for f, v in counts.items()
                  if f.startswith("@") and f.endswith("|open")}
-        names = sorted({f[1:] for f in caps if f.startswith("@")} | set(open_))
+        names = sorted({f[1:].removesuffix("|bytes") for f in caps if f.startswith("@")} | set(open_))
         out = []
         for name in names:
             own = caps.get("@" + name)
             fam = family_of(name) if not name.endswith(":*") else None
             setting = own or (caps.get("@" + fam) if fam else None)
             depth, _, source = setting.partition(" ") if setting else ("", "", "")
+            by_bytes = caps.get(f"@{name}|bytes") or (caps.get(f"@{fam}|bytes") if fam else None)
             out.append(KeyCapStatus(key=name, max_open=int(depth) if depth else None, source=source or None,
-                                    family=bool(setting) and not own, open=open_.get(name, 0)))
+                                    family=bool(setting) and not own, open=open_.get(name, 0),
+                                    max_bytes=int(by_bytes.split(" ")[0]) if by_bytes else None,
+                                    bytes=int(counts.get(f"@{name}|bytes") or 0)))
         return out
 
     def _admin(self, op: str, queue: str, reason: str, source: str, actor: str | None,
@@ -124,11 +150,12 @@ class Caps(Role):
     def all(self, queues: list[str] | None = None) -> list[CapStatus]:
         """Every capped queue (or the ``queues`` given), by name: two round trips."""
         caps = cast(dict[str, str], self.redis.hgetall(self.keys.caps))
-        names = sorted(q for q in caps if not q.startswith("@")) if queues is None else [check_queue(q) for q in queues]
+        names = sorted({q.removesuffix("|bytes") for q in caps if not q.startswith("@")}) if queues is None \
+            else [check_queue(q) for q in queues]
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         for name in names:
-            pipe.hmget(self.keys.counts, [f"{name}|{s}" for s in DEPTH_STATES])
+            pipe.hmget(self.keys.counts, [f"{name}|{s}" for s in (*DEPTH_STATES, "bytes")])
             pipe.zrange(self.keys.pending(name), 0, 0, withscores=True)
         (now_s, now_us), *rest = pipe.execute()
         now = int(now_s) * 1000 + int(now_us) // 1000
@@ -138,9 +165,12 @@ class Caps(Role):
             setting = caps.get(name)
             depth, _, source = setting.partition(" ") if setting else ("", "", "")
             oldest = head[0][1] if head else None
+            by_bytes = caps.get(f"{name}|bytes")
             out.append(CapStatus(queue=name, max_depth=int(depth) if depth else None, source=source or None,
-                                 depth=sum(int(c or 0) for c in counts),
-                                 age_ms=int(now - oldest) if oldest is not None and oldest < now else 0))
+                                 depth=sum(int(c or 0) for c in counts[:-1]),
+                                 age_ms=int(now - oldest) if oldest is not None and oldest < now else 0,
+                                 max_bytes=int(by_bytes.split(" ")[0]) if by_bytes else None,
+                                 bytes=int(counts[-1] or 0)))
         return out
 
     def status(self, queue: str) -> CapStatus:

@@ -61,9 +61,10 @@ AFTER_MODES = ("succeeded", "ended")
 
 
 def _item_error(exc: McqError, item: int) -> McqError:
-    """The same error, saying which item of a batch it is about (``.item``)."""
-    exc.args = (f"item {item}: {exc}",)
-    exc.message = f"item {item}: {exc.message}"
+    """The same error, saying which item of a batch it is about (``.item``; once: a script's reason may say it)."""
+    if f"item {item}: " not in str(exc):
+        exc.args = (f"item {item}: {exc}",)
+        exc.message = f"item {item}: {exc.message}"
     exc.item = item  # type: ignore[attr-defined]
     return exc
 

@@ -288,7 +288,8 @@ class Reads(Role):
         out: dict[str, dict[str, Any]] = {q: {"counts": {}, "queue_age_ms": 0} for q in self.queues()}
         for name, value in counts.items():
             queue, _, state = name.rpartition("|")
-            if int(value) and not queue.startswith("@"):  # ('@<key>|open': a fairness key's, not a queue's)
+            # ('@<key>|open': a fairness key's, not a queue's; '<queue>|bytes': its payloads', not a state)
+            if int(value) and not queue.startswith("@") and state != "bytes":
                 out.setdefault(queue, {"counts": {}, "queue_age_ms": 0})["counts"][state] = int(value)
         now = self.backend.redis_time_ms()
         pipe = self.redis.pipeline(transaction=False)

@@ -109,6 +109,8 @@ mcq_spend_rejected_total                   key: claims it rejected (their tasks 
 mcq_fair_weight                            key: a fairness key's weight in the fair lanes (its own, its
                                            family's, or 1), for each key with a weight set or messages queued
 mcq_fair_queued                            key, queue, priority: its messages waiting in that RQ queue's lane
+mcq_queue_cap_bytes                        queue: its cap by bytes of payload of its tasks not ended
+mcq_queue_bytes                            queue: the bytes of payload of its tasks not ended (capped by bytes)
 mcq_key_cap                                key: a fairness key's cap of tasks not ended (its own or its
                                            family's; absent while not capped)
 mcq_key_open                               key: its tasks not ended, every queue (what its cap bounds)
@@ -286,11 +288,18 @@ class NamespaceCollector(Collector):
         cap = GaugeMetricFamily("mcq_queue_cap", "A capped queue's cap: tasks not ended it admits", labels=["queue"])
         depth = GaugeMetricFamily("mcq_queue_cap_depth", "A capped queue's tasks not ended (pending, scheduled, "
                                   "backoff, running, waiting)", labels=["queue"])
+        cap_bytes = GaugeMetricFamily("mcq_queue_cap_bytes", "A queue's cap by bytes of payload of its tasks not "
+                                      "ended", labels=["queue"])
+        held = GaugeMetricFamily("mcq_queue_bytes", "Bytes of payload of a capped queue's tasks not ended",
+                                 labels=["queue"])
         for s in self.client.caps.all():
             if s.max_depth is not None:
                 cap.add_metric([s.queue], s.max_depth)
                 depth.add_metric([s.queue], s.depth)
-        yield from (cap, depth)
+            if s.max_bytes is not None:
+                cap_bytes.add_metric([s.queue], s.max_bytes)
+                held.add_metric([s.queue], s.bytes)
+        yield from (cap, depth, cap_bytes, held)
 
     def _spend(self) -> Iterator[Metric]:
         """Each spend ceiling: its ceilings and window, what was spent in the window ending now and what

@@ -60,9 +60,10 @@ def test_mcq_caps_sets_lists_and_deletes_caps(redis_server: RedisServer, prefix:
     assert sorted(rows) == ["app-q", "idle", "jobs"]  # by name
     age = rows["jobs"].pop("age_ms")
     assert 250 <= age < 30_000
-    assert rows["jobs"] == {"queue": "jobs", "max_depth": 3, "source": "operator", "depth": 2, "room": 1}
+    assert rows["jobs"] == {"queue": "jobs", "max_depth": 3, "source": "operator", "depth": 2, "room": 1,
+                            "max_bytes": None, "bytes": 14}  # (the bytes of its payloads, counted though not capped)
     assert rows["idle"] == {"queue": "idle", "max_depth": 10, "source": "operator", "depth": 0, "room": 10,
-                            "age_ms": 0}
+                            "age_ms": 0, "max_bytes": None, "bytes": 0}
     assert rows["app-q"]["source"] == "app"
 
     text = ok(redis_server, prefix, "caps").splitlines()

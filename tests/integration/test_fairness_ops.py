@@ -24,9 +24,11 @@ def test_mcq_fair_sets_lists_and_deletes_weights(redis_server: RedisServer, pref
                  {"lane": "tenant:acme", "job_id": "mcq-x-1"})
     rows = json.loads(ok(redis_server, prefix, "fair", "--json"))["fair"]
     assert rows == [{"key": "tenant:*", "weight": 3, "setting": "own", "family": False, "source": "operator",
-                     "queued": {}, "cap": None, "cap_family": False, "open": 0},
+                     "queued": {}, "cap": None, "cap_family": False, "open": 0, "max_bytes": None,
+                     "bytes": 0},
                     {"key": "tenant:acme", "weight": 3, "setting": "family tenant:*", "family": True,
-                     "source": "operator", "queued": {"jobs@p5": 1}, "cap": None, "cap_family": False, "open": 1}]
+                     "source": "operator", "queued": {"jobs@p5": 1}, "cap": None, "cap_family": False, "open": 1,
+                     "max_bytes": None, "bytes": 7}]
     assert ok(redis_server, prefix, "fair").splitlines() == [
         "tenant:*: weight 3 for each key of the family (own, operator); messages queued: none",
         "tenant:acme: weight 3 (family tenant:*, operator); messages queued: 1 in jobs@p5; 1 task(s) not ended"]

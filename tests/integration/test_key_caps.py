@@ -166,3 +166,61 @@ def test_the_metrics_show_each_key_s_cap_and_tasks_not_ended(q: mc_queue.Client)
     assert v(m, "mcq_key_cap", key="tenant:m") == 4 and v(m, "mcq_key_cap", key="tenant:*") == 4
     assert v(m, "mcq_key_open", key="tenant:m") == 2 and v(m, "mcq_key_open", key="solo") == 1
     assert not any(name == "mcq_key_cap" and ("key", "solo") in labels for name, labels in m)
+
+
+# --------------------------------------------------------------------------- caps by bytes
+
+
+def test_a_queue_capped_by_bytes_refuses_a_payload_that_would_not_fit_until_tasks_end(q: mc_queue.Client) -> None:
+    assert q.caps.set_bytes("jobs", 100, reason=REASON)
+    a = q.producer.enqueue("jobs", "h", {"blob": "x" * 40})  # 51 bytes of payload (its canonical JSON)
+    assert q.caps.status("jobs").bytes == 51 and q.caps.status("jobs").max_bytes == 100
+    q.producer.enqueue("jobs", "h", {"blob": "y" * 38})  # 49: 100 exactly, the cap
+    before = snapshot(q)
+    with pytest.raises(mc_queue.QueueFull, match=r"queue jobs holds 100 bytes of payload in tasks not ended; this one "
+                                                 r"\(7 bytes\) is over its cap of 100 bytes"):
+        q.producer.enqueue("jobs", "h", {"n": 1})
+    assert snapshot(q) == before
+    q.producer.enqueue("other", "h", {"blob": "z" * 500})  # another queue is not capped
+    la = q.leases.claim_attempt(a.id, "w", 60_000)
+    q.leases.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="w")
+    assert q.caps.status("jobs").bytes == 49
+    q.producer.enqueue("jobs", "h", {"n": 1})
+    assert "bytes" not in q.reads.status()["jobs"]["counts"]  # (a counter, not a state)
+    assert q.caps.delete_bytes("jobs", reason=REASON) and not q.caps.delete_bytes("jobs", reason=REASON)
+
+
+def test_a_key_capped_by_bytes_counts_its_tasks_in_every_queue_and_sheds_low_priorities(q: mc_queue.Client) -> None:
+    assert q.caps.set_bytes("@tenant:*", 60, reason=REASON)
+    q.producer.enqueue("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:a")  # 30 bytes
+    with pytest.raises(mc_queue.QueueFull, match=r"key tenant:a \(its family tenant:\*\) holds 30 bytes .* \(36 for "
+                                                 r"priority 7: the lowest are shed first\)"):
+        q.producer.enqueue("other", "h", {"blob": "y"}, fair_key="tenant:a", priority=7)
+    q.producer.enqueue("other", "h", {"blob": "x" * 19}, fair_key="tenant:a")  # 60: at the cap
+    with pytest.raises(mc_queue.QueueFull, match="key tenant:a"):
+        q.producer.enqueue("jobs", "h", {}, fair_key="tenant:a")
+    q.producer.enqueue("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:b")  # its own 60
+    # (items 1 and 2 count)
+    with pytest.raises(mc_queue.QueueFull,
+                       match=r"^enqueue refused: item 3: key tenant:c \(its family tenant:\*\) holds 60 bytes"):
+        q.producer.enqueue_many([NewTask("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:c"),
+                                 NewTask("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:c"),
+                                 NewTask("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:c")])
+    st = {c.key: c for c in q.caps.keys_all()}
+    assert (st["tenant:a"].bytes, st["tenant:a"].max_bytes, st["tenant:b"].bytes) == (60, 60, 30)
+    assert "tenant:c" not in st  # the refused batch wrote nothing
+
+
+@pytest.mark.parametrize("argv", [{"op": "set_bytes", "max_depth": ""}, {"op": "set_bytes", "max_depth": "0"},
+                                  {"op": "set_bytes", "max_depth": str(10**12 + 1)},
+                                  {"op": "set", "max_depth": "100000001"},
+                                  {"op": "delete_bytes", "max_depth": "5"}, {"op": "bytes", "max_depth": "5"}])
+def test_the_cap_script_refuses_bad_bytes_arguments_and_changes_nothing(q: mc_queue.Client,
+                                                                        argv: dict[str, str]) -> None:
+    q.caps.set_bytes("jobs", 1000, reason=REASON)
+    before = snapshot(q)
+    reply = q.runner.run("queue_cap", {**q.backend.ns_keys(), "caps": q.keys.caps},
+                         {"epoch": q.backend.epoch(), "actor": "t", "queue": "jobs", "source": "operator",
+                          "reason": REASON, **argv})
+    assert reply[0] == "E_BADARG", reply
+    assert snapshot(q) == before

@@ -1889,6 +1889,18 @@ class QueueMachine(RuleBasedStateMachine):
         open_ = sum(1 for t in self.model.values() if t.queue == QUEUES[0] and t.state in OPEN_STATES)
         got_open = int(self.q.redis.hget(self.q.keys.counts, f"@{SLOT_KEY}|open") or 0)
         assert got_open == open_, f"tasks of {SLOT_KEY} not ended: counted {got_open}, model {open_}"
+        # ... and so do the bytes of the payloads of tasks not ended, per queue and for the key.
+        pipe = self.q.redis.pipeline(transaction=False)
+        opened = [t for t in self.model.values() if t.state in OPEN_STATES]
+        for t in opened:
+            pipe.hstrlen(self.q.keys.task(t.id).task, "payload")
+        sizes = dict(zip([t.id for t in opened], pipe.execute(), strict=True))
+        for queue in QUEUES:
+            want_bytes = sum(sizes[t.id] for t in opened if t.queue == queue)
+            got_bytes = int(self.q.redis.hget(self.q.keys.counts, f"{queue}|bytes") or 0)
+            assert got_bytes == want_bytes, f"payload bytes of {queue}'s tasks not ended: {got_bytes}, {want_bytes}"
+        key_bytes = int(self.q.redis.hget(self.q.keys.counts, f"@{SLOT_KEY}|bytes") or 0)
+        assert key_bytes == sum(sizes[t.id] for t in opened if t.queue == QUEUES[0]), "the key's payload bytes"
         seen = Counter(e["type"] for e in self.q.reads.namespace_events())
         assert +seen == +self.nslog, f"namespace log {dict(+seen)}, model {dict(+self.nslog)}"
 

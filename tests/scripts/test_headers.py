@@ -33,6 +33,7 @@ COMMON = "\n".join(INCLUDES[n] for n in ("common", "fenced", "decisions", "admit
 SINGLE_KEY_COMMANDS = frozenset({
     "GET", "SET", "INCR", "INCRBY", "EXPIRE", "PEXPIRE", "PEXPIREAT", "PTTL", "TYPE",
     "HGET", "HSET", "HSETNX", "HMGET", "HDEL", "HEXISTS", "HGETALL", "HINCRBY", "HINCRBYFLOAT", "HLEN", "HKEYS",
+    "HSTRLEN",
     "HSCAN",
     "SADD", "SREM", "SISMEMBER", "SMEMBERS", "SCARD",
     "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREVRANGE", "ZREMRANGEBYSCORE",

@@ -18,7 +18,7 @@ EXPECTED = {  # `mcq` and its groups (as cli/main.py registered them before the 
             "show", "slots", "spend", "status", "sweeper", "tasks", "wait", "worker", "workers"],
     "mcq archive": ["show"],
     "mcq breakers": ["close", "open"],
-    "mcq caps": ["delete", "set"],
+    "mcq caps": ["delete", "delete-bytes", "set", "set-bytes"],
     "mcq dlq": ["list", "purge", "replay", "show"],
     "mcq fair": ["cap", "delete", "set", "uncap"],
     "mcq health": ["worker"],
