@@ -250,7 +250,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench", "delay_ms": "", "run_at_ms": "", "start_by_ms": "",
-                "finish_by_ms": "", "priority": "", "limits": ""}, client=pipe)
+                "finish_by_ms": "", "priority": "", "limits": "", "fair_key": ""}, client=pipe)
         for reply in pipe.execute():
             assert reply[0] == "OK", reply
         pipe = q.writer.pipeline(transaction=False)

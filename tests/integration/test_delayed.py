@@ -125,7 +125,7 @@ def test_the_script_refuses_a_bad_delay_or_run_at_before_any_write(q: mc_queue.C
         {"task_id": tid, "queue": QUEUE, "handler": "h", "payload": "{}", "payload_digest": "0" * 64, "idem_key": "",
          "manifest": "{}", "retry_policy": "{}", "budget": "{}", "lease_ms": 1000, "epoch": q.backend.epoch(),
          "actor": "t", "delay_ms": delay_ms, "run_at_ms": run_at_ms, "start_by_ms": "", "finish_by_ms": "",
-         "priority": "", "limits": ""})
+         "priority": "", "limits": "", "fair_key": ""})
     assert reply[0] == "E_BADARG", reply
     assert snapshot(q) == before
 
