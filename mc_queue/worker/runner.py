@@ -164,6 +164,7 @@ HEARTBEAT_EVERY_S = 5.0  # the same heartbeat (same TTL: worker_ttl + 60 = 95 s)
 SUSPENSION_CHECK_EVERY_S = 1.0  # `rq suspend` is seen within this (RQ: before every job)
 BURST_PING_EVERY_S = 1.0  # a burst worker's reachability check before a dequeue (see dequeue_job_and_maintain_ttl)
 PUBSUB_WAKE_S = 0.2  # how often the thread of RQ's command channel wakes (a socket wait, no Redis command)
+PUBSUB_STOP_S = 3.0  # leaving, wait this long for that thread at most (RQ's handler of a link error sleeps 2 s)
 
 
 class McqBaseWorker(BaseWorker):
@@ -229,6 +230,31 @@ class McqBaseWorker(BaseWorker):
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
         self.pubsub_thread = cast(Any, self.pubsub.run_in_thread(  # (typed None in RQ until then)
             sleep_time=PUBSUB_WAKE_S, daemon=True, exception_handler=self._pubsub_exception_handler))
+
+    def teardown(self) -> None:
+        """RQ's, and the command channel's thread stopped whatever happens: RQ registers the worker's death
+        first, which on a link that just broke raises before it unsubscribes, and the thread it left
+        behind reconnected and subscribed to this worker's channel for the rest of the process's life, one
+        more each time Redis went away mid-job (tests/faults/test_worker_relink.py)."""
+        try:
+            super().teardown()  # type: ignore[no-untyped-call]  # (untyped in RQ)
+        finally:
+            self.unsubscribe()
+
+    def unsubscribe(self) -> None:
+        """Stop the command channel's thread (at most PUBSUB_STOP_S) and close its connection; the UNSUBSCRIBE
+        is sent when the link allows. Once: a second call finds no thread."""
+        thread, self.pubsub_thread = self.pubsub_thread, None
+        if thread is None:
+            return
+        with contextlib.suppress(redis.RedisError, OSError):
+            self.pubsub.unsubscribe()
+        try:
+            thread.stop(timeout=PUBSUB_STOP_S)  # redis-py 8: clears its flag and joins, bounded here
+        except TypeError:
+            thread.stop()  # older redis-py: clears the flag; the thread leaves at its next wake
+        with contextlib.suppress(redis.RedisError, OSError):
+            self.pubsub.close()
 
     def _liveness(self, stop: threading.Event) -> None:
         """mc_queue's own liveness key for this process, ``{prefix}:w:<worker id>`` ("<host> <pid>"), PX

@@ -1,0 +1,78 @@
+"""A worker whose Redis link is cut while it runs an Attempt comes back as one worker, not one more each time.
+
+RQ's loop quits when the link breaks in its bookkeeping after a job ("found an unhandled exception"), and its
+teardown then tried to unsubscribe its command channel on the dead connection: the error stopped the teardown
+before the channel's thread was stopped, so every such cut left a thread behind, reconnecting and
+subscribing to the old worker's channel for as long as the process lived (seen in the chaos runs: two
+worker names logging from one process). Through a real TCP proxy, a real worker process, cut mid-Attempt
+three times: every task still succeeds, and Redis holds exactly one command channel subscription.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import mc_queue
+from mc_queue import Sweeper, TaskState
+from mc_queue.producer.dispatch import AppClient
+from mc_queue.testing import RedisServer, TcpProxy
+from tests.apps import basic
+from tests.harness import REPO, wait_for
+
+
+@pytest.fixture
+def proxy(own_redis: RedisServer) -> Iterator[TcpProxy]:
+    with TcpProxy(("127.0.0.1", own_redis.port)) as p:
+        yield p
+
+
+def sweep(q: mc_queue.Client) -> bool:
+    assert not Sweeper(q).run_once().errors
+    return True
+
+
+def channels(q: mc_queue.Client) -> list[str]:
+    return sorted(str(c) for c in q.redis.pubsub_channels("rq:pubsub:*"))
+
+
+def test_a_link_cut_mid_attempt_leaves_no_command_channel_thread_behind(own_redis: RedisServer, proxy: TcpProxy,
+                                                                         prefix: str, tmp_path: Path) -> None:
+    q = mc_queue.connect(own_redis.url, prefix=prefix)
+    ac = AppClient(basic.app, q)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}, "MCQ_HOME": str(tmp_path / "home"),
+           "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "home").mkdir(mode=0o700)
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", proxy.url, "--prefix", prefix,
+                               "worker", "--app", "tests.apps.basic:app", "--kind", "simple"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: len(channels(q)) == 1, 20, "the worker's command channel")
+        for round_ in range(3):
+            task = ac.enqueue("long", {"seconds": 1.0, "n": round_})
+            wait_for(lambda t=task: q.reads.get_task(t.id).state is TaskState.RUNNING, 20, "the Attempt to run")
+            time.sleep(0.4)  # mid-Attempt: its completion, then RQ's bookkeeping, meet a link refused 2.5 s
+            proxy.cut(refuse_s=2.5)
+            # (its lease, 1.5 s, runs out: the sweeper reconciles the Attempt and sends the retry)
+            wait_for(lambda t=task: sweep(q) and q.reads.get_task(t.id).state is TaskState.SUCCEEDED, 60,
+                     f"round {round_}'s task to succeed after the cut")
+        after = ac.enqueue("noop", {"after": True})
+        wait_for(lambda: sweep(q) and q.reads.get_task(after.id).state is TaskState.SUCCEEDED, 30,
+                 "a task after the cuts")
+        time.sleep(3.0)  # a thread left behind would have reconnected and subscribed again by now
+        assert worker.poll() is None
+        log.flush()
+        text = (tmp_path / "worker.log").read_text(errors="replace")
+        assert len(channels(q)) == 1, (channels(q), text[-3000:])
+    finally:
+        worker.kill()
+        worker.wait(10)
+        log.close()
+        ac.close()
