@@ -163,7 +163,13 @@ class TcpProxy:
             try:
                 client, _ = self._listener.accept()
             except OSError:
-                return
+                # Closed (the proxy is closing), or one connection that failed before it was accepted
+                # (ECONNABORTED: a client killed mid-handshake; EMFILE for a moment): the proxy goes on, or
+                # every later client would connect into the backlog and wait for an answer that never comes.
+                if self._closed:
+                    return
+                time.sleep(0.01)
+                continue
             with self._lock:
                 refusing = time.monotonic() < self._refuse_until
             upstream = None
@@ -179,9 +185,13 @@ class TcpProxy:
                 with contextlib.suppress(OSError):
                     client.close()
                 continue
-            for s in (client, upstream):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(client, upstream, held=self.hold_only is None)
+            try:
+                for s in (client, upstream):
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # the client went away already
+                conn.close()
+                continue
             with self._lock:
                 self._conns.add(conn)
                 self.connections += 1

@@ -6,18 +6,25 @@ before the channel's thread was stopped, so every such cut left a thread behind,
 subscribing to the old worker's channel for as long as the process lived (seen in the chaos runs: two
 worker names logging from one process). Through a real TCP proxy, a real worker process, cut mid-Attempt
 three times: every task still succeeds, and Redis holds exactly one command channel subscription.
+
+And the fault proxy itself (``mc_queue.testing.TcpProxy``, the chaos runs' link): one connection that failed
+before it was accepted (a client killed mid-handshake) ended its accept loop, after which every client
+connected into the backlog and waited for answers that never came.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 import mc_queue
 from mc_queue import Sweeper, TaskState
@@ -76,3 +83,29 @@ def test_a_link_cut_mid_attempt_leaves_no_command_channel_thread_behind(own_redi
         worker.wait(10)
         log.close()
         ac.close()
+
+
+class _FlakyListener:
+    """A listening socket whose next accept fails as a client killed mid-handshake makes it fail."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.failures = real, 1
+
+    def accept(self) -> Any:
+        if self.failures:
+            self.failures -= 1
+            self.real.accept()[0].close()  # (a connection was there; the kernel gave up on it)
+            raise ConnectionAbortedError(103, "Software caused connection abort")
+        return self.real.accept()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_the_proxy_keeps_accepting_after_one_connection_failed_before_it_was_accepted(own_redis: RedisServer) -> None:
+    proxy = TcpProxy(("127.0.0.1", own_redis.port))
+    proxy._listener = _FlakyListener(proxy._listener)  # type: ignore[assignment]  # (the test's fault)
+    with proxy:
+        with contextlib.suppress(redis.RedisError):  # the one whose accept failed
+            redis.Redis.from_url(proxy.url, socket_timeout=1).ping()
+        assert redis.Redis.from_url(proxy.url, socket_timeout=2).ping()  # before the fix: a timeout, forever
