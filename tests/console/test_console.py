@@ -131,8 +131,18 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     row = rows.split("<b>tenant:console</b>")[1].split("</tr>")[0]
     cells = {k: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", v)).strip()
              for k, v in re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row, re.S)}
-    assert cells == {"Weight": "3 operator", "Queued": "1 in agents@p2"}, cells
+    assert cells == {"Weight": "3 operator", "Queued": "1 in agents@p2", "Not ended": "0"}, cells
     assert "2 key(s), 1 with messages queued</span>" in page
+    # a key's cap and cap by bytes (as `mcq fair`): its tasks not ended against them
+    q.caps.set_key("tenant:capped", 1, reason="the console lists it")
+    q.caps.set_bytes("@tenant:capped", 1000, reason="the console lists it")
+    q.producer.enqueue("agents", "fix-issue", {"fair": 1}, fair_key="tenant:capped")
+    page = c.get("/limits").text
+    row = page.split('<table class="fair">')[1].split("<b>tenant:capped</b>")[1].split("</tr>")[0]
+    cells = {k: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", v)).strip()
+             for k, v in re.findall(r'<td data-label="([^"]+)">(.*?)</td>', row, re.S)}
+    assert cells["Not ended"] == "1 cap 1 10 of 1,000 bytes", cells  # ({"fair":1}: 10 bytes)
+    assert '<span class="chip st-failed">1</span>' in row
     assert c.get("/healthz").text == "ok"
 
 
