@@ -69,7 +69,8 @@ CHAOS_SHORT = "tests/faults/test_chaos_short.py"  # bench/chaos.py --short, to i
 ELSEWHERE = {"noop_app.py": "bench_workers.py's App",
              "controls_app.py": "bench_limits.py's and bench_breakers.py's App",
              "noop_jobs.py": "bench_workers.py's RQ jobs",
-             "recovery_app.py": "bench_recovery.py's App and RQ job"}
+             "recovery_app.py": "bench_recovery.py's App and RQ job",
+             "rq_baseline.py": "the bare-RQ worker classes of bench_workers.py, bench_peers.py, bench_recovery.py"}
 
 
 def test_every_bench_script_has_a_smoke_run() -> None:
