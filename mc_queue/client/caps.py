@@ -67,11 +67,13 @@ class Caps(Role):
             actor: str | None = None) -> bool:
         """Cap ``queue`` at ``max_depth`` tasks not ended (False: it already was, or an App's cap would
         replace an operator's)."""
+        self._scope(queue, key_ok=False)
         check_int(max_depth, what="max_depth", low=1, high=MAX_DEPTH)
         return str(self._admin("set", queue, reason, source, actor, max_depth)[0]) == "OK"
 
     def delete(self, queue: str, *, reason: str, actor: str | None = None) -> bool:
         """Remove the cap of ``queue`` (False: it had none)."""
+        self._scope(queue, key_ok=False)
         return str(self._admin("delete", queue, reason, "operator", actor, None)[0]) == "OK"
 
     def set_key(self, key: str, max_open: int, *, reason: str = "set by an operator", source: str = "operator",
@@ -100,12 +102,18 @@ class Caps(Role):
         self._scope(scope)
         return str(self._admin("delete_bytes", scope, reason, "operator", actor, None)[0]) == "OK"
 
-    def _scope(self, scope: str) -> None:
-        if isinstance(scope, str) and scope.startswith("@"):
+    def _scope(self, scope: str, *, key_ok: bool = True) -> None:
+        """A queue's name, or (key_ok) '@<fairness key>' / '@<family>:*': InvalidArgument otherwise."""
+        if key_ok and isinstance(scope, str) and scope.startswith("@"):
             check_slot_key(scope[1:])
+            return
+        try:
+            check_queue(scope)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def keys_all(self) -> list[KeyCapStatus]:
-        """Every fairness key with a cap or tasks not ended (counted for keys with a cap in force), by key."""
+        """Every fairness key with a cap or tasks not ended (every key's are counted, capped or not), by key."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.caps)
         pipe.hgetall(self.keys.counts)
@@ -128,11 +136,7 @@ class Caps(Role):
 
     def _admin(self, op: str, queue: str, reason: str, source: str, actor: str | None,
                max_depth: int | None) -> list[Any]:
-        if not queue.startswith("@"):
-            try:
-                check_queue(queue)
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
+        # (the scope, a queue or '@<key>', was checked by the caller)
         check_text(reason, what="reason", max_bytes=2000, min_chars=1)
         if source not in ("operator", "app"):
             raise InvalidArgument(f"source must be operator or app, got {source!r}")

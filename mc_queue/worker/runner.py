@@ -239,7 +239,8 @@ class McqBaseWorker(BaseWorker):
         try:
             super().teardown()  # type: ignore[no-untyped-call]  # (untyped in RQ)
         finally:
-            self.unsubscribe()
+            if not self.is_horse:  # (a work horse shares its parent's sockets: never its channel's)
+                self.unsubscribe()
 
     def unsubscribe(self) -> None:
         """Stop the command channel's thread (at most PUBSUB_STOP_S) and close its connection; the UNSUBSCRIBE

@@ -224,3 +224,12 @@ def test_the_cap_script_refuses_bad_bytes_arguments_and_changes_nothing(q: mc_qu
                           "reason": REASON, **argv})
     assert reply[0] == "E_BADARG", reply
     assert snapshot(q) == before
+
+
+@pytest.mark.parametrize("scope", [7, None, b"jobs", "@bad key", "@", "bad queue"])
+def test_a_bad_scope_is_refused_before_anything_is_sent(q: mc_queue.Client, scope: Any) -> None:
+    before = snapshot(q)
+    for call in (lambda: q.caps.set(scope, 3, reason=REASON), lambda: q.caps.set_bytes(scope, 3, reason=REASON)):
+        with pytest.raises(mc_queue.InvalidArgument):
+            call()
+    assert snapshot(q) == before
