@@ -37,15 +37,6 @@ def _line(s: FairStatus, cap: KeyCapStatus | None) -> str:
     return f"{s.key}: weight {s.weight}{each} ({_setting(s)}{source}); messages queued: {queued}{capped}"
 
 
-def _rows(obj: Ctx, queues: list[str] | None) -> list[tuple[FairStatus, KeyCapStatus | None]]:
-    """Each key with a weight, messages queued, a cap or tasks not ended: its fair share and its cap."""
-    shares = {s.key: s for s in obj.reader.fairness.all(queues)}
-    caps = {c.key: c for c in obj.reader.caps.keys_all()}
-    for key in sorted(set(caps) - set(shares)):  # (a key with a cap only: its weight as it stands)
-        shares[key] = obj.reader.fairness.status(key)
-    return [(shares[k], caps.get(k)) for k in sorted(shares)]
-
-
 @main.group(invoke_without_command=True)
 @click.option("--queue", "queues", multiple=True, help="Only the fair lanes of this queue (repeatable).")
 @click.option("--json", "as_json", is_flag=True)
@@ -59,7 +50,7 @@ def fair(ctx: click.Context, queues: tuple[str, ...], as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     obj: Ctx = ctx.obj
-    rows = _rows(obj, list(queues) or None)
+    rows = obj.reader.fairness.with_caps(obj.reader.caps, list(queues) or None)
     if as_json:
         emit_json({"fair": [{"key": s.key, "weight": s.weight, "setting": _setting(s), "family": s.family,
                              "source": s.source, "queued": s.queued, "cap": c.max_open if c else None,

@@ -15,12 +15,14 @@ urgent RQ queue is emptied first, and fairness orders each one's messages.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import cast
 
 from ..contracts.codec import check_int
 from ..contracts.errors import raise_for_reply
 from .base import Role
+from .caps import Caps, KeyCapStatus
 from .slots import check_slot_key, family_of
 
 MAX_WEIGHT = 1000
@@ -60,32 +62,40 @@ class Fairness(Role):
         return self._key_admin(op, key, key[:-1] if key.endswith(":*") else key, reason, source, SOURCES, actor,
                                limit=weight)
 
-    def all(self, queues: list[str] | None = None) -> list[FairStatus]:
+    def backlog(self, queue: str) -> dict[int, dict[str, int]]:
+        """A queue's fair lanes now: priority -> key -> its messages queued (one round trip, two with lanes)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for p in PRIORITY_LEVELS:
+            pipe.zrange(self.keys.fair_turns(queue, p), 0, -1)
+        turns = cast(list[list[str]], pipe.execute())
+        if not any(turns):
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for p, names in zip(PRIORITY_LEVELS, turns, strict=True):
+            for name in names:
+                pipe.hmget(self.keys.fair_lanes(queue, p), [f"{name}|h", f"{name}|t"])
+        ends = iter(cast(list[list[str | None]], pipe.execute()))
+        out: dict[int, dict[str, int]] = {}
+        for p, names in zip(PRIORITY_LEVELS, turns, strict=True):
+            for name in names:
+                h, t = next(ends)
+                if h and t and int(t) >= int(h):
+                    out.setdefault(p, {})[name] = int(t) - int(h) + 1
+        return out
+
+    def all(self, queues: list[str] | None = None, *, also: Iterable[str] = ()) -> list[FairStatus]:
         """Every key with a weight set or messages queued in the fair lanes of ``queues`` (every queue when
-        None), by key: two round trips plus one per queue with lanes."""
+        None), and the keys ``also`` names, by key: two round trips plus one or two per queue."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.limits)
         pipe.smembers(self.keys.queues)
         fields, known = cast(tuple[dict[str, str], set[str]], pipe.execute())
         queued: dict[str, dict[str, int]] = {}
         for queue in sorted(known) if queues is None else queues:
-            pipe = self.redis.pipeline(transaction=False)
-            for p in PRIORITY_LEVELS:
-                pipe.zrange(self.keys.fair_turns(queue, p), 0, -1)
-            turns = cast(list[list[str]], pipe.execute())
-            if not any(turns):
-                continue
-            pipe = self.redis.pipeline(transaction=False)
-            for p, names in zip(PRIORITY_LEVELS, turns, strict=True):
-                for name in names:
-                    pipe.hmget(self.keys.fair_lanes(queue, p), [f"{name}|h", f"{name}|t"])
-            ends = iter(cast(list[list[str | None]], pipe.execute()))
-            for p, names in zip(PRIORITY_LEVELS, turns, strict=True):
-                for name in names:
-                    h, t = next(ends)
-                    if h and t and int(t) >= int(h):
-                        queued.setdefault(name, {})[f"{queue}@p{p}"] = int(t) - int(h) + 1
-        names = sorted({k.rpartition("|")[0] for k in fields if k.endswith("|weight")} | set(queued))
+            for p, lanes in self.backlog(queue).items():
+                for name, n in lanes.items():
+                    queued.setdefault(name, {})[f"{queue}@p{p}"] = n
+        names = sorted({k.rpartition("|")[0] for k in fields if k.endswith("|weight")} | set(queued) | set(also))
         out = []
         for name in names:
             own = fields.get(f"{name}|weight")
@@ -99,22 +109,26 @@ class Fairness(Role):
     def status(self, key: str) -> FairStatus:
         """One key's weight as it stands (its own, its family's, or 1), without its lanes' backlog."""
         check_slot_key(key)
-        own = self.redis.hget(self.keys.limits, f"{key}|weight")
-        fam = family_of(key) if not key.endswith(":*") else None
-        setting = own or (self.redis.hget(self.keys.limits, f"{fam}|weight") if fam else None)
-        weight, _, source = str(setting).partition(" ") if setting else ("1", "", "")
-        return FairStatus(key=key, weight=int(weight), source=source or None, family=bool(setting) and not own,
-                          queued={})
+        return next(s for s in self.all([], also=[key]) if s.key == key)
+
+    def with_caps(self, caps: Caps, queues: list[str] | None = None) -> list[tuple[FairStatus, KeyCapStatus | None]]:
+        """Each key with a weight, messages queued, a cap or tasks not ended: its fair share and its cap (what
+        ``mcq fair`` and the console's Limits page list), by key."""
+        capped = {c.key: c for c in caps.keys_all()}
+        return [(s, capped.get(s.key)) for s in self.all(queues, also=capped)]
 
     def trim(self, queue: str, *, count: int = 1000) -> int:
         """Drop the passes idle keys left in a queue's fair lanes once they say nothing (``lua/fair_trim.lua``,
         run by the sweeper: a key that never comes back keeps nothing). Returns how many were dropped."""
         check_int(count, what="count", low=1, high=10_000)
         dropped = 0
+        pipe = self.redis.pipeline(transaction=False)
         for p in PRIORITY_LEVELS:
-            keys = {"lanes": self.keys.fair_lanes(queue, p), "turns": self.keys.fair_turns(queue, p)}
-            if not self.redis.exists(keys["lanes"]):
+            pipe.exists(self.keys.fair_lanes(queue, p))
+        for p, there in zip(PRIORITY_LEVELS, pipe.execute(), strict=True):  # (one round trip for the nine)
+            if not there:
                 continue
+            keys = {"lanes": self.keys.fair_lanes(queue, p), "turns": self.keys.fair_turns(queue, p)}
             cursor = 0
             while True:
                 reply = self._run("fair_trim", keys, {"cursor": cursor, "count": count})

@@ -173,15 +173,8 @@ def tidy_lanes(client: Client, rq: redis.Redis, queue: str) -> int:
     (``client.fairness.trim``). Returns the tickets pushed."""
     client.fairness.trim(queue)
     pushed = 0
-    for p in PRIORITIES:
-        keys = lane_keys(client, queue, p)
-        names = [str(k) for k in client.redis.zrange(keys["turns"], 0, -1)]
-        if not names:
-            continue
-        pipe = client.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hmget(keys["lanes"], [f"{name}|h", f"{name}|t"])
-        queued = sum(max(0, int(t) - int(h) + 1) for h, t in pipe.execute() if h and t)
+    for p, lanes in client.fairness.backlog(queue).items():
+        queued = sum(lanes.values())
         rq_key = rq_queue(rq, client.keys.prefix, queue, p).key
         tickets = cast(list[int] | None, rq.lpos(rq_key, TICKET, count=0))
         missing = queued - len(tickets or [])

@@ -490,13 +490,8 @@ def spend_ceilings(client: Client) -> dict[str, Any]:
 def fair_shares(client: Client) -> dict[str, Any]:
     """Each fairness key now (``mcq fair``'s columns): its weight and where it comes from, and its messages
     waiting in each queue's fair lanes."""
-    caps = {c.key: c for c in client.caps.keys_all()}
-    shares = {st.key: st for st in client.fairness.all()}
-    for key in sorted(set(caps) - set(shares)):  # (a key with a cap or tasks not ended only)
-        shares[key] = client.fairness.status(key)
     rows = []
-    for key, st in sorted(shares.items()):
-        c = caps.get(key)
+    for st, c in client.fairness.with_caps(client.caps):
         rows.append({"key": st.key, "weight": st.weight, "family": family_of(st.key) if st.family else None,
                      "each": st.key.endswith(":*"), "source": st.source or "default",
                      "queued": sorted(st.queued.items()), "backlog": sum(st.queued.values()),
