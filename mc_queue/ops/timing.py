@@ -8,7 +8,8 @@ are the sweeper's reminders; every decision is taken on the task as it is now.
 **Aging** (:func:`age_priorities`): a message waits in its priority's RQ queue at most ``aging_ms`` per
 level; past that it moves one level up per ``aging_ms`` since its Attempt was dispatched (Redis's clock),
 so a task of the lowest priority reaches the most urgent one after 8 x ``aging_ms`` and then waits its
-turn there: no priority starves for ever. A message a worker took meanwhile is not moved.
+turn there: no priority starves for ever. A message a worker took meanwhile is not moved. A message waiting
+in a fair lane moves to its key's lane a level up (``transport.move_laned``), where it takes its key's turn.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import redis
 from ..client import Client
 from ..client.base import ENDED_STATES
 from ..contracts.errors import McqError, NamespaceLost, TaskNotFound, TransitionRefused
-from ..producer.transport import PRIORITIES, attempt_of, move_message, rq_queue
+from ..producer.transport import PRIORITIES, attempt_of, move_laned, move_message, rq_queue
 
 
 def enforce_deadlines(client: Client, *, actor: str, limit: int) -> tuple[list[str], list[str]]:
@@ -82,4 +83,44 @@ def age_priorities(client: Client, rq: redis.Redis, *, aging_ms: int, limit: int
                 target = max(PRIORITIES[0], level - (now - int(at)) // aging_ms)
                 if target < level and move_message(rq, q, rq_queue(rq, prefix, queue, target), jid):
                     moved.append(f"{aid} p{level}->p{target}")
+            moved.extend(_age_lanes(client, rq, queue, level, now=now, aging_ms=aging_ms, limit=limit))
+    return moved
+
+
+def _age_lanes(client: Client, rq: redis.Redis, queue: str, level: int, *, now: int, aging_ms: int,
+               limit: int) -> list[str]:
+    """Aging in the fair lanes of one RQ queue: the head of each key's lane moves up while it waited long
+    enough (a lane is in dispatch order, so the message behind a young head is young too); ``limit``
+    messages at most are looked at."""
+    keys = client.keys
+    lanes = keys.fair_lanes(queue, level)
+    names = cast(list[str], client.redis.zrange(keys.fair_turns(queue, level), 0, limit - 1))
+    q = rq_queue(rq, keys.prefix, queue, level)
+    moved: list[str] = []
+    looked = 0
+    while names and looked < limit:
+        pipe = client.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(lanes, f"{name}|h")
+        heads = cast(list[str | None], pipe.execute())
+        pipe = client.redis.pipeline(transaction=False)
+        for name, h in zip(names, heads, strict=True):
+            pipe.hget(lanes, f"{name}|{h}")
+        jids = cast(list[str | None], pipe.execute())
+        aids = [attempt_of(q, jid) if jid else None for jid in jids]
+        pipe = client.redis.pipeline(transaction=False)
+        for aid in aids:
+            tid, _, n = (aid or "-:-/0").rpartition("/")
+            pipe.hget(keys.task(tid).task if aid else keys.nowhere().task, f"{n}.dispatched_at")
+        stamps = cast(list[str | None], pipe.execute())
+        looked += len(names)
+        again: list[str] = []
+        for name, jid, aid, at in zip(names, jids, aids, stamps, strict=True):
+            if jid is None or aid is None or not at:
+                continue
+            target = max(PRIORITIES[0], level - (now - int(at)) // aging_ms)
+            if target < level and move_laned(client, rq, queue, level, target, jid):
+                moved.append(f"{aid} p{level}->p{target}")
+                again.append(name)  # its next message may have waited as long
+        names = again
     return moved

@@ -127,7 +127,7 @@ def dispatch(client: Client, rq: redis.Redis, task: Task, attempt: Attempt, *,
                           connection=rq, serializer=JSONSerializer)
     jid = job_id(client.keys.prefix, attempt.id)
     if attempt.dispatches:  # sent before: RQ may still hold it, or remember it in a registry
-        laned = bool(task.fair_key) and in_lane(client, task.queue, task.priority, jid)
+        laned = bool(task.fair_key) and in_lane(client, task.queue, jid)
         if waiting(rq, queue, jid, claim_grace_ms=claim_grace_ms, laned=laned):
             client.schedule.mark_dispatched(attempt.id, recheck_ms=recheck_ms)
             return False

@@ -141,13 +141,36 @@ class LaneQueue(Queue):
             conn.execute()
 
 
+def move_laned(client: Client, rq: redis.Redis, queue: str, source: int, target: int, jid: str) -> bool:
+    """Move a message waiting at the head of its fair lane in the RQ queue of priority ``source`` to its key's
+    lane of priority ``target`` (priority aging; :func:`move_message` for the others): out of the source lane
+    (``lua/fair_take.lua``; False when a worker took it meanwhile: nothing else is done), then, in one MULTI,
+    one ticket fewer in the source RQ queue, its job's origin, the target lane and a ticket there. A crash
+    between the two loses the message, which the sweeper's dispatch walk sends again."""
+    reply = client.backend.run("fair_take", lane_keys(client, queue, source), {"job_id": jid})
+    if reply[0] != "OK":
+        return False
+    prefix = client.keys.prefix
+    pipe = rq.pipeline(transaction=True)
+    pipe.lrem(rq_queue(rq, prefix, queue, source).key, 1, TICKET)
+    pipe.hset(Job.key_for(jid), "origin", rq_queue_name(prefix, queue, target))
+    LaneQueue(rq_queue_name(prefix, queue, target), client=client, queue=queue, priority=target, lane=str(reply[1]),
+              connection=rq).push_job_id(jid, pipeline=pipe)
+    pipe.execute()
+    return True
+
+
 def lane_keys(client: Client, queue: str, priority: int) -> dict[str, str]:
     return {"lanes": client.keys.fair_lanes(queue, priority), "turns": client.keys.fair_turns(queue, priority)}
 
 
-def in_lane(client: Client, queue: str, priority: int, jid: str) -> bool:
-    """True when this job id waits in a fair lane of its queue's RQ queue of that priority."""
-    return bool(client.redis.hexists(client.keys.fair_lanes(queue, priority), f"j:{jid}"))
+def in_lane(client: Client, queue: str, jid: str) -> bool:
+    """True when this job id waits in a fair lane of one of its queue's RQ queues (aging may have moved it
+    from its own priority's)."""
+    pipe = client.redis.pipeline(transaction=False)
+    for p in PRIORITIES:
+        pipe.hexists(client.keys.fair_lanes(queue, p), f"j:{jid}")
+    return any(pipe.execute())
 
 
 def take_from_lane(client: Client, rq_key: str) -> str | None:
@@ -194,12 +217,17 @@ def waiting(rq: redis.Redis, queue: Queue, jid: str, *, claim_grace_ms: int, lan
     timeout + 60 s. Anything else (no job, a lost list entry, failed, finished) means the message
     must be sent again. RQ's start time is the worker's clock: a skewed one sends early (a duplicate
     message, refused by the claim) or late (by the skew), never loses the Attempt. ``laned``: its message
-    waits in a fair lane (:func:`in_lane`), the RQ queue's list holding a ticket for it."""
+    waits in a fair lane (:func:`in_lane`), the RQ queue's list holding a ticket for it. A message priority
+    aging moved waits in the list its job's origin names (one more round trip, only then)."""
     pipe = rq.pipeline(transaction=False)
-    pipe.hmget(Job.key_for(jid), ["status", "started_at"])
+    pipe.hmget(Job.key_for(jid), ["status", "started_at", "origin"])
     pipe.lpos(queue.key, jid)
-    (status, started_at), position = pipe.execute()
+    (status, started_at, origin), position = pipe.execute()
     if status == b"queued":
+        moved = origin.decode() if origin and origin.decode() != queue.name else None
+        parts, own = split_rq_name(moved or ""), split_rq_name(queue.name)
+        if position is None and moved and parts and own and parts[:2] == own[:2]:  # aging moved it up a level
+            position = rq.lpos(Queue(moved, connection=rq).key, jid)
         return position is not None or laned
     if status == b"started":
         now = time.time()

@@ -61,10 +61,12 @@ ACKNOWLEDGED = frozenset({
 # free slot and Attempts waiting for it. A spend ledger's trim lost leaves buckets no window reads: the next
 # sweep drops them. The fair lanes are transport: a message queued in a lane and lost is not waiting, so the
 # sweeper sends it again (its Attempt not claimed in time); one taken and the taking lost is taken twice (the
-# claim refuses the second); an idle key's pass trimmed and lost is trimmed again.
+# claim refuses the second); an idle key's pass trimmed and lost is trimmed again; a message aging took out of
+# its lane and lost before the lane a level up is not waiting either, and is sent again.
 REDERIVED = frozenset({"renew", "expire", "mark_dispatched", "index_drop", "reconcile_begin", "lineage", "due",
                        "pack", "retire", "idem_trim", "queue_forget", "periodic_decide", "periodic_done", "release",
-                       "slot_wake", "slot_audit", "spend_trim", "fair_push", "fair_pop", "fair_trim"})
+                       "slot_wake", "slot_audit", "spend_trim", "fair_push", "fair_pop", "fair_trim",
+                       "fair_take"})
 
 
 def lua_dir() -> Path:

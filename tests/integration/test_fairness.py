@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import mc_queue
-from mc_queue import TaskState
+from mc_queue import Sweeper, TaskState
 from mc_queue.producer.dispatch import dispatch
-from mc_queue.producer.transport import TICKET, job_id, rq_queue_name, tidy_lanes
+from mc_queue.producer.transport import TICKET, job_id, move_laned, rq_queue_name, tidy_lanes
 from tests.harness import BASIC, Harness, harness_fixture, wait_for
 
 QUEUE = "jobs"
@@ -219,6 +219,46 @@ def test_a_batch_worker_takes_the_fair_lanes_in_turn_too(h: Harness) -> None:
     h.run_worker("batch", BASIC, "--batch", "8", timeout=120)
     order = claim_order(h, ids)
     assert max(i for i, k in enumerate(order) if k != "tenant:big") < 10, order
+
+
+def lanes_of(h: Harness, priority: int) -> dict[str, list[str]]:
+    """Each fairness key's messages waiting in the lanes of one priority, in lane order."""
+    raw = h.client.redis.hgetall(h.client.keys.fair_lanes(QUEUE, priority))
+    out: dict[str, list[str]] = {}
+    for field, jid in sorted(raw.items(), key=lambda kv: kv[0]):
+        key, _, seq = field.rpartition("|")
+        if key and seq.isdigit() and not field.startswith("j:"):
+            out.setdefault(key, []).append(jid)
+    return out
+
+
+def test_aging_moves_a_laned_message_to_its_key_s_lane_a_level_up_with_its_ticket(h: Harness) -> None:
+    low = h.basic.enqueue("noop", {"n": 1}, fair_key="tenant:acme", priority=9)
+    other = h.basic.enqueue("noop", {"n": 2}, fair_key="tenant:acme", priority=9)
+    jid, jid2 = job_id(h.prefix, f"{low.id}/1"), job_id(h.prefix, f"{other.id}/1")
+    aging = Sweeper(h.client, priority_aging_ms=300)
+    assert aging.run_once().aged == [] and lanes_of(h, 9) == {"tenant:acme": [jid, jid2]}  # young: stays
+    h.client.redis.hset(h.client.keys.task(low.id).task, "1.dispatched_at",
+                        str(h.client.backend.redis_time_ms() - 350))  # only the first waited a period
+    assert aging.run_once().aged == [f"{low.id}/1 p9->p8"]
+    assert lanes_of(h, 8) == {"tenant:acme": [jid]} and lanes_of(h, 9) == {"tenant:acme": [jid2]}
+    assert rq_list(h, 8) == [TICKET] and rq_list(h, 9) == [TICKET]  # one ticket each: none lost, none extra
+    assert h.rq.hget(f"rq:job:{jid}", "origin").decode() == rq_queue_name(h.prefix, QUEUE, 8)
+    assert not again(h, low.id)  # waiting in its new lane: not sent again
+    assert rq_list(h, 8) == [TICKET] and lanes_of(h, 8) == {"tenant:acme": [jid]}
+    h.run_worker("simple", BASIC)  # the moved message is accepted (its origin moved with it), the other too
+    assert h.task(low.id).state is TaskState.SUCCEEDED and h.task(other.id).state is TaskState.SUCCEEDED
+    assert rq_list(h, 8) == [] and rq_list(h, 9) == [] and lanes_of(h, 8) == {} and lanes_of(h, 9) == {}
+
+
+def test_a_laned_message_taken_while_aging_looks_is_not_moved(h: Harness) -> None:
+    low = h.basic.enqueue("noop", {"n": 1}, fair_key="tenant:acme", priority=9)
+    jid = job_id(h.prefix, f"{low.id}/1")
+    assert move_laned(h.client, h.rq, QUEUE, 9, 8, jid) is True
+    assert pop(h.client, 8)[1] == jid  # a worker took it
+    assert move_laned(h.client, h.rq, QUEUE, 8, 7, jid) is False  # gone: nothing else is done
+    assert lanes_of(h, 7) == {} and rq_list(h, 7) == []
+    assert h.rq.hget(f"rq:job:{jid}", "origin").decode() == rq_queue_name(h.prefix, QUEUE, 8)
 
 
 # --------------------------------------------------------------------------- settings

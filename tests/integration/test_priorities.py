@@ -18,6 +18,7 @@ from rq import Queue
 
 import mc_queue
 from mc_queue import Sweeper, TaskState
+from mc_queue.producer.dispatch import dispatch
 from mc_queue.producer.transport import job_id, rq_queue_name, split_rq_name
 from tests.harness import BASIC, Harness, harness_fixture
 
@@ -130,6 +131,18 @@ def test_aging_moves_a_waiting_message_up_a_level_per_period_and_not_before(h: H
     assert rq_list(h, 1) == [jid]  # at the top, it waits its turn there
     h.run_worker("simple", BASIC)  # the moved message is still accepted (its origin moved with it)
     assert h.task(low.id).state is TaskState.SUCCEEDED
+
+
+def test_a_message_aging_moved_is_still_waiting_and_not_sent_again(h: Harness) -> None:
+    low = h.basic.enqueue("noop", {"n": 1}, priority=9)
+    jid = job_id(h.prefix, f"{low.id}/1")
+    tk = h.client.keys.task(low.id).task
+    h.client.redis.hset(tk, "1.dispatched_at", str(h.client.backend.redis_time_ms() - 650))
+    assert Sweeper(h.client, priority_aging_ms=300).run_once().aged == [f"{low.id}/1 p9->p7"]
+    task = h.task(low.id)
+    assert task.latest is not None
+    assert not dispatch(h.client, h.rq, task, task.latest, claim_grace_ms=0)  # the walk's recheck: still queued
+    assert rq_list(h, 7) == [jid] and rq_list(h, 9) == []  # where aging put it, its climb not undone
 
 
 def test_mcq_tasks_filters_by_priority(h: Harness) -> None:

@@ -36,7 +36,7 @@ from mc_queue.client.limits import BreakerSetting
 from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code
 from mc_queue.contracts.periodic import PeriodicSchedule
-from mc_queue.producer.transport import LaneQueue, lane_keys, rq_queue_name, take_from_lane
+from mc_queue.producer.transport import LaneQueue, lane_keys, move_laned, rq_queue_name, take_from_lane
 from mc_queue.store.scripts import specs
 from mc_queue.testing import RedisServer, unique_prefix
 
@@ -235,6 +235,7 @@ def good_calls(w: World) -> dict[str, Callable[[], Any]]:
                                        lane="tenant:c", connection=q.redis).push_job_id("mcq-c-1"),
         "fair_pop": lambda: take_from_lane(q, f"rq:queue:{rq_queue_name(q.keys.prefix, 'jobs')}"),
         "fair_trim": lambda: q.fairness.trim("jobs"),
+        "fair_take": lambda: move_laned(q, q.redis, "jobs", 5, 4, "mcq-b-1"),
         "queue_forget": lambda: q.maintenance.forget_empty_queues(limit=10),
         "periodic_publish": lambda: q.periodic.publish(PeriodicSchedule(name="hourly", handler="h", queue="jobs",
                                                                         every_s=3600)),

@@ -20,7 +20,7 @@ from mc_queue.client.producer import NewTask
 from mc_queue.contracts.errors import Code, McqError, raise_for_reply
 from mc_queue.contracts.periodic import PeriodicSchedule
 from mc_queue.producer.dispatch import dispatch
-from mc_queue.producer.transport import job_id, rq_connection, rq_queue_name, take_from_lane
+from mc_queue.producer.transport import job_id, move_laned, rq_connection, rq_queue_name, take_from_lane
 from mc_queue.store.scripts import ScriptRunner, load_specs, lua_dir, parse_header
 
 LUA = lua_dir()
@@ -727,6 +727,10 @@ def _full_lifecycle(q: mc_queue.Client) -> None:
     fair = q.producer.enqueue("jobs", "h", {"n": "fair"}, fair_key="tenant:a")
     rq = rq_connection(q)
     try:
+        assert dispatch(q, rq, fair, fair.attempts[0])
+        assert move_laned(q, rq, "jobs", 5, 4, job_id(q.keys.prefix, f"{fair.id}/1"))  # priority aging
+        assert take_from_lane(q, f"rq:queue:{rq_queue_name(q.keys.prefix, 'jobs', 4)}") == job_id(q.keys.prefix,
+                                                                                                  f"{fair.id}/1")
         assert dispatch(q, rq, fair, fair.attempts[0])
         assert take_from_lane(q, f"rq:queue:{rq_queue_name(q.keys.prefix, 'jobs')}") == job_id(q.keys.prefix,
                                                                                                f"{fair.id}/1")
