@@ -67,7 +67,9 @@
 -- Fallbacks: a key whose breaker is down (open, or half-open with every probe out) does not hold the claim
 -- when one of its declared fallbacks ("<key>|fallbacks") is named by the task too and its own breaker is
 -- closed (or its open time is over): the Attempt is claimed, recording 'admitted_via' ("<key>><fallback>"),
--- and its handler's call goes to the fallback (limit_stamp.lua records the switch).
+-- and its handler's call goes to the fallback (limit_stamp.lua records the switch). A last fallback '-' (the
+-- step can be skipped) is always up: claimed with 'admitted_via' "<key>>-" when no fallback before it is; and
+-- a fallback of such a key, named only as a dependency, does not hold the claim when it is down itself.
 -- Spend ceilings (denial of wallet): a key with a ceiling set (its own or its family's: cost and/or tokens per
 -- window) admits an Attempt only when what the key's Attempts spent in the window ending now, plus what its
 -- running Attempts reserved, plus this Attempt's estimate stays within it (with an estimate of 0, while
@@ -200,6 +202,17 @@ local function estimate()
   end
   return {cost = math.ceil(math.max(0, cost) * 1000 - 1e-6), tokens = math.max(0, math.floor(tokens))}
 end
+-- A key named only as a dependency (cost 0) that is a declared fallback of another key the task names, whose
+-- last fallback is '-' (its step can be skipped): that key down does not hold the claim on its own account.
+local function skip_covers(K, x)
+  for _, w in ipairs(wanted) do
+    if w[1] ~= x then
+      local fl = string.match(redis.call('HGET', K.limits, w[1] .. '|fallbacks') or '', '^(%S+)') or ''
+      if string.sub(fl, -2) == ',-' and string.find(',' .. fl .. ',', ',' .. x .. ',', 1, true) then return true end
+    end
+  end
+  return false
+end
 for i, w in ipairs(wanted) do
   local K = ITEMS[i]
   local name, cost = w[1], w[2]
@@ -237,13 +250,14 @@ for i, w in ipairs(wanted) do
   end
   if at then  -- down: unless the task names one of its declared fallbacks, and that one is up
     for fb in string.gmatch(string.match(c[14] or '', '^(%S+)') or '', '[^,]+') do
+      if fb == '-' and not st.fallback then st.fallback = fb end  -- (last: the step can be skipped)
       if named[fb] and not st.fallback then
         local fs = redis.call('HGET', K.limits, fb .. '|bstate')
         local fkind, funtil = string.match(fs or '', '^(%a+) (%d+)')
         if not fkind or (fkind == 'open' and tonumber(funtil) <= ts) then st.fallback = fb end
       end
     end
-    if st.fallback then at = nil else st.breaker = true end
+    if st.fallback or (cost == 0 and skip_covers(K, name)) then at = nil else st.breaker = true end
   end
   if st.breaker then
   elseif paused and paused > ts then

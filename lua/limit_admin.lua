@@ -46,7 +46,8 @@
 -- ARGV[11] on_full   what a claim does when the key's slots are all held (slots): 'wait' | 'reject' |
 --                    'supersede'; or when the key's spend ceiling is reached (spend): 'wait' | 'reject'; else ''
 -- ARGV[12] tokens    the tokens ceiling (spend; '' for none), else ''
--- ARGV[13] fallbacks the key's fallbacks, in order: keys joined by ',' (fallbacks; at most 8), else ''
+-- ARGV[13] fallbacks the key's fallbacks, in order: keys joined by ',' (fallbacks; at most 8; the last may be
+--                    '-': the step calling the key can be skipped while it is down), else ''
 -- Returns: {'OK', op, at_ms} (for a pause: {'OK', 'pause', paused_until_ms}; for a trip, when it half-opens)
 --          | {'NOOP', why}
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
@@ -98,14 +99,14 @@ if (A.op == 'fallbacks') ~= (A.fallbacks ~= '') then
   return {'E_BADARG', 'fallbacks is for op fallbacks, and that op needs it'}
 end
 if A.op == 'fallbacks' then
-  local seen, count = {[A.key] = true}, 0
+  local seen, count, skip = {[A.key] = true}, 0, false
   for fb in string.gmatch(A.fallbacks .. ',', '([^,]*),') do
     count = count + 1
-    if #fb > 128 or not string.find(fb, '^[%w][%w_%.:%-]*$') or seen[fb] or count > 8 then
+    if skip or (fb ~= '-' and (#fb > 128 or not string.find(fb, '^[%w][%w_%.:%-]*$'))) or seen[fb] or count > 8 then
       return {'E_BADARG', "fallbacks must be 1-8 distinct keys joined by ',', none the key itself (letters, digits, " ..
-        "'_', '.', ':', '-')"}
+        "'_', '.', ':', '-'), the last of them may be '-' (the step can be skipped)"}
     end
-    seen[fb] = true
+    seen[fb], skip = true, fb == '-'
   end
 end
 if A.op == 'weight' and (not A.limit or A.limit > 1000) then

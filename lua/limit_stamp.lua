@@ -32,13 +32,17 @@
 -- ARGV[6] min_seq
 -- ARGV[7] proof      claim sequence of the fence when the caller's client was issued it, or ''
 -- ARGV[8] fallback_for  '' or the primary key this call stands in for (one the task names)
+-- ARGV[9] skip       '1': the step calling the key is skipped (its last declared fallback is '-') instead of
+--                    calling it, else ''; fallback_for must then be ''. Down now (as for a fallback call):
+--                    recorded once on the Attempt ('fallbacks': "<key>>-") and in its history (step_skipped);
+--                    up: NOOP, nothing written (call it)
 -- Returns: {'OK', stamped_ms} (stamped_ms: '' when the key has no limit set)
 --          {'NOOP', why} (a fallback call while its primary is up: nothing written)
 --          {'E_LIMITED', why, due_ms} (its units left the window and others took them: call at due_ms)
 --          {'E_OPEN', why, until_ms} (its circuit breaker is open, or half-open and this is no probe)
 --          {'E_STALE'|'E_STATE'|'E_EXPIRED', current_fence, attempt_state, lease_exp}
 --          {'E_NOTASK', why} | {'E_NSLOST', why} | {'E_NONS', why} | {'E_BADARG', why}
--- Events: stale_write_refused | fallback_used
+-- Events: stale_write_refused | fallback_used | step_skipped
 -- Idempotent: yes (a resend stamps the same entry again, later: still in its window)
 --@include common
 --@include fenced
@@ -51,8 +55,9 @@ local A, bad = args(ARGV, with({
   'fence', 'int', 0, MAX_INT,
   'worker', 'text', 200, false,
   'key', 'lkey', false, false,
-}, fenced_args(), {'fallback_for', 'text', 128, false}))
+}, fenced_args(), {'fallback_for', 'text', 128, false, 'skip', 'enum', '||1|', false}))
 if bad then return bad end
+if A.skip == '1' and A.fallback_for ~= '' then return {'E_BADARG', 'skip is for the key itself: fallback_for must be empty'} end
 if string.sub(K.log, -(#A.key + 7)) ~= ':limit:' .. A.key then return {'E_BADARG', 'log is not the log of ' .. A.key} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
@@ -71,13 +76,31 @@ local ts
 err, ts = fence_check(K, A, A.worker, '', 'limit_stamp', false)
 if err then return err end
 
-local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used', A.key .. '|bstate', A.key .. '|bwhy')
+local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|fallbacks')
 -- The key's circuit breaker: no call while it is open; while half-open, only its probe Attempts call.
 local bkind, b1 = string.match(c[3] or '', '^(%a+) (%d+)')
+local probes = ',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ','
+if A.skip == '1' then  -- an optional step: skipped only when declared so and the key is down now
+  local declared = string.match(c[5] or '', '^(%S+)') or ''
+  if not string.find(',' .. declared .. ',', ',-,', 1, true) then
+    return {'E_BADARG', A.key .. ' declares no skip (its fallbacks: ' .. (declared ~= '' and declared or 'none') ..
+      '): declare it with App.optional'}
+  end
+  local probe = string.find(probes, ',' .. A.key .. ',', 1, true)
+  if not bkind or (probe and not (bkind == 'open' and tonumber(b1) > ts)) then
+    return {'NOOP', 'the breaker of ' .. A.key .. ' is not open: call it'}
+  end
+  local had = aget(K.attempts, A.raw.n, 'fallbacks') or ''
+  if not string.find(',' .. had .. ',', ',' .. A.key .. '>-,', 1, true) then
+    aset(K.attempts, A.raw.n, {'fallbacks', had == '' and (A.key .. '>-') or (had .. ',' .. A.key .. '>-')})
+    emit(K.events, 'step_skipped', {'attempt', A.raw.n, 'worker', A.worker, 'key', A.key,
+      'why', c[4] or 'its circuit breaker is open'})
+  end
+  return {'OK', ''}
+end
 if bkind == 'open' and tonumber(b1) > ts then
   return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is open until ' .. b1 .. ' ms (Redis clock): ' .. (c[4] or ''), b1}
 end
-local probes = ',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ','
 if bkind and not string.find(probes, ',' .. A.key .. ',', 1, true) then
   return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is half-open: only its probe Attempts call it', fmt(ts + 250)}
 end

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ..client.limits import LimitStatus
-from ..ops.render import duration
+from ..ops.render import duration, fallback_name
 from .errors import handle_errors
 from .options import Ctx, check_reason, duration_ms
 from .output import emit_json
@@ -105,7 +105,7 @@ def _breaker_line(s: LimitStatus) -> str:
     if s.breaker_state == "open" and s.breaker_until_ms:
         state += f" for {duration(max(0, s.breaker_until_ms - s.now_ms))}"
     why = f": {s.breaker_why}" if s.breaker_why else ""
-    fallbacks = f"; fallbacks {', '.join(s.fallbacks)}" if s.fallbacks else ""
+    fallbacks = f"; fallbacks {', '.join(map(fallback_name, s.fallbacks))}" if s.fallbacks else ""
     return (f"{s.key}: {state}{why}; {setting}{fallbacks}; opened {s.breaker_opened} time(s), "
             f"{s.breaker_deferred} claim(s) deferred")
 

@@ -329,7 +329,14 @@ class LeaseHolder(Role):
         once (``fallbacks``, a ``fallback_used`` event). False, nothing written: the primary is up, call it."""
         return str(self._stamp(attempt_id, fence, key, worker_id, primary)[0]) != "NOOP"
 
-    def _stamp(self, attempt_id: str, fence: int, key: str, worker_id: str, primary: str) -> list[Any]:
+    def stamp_skip(self, attempt_id: str, fence: int, key: str, *, worker_id: str = "") -> bool:
+        """The step calling ``key`` (one the task names, whose last declared fallback is ``SKIP_STEP``) is
+        skipped while its breaker is down: recorded on the Attempt once (``fallbacks``: key -> ``SKIP_STEP``, a
+        ``step_skipped`` event), fenced. False, nothing written: the key is up, call it."""
+        return str(self._stamp(attempt_id, fence, key, worker_id, "", skip=True)[0]) != "NOOP"
+
+    def _stamp(self, attempt_id: str, fence: int, key: str, worker_id: str, primary: str, *,
+               skip: bool = False) -> list[Any]:
         task_id, n, tk = self._attempt(attempt_id)
         try:
             log = self.keys.limit_log(key)
@@ -338,7 +345,8 @@ class LeaseHolder(Role):
         reply = self._run("limit_stamp", {
             **self._ns_keys(), "task": tk.task, "attempts": tk.attempts_v1, "events": tk.events,
             "stats": self.keys.stats, "fence": tk.fence, "lease": tk.lease, "limits": self.keys.limits, "log": log,
-        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key, "fallback_for": primary})
+        }, {"n": n, **self._fenced_args(attempt_id, fence, worker_id), "key": key, "fallback_for": primary,
+            "skip": "1" if skip else ""})
         raise_for_reply(reply, script="limit_stamp", task_id=task_id, attempt_id=attempt_id, presented_fence=fence)
         return reply
 

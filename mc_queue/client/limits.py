@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..contracts.codec import check_int, check_seconds, check_text
 from ..contracts.errors import Code, InvalidArgument, raise_for_reply
-from ..contracts.keys import check_limit_name
+from ..contracts.keys import SKIP_STEP, check_limit_name
 from .base import Role
 
 MAX_WINDOW_S = 30 * 86_400  # the longest window and the longest pause (lua/limit_admin.lua MAX_WINDOW_MS)
@@ -168,14 +168,17 @@ class Limits(Role):
         """Declare the fallbacks of dependency ``key``, in the order they are tried (``lua/limit_admin.lua``):
         while its breaker is down, a task that names one of them too is claimed, and its handler's
         ``ctx.call(key, fn, fallback=...)`` goes to the first one that is up (``lua/limit_stamp.lua`` records
-        the switch on the Attempt). False: already so, or an App's setting would replace an operator's."""
+        the switch on the Attempt). The last may be :data:`SKIP_STEP`: with none up, the step is skipped
+        (its tasks are claimed, the skip recorded). False: already so, or an App's setting would replace an
+        operator's."""
         try:
-            for fb in [key, *fallbacks]:
+            for fb in [key, *(fallbacks[:-1] if fallbacks[-1:] == [SKIP_STEP] else fallbacks)]:
                 check_limit_name(fb)
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
         if not fallbacks or len(set(fallbacks)) != len(fallbacks) or key in fallbacks or len(fallbacks) > 8:
-            raise InvalidArgument(f"fallbacks of {key}: 1-8 distinct keys other than {key}, got {fallbacks!r}")
+            raise InvalidArgument(f"fallbacks of {key}: 1-8 distinct keys other than {key} (the last may be "
+                                  f"{SKIP_STEP!r}: the step can be skipped), got {fallbacks!r}")
         return str(self._admin("fallbacks", key, reason, source, actor, fallbacks=",".join(fallbacks))[0]) == "OK"
 
     def delete_fallbacks(self, key: str, *, reason: str, actor: str | None = None) -> bool:

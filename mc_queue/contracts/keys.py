@@ -146,6 +146,9 @@ def check_queue(queue: str) -> str:
 
 
 LIMIT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+# The last of a dependency's declared fallbacks may be this: the step that calls it can be skipped while it is
+# down (``App.optional``; no key is named so, a limit key starts with a letter or digit).
+SKIP_STEP = "-"
 
 
 def check_limit_name(name: str) -> str:

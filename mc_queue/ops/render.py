@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from ..contracts.keys import SKIP_STEP
 from ..contracts.models import Attempt, EffectRecord, Event, Task, TaskState
 
 MAX_WIDTH = 80  # every text command fits 80 columns: long values are wrapped, never cut
@@ -128,6 +129,11 @@ def duration(ms: float) -> str:
         return f"{h}h {m:02d}m"
     d, h = divmod(h, 24)
     return f"{d}d {h:02d}h"
+
+
+def fallback_name(key: str) -> str:
+    """A declared fallback as people read it: its key, or what the optional step's skip means."""
+    return "(skip the step)" if key == SKIP_STEP else key
 
 
 def _between(a: datetime | None, b: datetime | None) -> str:
@@ -333,10 +339,12 @@ def _print_attempt(console: Console, a: Attempt) -> None:
     if a.spend:  # spend ceilings it reserved on at claim (its budget's rest), replaced by its cost as it ends
         _field(console, "spend reserved", "; ".join(f"{k}: cost {c:g}, tokens {t}" for k, (c, t) in a.spend.items()))
     if a.admitted_via:
-        _field(console, "claimed while down", "; ".join(f"{k} (its fallback {v} was up)"
-                                                       for k, v in a.admitted_via.items()))
+        _field(console, "claimed while down", "; ".join(
+            f"{k} (its step can be skipped)" if v == SKIP_STEP else f"{k} (its fallback {v} was up)"
+            for k, v in a.admitted_via.items()))
     if a.fallbacks:  # a provider failover: what it ran on is not what its task named first
-        _field(console, "fallbacks used", "; ".join(f"{k} -> {v}" for k, v in a.fallbacks.items()))
+        _field(console, "fallbacks used", "; ".join(f"{k} -> {'(step skipped)' if v == SKIP_STEP else v}"
+                                                   for k, v in a.fallbacks.items()))
     if a.phase:
         _field(console, "phase", a.phase)
     f = a.failure

@@ -32,7 +32,7 @@ from ..client.spend import check_ceiling
 from ..contracts.codec import check_int, check_seconds, check_text
 from ..contracts.config import Budget, Retention, RetryPolicy
 from ..contracts.errors import InvalidArgument
-from ..contracts.keys import check_limit_name, check_queue
+from ..contracts.keys import SKIP_STEP, check_limit_name, check_queue
 from ..contracts.periodic import CatchUp, Overlap, PeriodicSchedule
 from ..policy.effects import Reconcile, mint_key
 from ..store.backend import DEFAULT_MAX_LEASE_MS
@@ -83,6 +83,11 @@ class Fallback:
     latency: str | None = None
     autonomy: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def skips(self) -> bool:
+        """True for the declaration that the step can be skipped (``App.optional``): no key is called."""
+        return self.key == SKIP_STEP
 
 
 @dataclass(frozen=True)
@@ -271,17 +276,39 @@ class App:
         handler's ``ctx.call(primary, fn, fallback=use)`` calls ``use(fallback)`` through the fallback's
         gateway instead, the switch recorded on the Attempt (``Attempt.fallbacks``, a ``fallback_used``
         event). Handlers naming the primary name its fallbacks too (cost 0), declared before or after them."""
-        for k in (primary, key):
-            check_limit_name(k)
-        check_text(quality, what="quality", max_bytes=500, min_chars=1)
-        have = self.fallbacks.get(primary, ())
-        if key == primary or any(fb.key == key for fb in have) or len(have) >= 8:
-            raise InvalidArgument(f"fallback {key!r} of {primary!r}: at most 8, distinct, not the primary itself")
-        fb = Fallback(primary, key, quality, cost, latency, autonomy, dict(params or {}))
-        self.fallbacks[primary] = (*have, fb)
+        try:
+            for k in (primary, key):
+                check_limit_name(k)
+        except ValueError as exc:
+            raise InvalidArgument(f"{exc} (a step that can be skipped: App.optional)") from None
+        fb = self._declare(Fallback(primary, key, quality, cost, latency, autonomy, dict(params or {})))
         for name, spec in self.handlers.items():  # handlers declared before: they name the fallback too
             if primary in spec.limits and key not in spec.limits:
                 self.handlers[name] = replace(spec, limits={**spec.limits, key: 0})
+        return fb
+
+    def optional(self, primary: str, *, quality: str, cost: str | None = None,
+                 latency: str | None = None) -> Fallback:
+        """Declare that the step calling dependency ``primary`` can be skipped (tried after every fallback):
+        while its breaker is down and no declared fallback is up, its tasks are still claimed, and a handler's
+        ``ctx.call(primary, fn, fallback=use)`` calls ``use(fb)`` with ``fb.skips`` True instead, the skip
+        recorded on the Attempt (``Attempt.fallbacks``: primary -> ``SKIP_STEP``, a ``step_skipped`` event).
+        ``quality``: what the result lacks without the step."""
+        try:
+            check_limit_name(primary)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if any(fb.skips for fb in self.fallbacks.get(primary, ())):
+            raise InvalidArgument(f"the step calling {primary!r} is declared optional once")
+        return self._declare(Fallback(primary, SKIP_STEP, quality, cost, latency))
+
+    def _declare(self, fb: Fallback) -> Fallback:
+        check_text(fb.quality, what="quality", max_bytes=500, min_chars=1)
+        have = self.fallbacks.get(fb.primary, ())
+        if fb.key == fb.primary or any(f.key == fb.key for f in have) or len(have) >= 8:
+            raise InvalidArgument(f"fallback {fb.key!r} of {fb.primary!r}: at most 8, distinct, not the primary "
+                                  "itself")
+        self.fallbacks[fb.primary] = tuple(sorted((*have, fb), key=lambda f: f.skips))  # (the skip is tried last)
         return fb
 
     def probe(self, key: str, check: Callable[[], Any], *, every_s: float = 5.0, timeout_s: float = 2.0) -> None:
@@ -364,7 +391,8 @@ class App:
         all_limits = {**{key: 0 for key in needs}, **dict(limits or {})}
         for key in list(all_limits):  # a dependency's declared fallbacks: its tasks name them too
             for fb in self.fallbacks.get(key, ()):
-                all_limits.setdefault(fb.key, 0)
+                if not fb.skips:
+                    all_limits.setdefault(fb.key, 0)
         limits_text(all_limits)  # InvalidArgument for a bad key or cost, now rather than at enqueue
 
         def register(fn: Handler) -> Handler:

@@ -252,7 +252,9 @@ class Context:
         call that worked. The exception, if any, is raised again as it was. ``fallback``: while the breaker
         is open, ``fallback(chosen)`` is called instead through the first of the App's declared fallbacks
         of ``key`` that is up (``App.fallback``; ``chosen.params`` says what to call it with), the switch
-        recorded on the Attempt; with none up the call is refused as without one."""
+        recorded on the Attempt; with none up and the step declared optional (``App.optional``),
+        ``fallback(chosen)`` with ``chosen.skips`` True (no dependency is called; the skip recorded); else the
+        call is refused as without one."""
         return self._gateway.call(key, fn, needs_s, fallback)
 
     # -- the handler's calls

@@ -3,8 +3,9 @@ names goes through it (``ctx.calling``, ``ctx.call``). Before the call its circu
 its rate limit's units are counted from now (``lua/limit_stamp.lua``); after it, the outcome is recorded
 for the breaker (``lua/breaker_record.lua``). When the breaker is open and the App declared fallbacks for
 the key (``App.fallback``), the reliability controller chooses the first one that is up and the call goes
-there, the switch recorded on the Attempt; with none up, or no fallback given, the call is refused before
-it starts (a capacity failure, retried when the breaker half-opens)."""
+there, the switch recorded on the Attempt; a step declared optional (``App.optional``) is skipped when no
+fallback is up, the skip recorded; with none, or no fallback given, the call is refused before it starts
+(a capacity failure, retried when the breaker half-opens)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class Gateway:
             if fallback is None:
                 raise
             chosen = self._choose(key, down)
+            if chosen is not None and chosen.skips:  # the step is skipped: no dependency is called
+                return fallback(chosen)
             if chosen is not None:
                 return self._outcome(chosen.key, lambda: fallback(chosen))
         return self._outcome(key, fn)
@@ -79,12 +82,18 @@ class Gateway:
             if not used:  # the primary's breaker closed meanwhile: the call is its own again
                 self.calling(primary)
                 return None
-            log.warning("attempt %s: %s is down, calling its fallback %s (%s)", self.attempt_id, primary, fb.key,
-                        fb.quality)
+            if fb.skips:
+                log.warning("attempt %s: %s is down, skipping the step (%s)", self.attempt_id, primary, fb.quality)
+            else:
+                log.warning("attempt %s: %s is down, calling its fallback %s (%s)", self.attempt_id, primary,
+                            fb.key, fb.quality)
             return fb
         raise down
 
     def _stand_in(self, fb: Fallback) -> Callable[[], bool]:
+        if fb.skips:
+            return lambda: self.client.leases.stamp_skip(self.attempt_id, self.fence, fb.primary,
+                                                         worker_id=self.worker_id)
         return lambda: self.client.leases.stamp_fallback(self.attempt_id, self.fence, fb.key, fb.primary,
                                                          worker_id=self.worker_id)
 

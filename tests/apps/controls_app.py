@@ -166,3 +166,17 @@ def ask_model(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
     handler's tasks): the answer says which model version answered."""
     return ctx.call("model:big", lambda: {"model": "big-2026-10"},
                     fallback=lambda fb: {"model": str(fb.params["model"]), "autonomy": fb.autonomy})
+
+
+# ------------------------------------------------------------------------------ an optional step
+
+app.optional("model:review", quality="the pull request is opened without an AI review")
+
+
+@app.handler("open-pr-reviewed", needs=["model:review"])
+def open_pr_reviewed(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks the review model for a review; while its breaker is open the App's declaration lets the step be
+    skipped (no other model stands in): the result says so."""
+    review = ctx.call("model:review", lambda: {"review": "looks good"},
+                      fallback=lambda fb: {"review": None, "skipped": fb.quality})
+    return {"n": payload.get("n"), **review}

@@ -114,25 +114,31 @@ def test_settings_refuse_what_they_cannot_mean_and_delete_removes_them(q: mc_que
     assert app.spec("before").limits == app.spec("after").limits == {BIG: 0, SMALL: 0}
 
 
-def test_through_a_real_worker_the_answer_comes_from_the_fallback_while_the_primary_is_down(
-        controls: Harness) -> None:
-    h = controls
+def down_then_up(h: Harness, key: str, handler: str) -> tuple[mc_queue.Task, str, mc_queue.Task]:
+    """Through a real worker of the controls app: a task of ``handler`` run while ``key``'s breaker is open
+    (and what ``mcq show`` says of it), then one run after it closed again."""
     ac = h.app_client(controls_app.app)
     controls_app.app.publish_retention(h.client)
-    h.client.limits.trip(BIG, 60, reason="the big model is down (an outage)")
-    down = ac.enqueue("ask-model", {"n": 1}).id
+    h.client.limits.trip(key, 60, reason=f"{key} is down (an outage)")
+    down = ac.enqueue(handler, {"n": 1}).id
     h.spawn(h.worker_cmd("simple", APP, burst=False))
     (t,) = wait_settled(h, [down], timeout=60)
+    shown = h.mcq("show", down).stdout  # what an operator reads
+    h.client.limits.reset(key, reason=f"{key} is back")
+    up = ac.enqueue(handler, {"n": 2}).id
+    (t2,) = wait_settled(h, [up], timeout=60)
+    return t, shown, t2
+
+
+def test_through_a_real_worker_the_answer_comes_from_the_fallback_while_the_primary_is_down(
+        controls: Harness) -> None:
+    t, shown, t2 = down_then_up(controls, BIG, "ask-model")
     assert t.state is TaskState.SUCCEEDED
     a = t.attempts[-1]
     assert t.result == {"model": "small-2026-11", "autonomy": "draft pull requests only"}
     assert (a.admitted_via, a.fallbacks) == ({BIG: SMALL}, {BIG: SMALL})
-    shown = h.mcq("show", down).stdout  # what an operator reads
     assert "fallbacks used: model:big -> model:small" in shown and "claimed while down: model:big" in shown, shown
     # the primary back: the next task's answer is the big model's, and nothing says fallback
-    h.client.limits.reset(BIG, reason="the big model is back")
-    up = ac.enqueue("ask-model", {"n": 2}).id
-    (t2,) = wait_settled(h, [up], timeout=60)
     assert t2.result == {"model": "big-2026-10"} and not t2.attempts[-1].fallbacks
     assert not t2.attempts[-1].admitted_via
 

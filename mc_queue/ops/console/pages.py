@@ -24,7 +24,17 @@ from ...client.slots import family_of
 from ...contracts.errors import InvalidArgument
 from ...contracts.models import Attempt, Event, Task, TaskState
 from ...worker.runner import live_workers
-from ..render import budget_left, describe_event, duration, iso, next_step, periodic_origin, preview, state_text
+from ..render import (
+    budget_left,
+    describe_event,
+    duration,
+    fallback_name,
+    iso,
+    next_step,
+    periodic_origin,
+    preview,
+    state_text,
+)
 from .samples import chart, finished_totals, read_series, redis_now_ms
 
 STATES = [s.value for s in TaskState]  # the order the overview's depth columns use
@@ -432,7 +442,7 @@ def limits(client: Client) -> dict[str, Any]:
             "breaker": st.breaker is not None or st.breaker_state != "closed", "bstate": st.breaker_state,
             "bfor": duration(max(0, (st.breaker_until_ms or 0) - st.now_ms)) if st.breaker_until_ms else None,
             "bwhy": st.breaker_why, "bopened": st.breaker_opened, "bheld": st.breaker_deferred,
-            "fallbacks": list(st.fallbacks)})
+            "fallbacks": [fallback_name(f) for f in st.fallbacks]})
     return {"limits": rows, "paused": sum(1 for r in rows if r["paused"]),
             "open": sum(1 for r in rows if r["bstate"] != "closed"), **concurrency_keys(client),
             **queue_caps(client), **spend_ceilings(client), **fair_shares(client)}
