@@ -529,8 +529,29 @@ def diagnose_stuck(r: Run) -> list[str]:
             for log in sorted(r.fleet.log_dir.glob("*.log")):
                 hits = [line for line in log.read_text(errors="replace").splitlines() if aid in line]
                 out += [f"  {log.name}: {line[:240]}" for line in hits[-6:]]
+        if out:
+            out += where_workers_are(r.fleet)
     except Exception as exc:  # a diagnosis never hides the run's result
         out.append(f"diagnosis failed: {type(exc).__name__}: {exc}")
+    return out
+
+
+def where_workers_are(fleet: Fleet) -> list[str]:
+    """What each live worker process is doing (a task is stuck): its state in /proc and, where py-spy is
+    installed (``pip install py-spy``), the stack of each of its threads."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out: list[str] = []
+    for name in fleet.live_workers():
+        pid = fleet.procs[name].pid
+        try:
+            state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                         if line.startswith("State:"))
+        except (OSError, StopIteration):
+            state = "State: ?"
+        out.append(f"worker {name} (pid {pid}) {state}")
+        if Path(spy).exists():
+            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+            out += [f"  {line}" for line in (dump.stdout + dump.stderr).splitlines()[:80]]
     return out
 
 
