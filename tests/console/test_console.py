@@ -103,7 +103,17 @@ def test_every_page_renders_every_state(app, story: Story) -> None:  # type: ign
     assert "1 queue(s), 1 at the cap, refusing new work" in page
     assert (cells["Depth"], cells["Room"]) == ("3", "0 priority 9: 0")
     assert '<span class="chip st-failed">0</span>' in page.split("<b>capped</b>")[1].split("</tr>")[0]
+    assert cells["Bytes"] == "-"  # no cap by bytes
+    # a cap by bytes of payload too (as `mcq caps set-bytes`): the payload bytes of its tasks not ended
+    rows, _ = q.reads.list_tasks(queue="capped")
+    payloads = sum(q.redis.hstrlen(q.keys.task(r["task_id"]).task, "payload") for r in rows)
+    assert q.caps.set_bytes("capped", payloads + 10, reason="the console lists it")
+    page, cells = cap_cells()
+    assert cells["Bytes"] == f"{payloads:,} of {payloads + 10:,}", cells
     assert q.caps.delete("capped", reason="the console listed it")
+    page, cells = cap_cells()  # capped by bytes alone: still listed
+    assert (cells["Cap"], cells["Room"], cells["Bytes"]) == ("-", "-", f"{payloads:,} of {payloads + 10:,}")
+    assert q.caps.delete_bytes("capped", reason="the console listed it")
     assert "No queue is capped" in c.get("/limits").text
     # a spend ceiling (as `mcq spend`): its ceiling, what was spent and reserved, the claims it deferred
     assert "No spend ceiling is set" in c.get("/limits").text

@@ -468,12 +468,13 @@ def concurrency_keys(client: Client) -> dict[str, Any]:
 
 def queue_caps(client: Client) -> dict[str, Any]:
     """Each capped queue now (``mcq caps``'s columns): its cap and who set it, the tasks it holds that have
-    not ended, the room left at the default priority 5 (and at 9, shed first), and its oldest due task's
-    wait (Redis's clock)."""
+    not ended, the room left at the default priority 5 (and at 9, shed first), its cap by bytes of payload
+    and the bytes held, and its oldest due task's wait (Redis's clock)."""
     caps = [{"queue": st.queue, "cap": st.max_depth, "source": st.source, "depth": st.depth,
              "room": st.room(5), "room9": st.room(9), "age": duration(st.age_ms) if st.age_ms else None,
-             "full": st.room(5) == 0}
-            for st in client.caps.all() if st.max_depth is not None]
+             "bytes": f"{st.bytes:,} of {st.max_bytes:,}" if st.max_bytes is not None else None,
+             "full": st.room(5) == 0 or (st.max_bytes is not None and st.bytes >= st.max_bytes)}
+            for st in client.caps.all() if st.max_depth is not None or st.max_bytes is not None]
     return {"caps": caps, "caps_full": sum(1 for r in caps if r["full"])}
 
 
