@@ -189,8 +189,9 @@ class Run:
         for aid in aids:
             task_id, n = parse_attempt_id(aid)
             att = self.client.reads.get_task(task_id).attempts[n - 1]
-            if att.state.value == "running" and att.worker_id in live:
-                return aid, str(att.worker_id)
+            name = self.fleet.process_of(str(att.worker_id)) if att.worker_id else None
+            if att.state.value == "running" and name in live:
+                return aid, str(name)
         return None
 
     def inject(self) -> bool:
@@ -351,7 +352,11 @@ class Run:
                 continue
             f.attempt, f.worker = str(rec.get("attempt")), str(rec.get("worker"))
             f.detail += f": {f.worker} froze holding {f.attempt}"
-            self.fleet.adopt_pause(f.worker)
+            # (by its pid: a worker that reconnected names itself <process>.r<round>, and one never adopted
+            # stayed stopped for good, its slot lost: seed 5102 ended with all four workers frozen so)
+            name = self.fleet.process_of(f.worker, int(rec.get("pid") or 0))
+            if name is not None:
+                self.fleet.adopt_pause(name)
         self.seen_fired = len(records)
 
     def disarm(self) -> None:

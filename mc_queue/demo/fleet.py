@@ -18,6 +18,7 @@ This module starts processes of the command line, so it sits in the top layer be
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,14 @@ class Fleet:
 
     def live_workers(self) -> list[str]:
         return [n for n, role in self.roles.items() if role == "worker" and self.alive(n)]
+
+    def process_of(self, worker_id: str, pid: int | None = None) -> str | None:
+        """The name of the fleet's process that ``worker_id`` (or ``pid``) is: a worker process that
+        reconnected registers as ``<name>.r<round>`` (``mcq worker``'s loop), still the same process."""
+        for name, proc in self.procs.items():
+            if proc.pid == pid or name == worker_id or re.fullmatch(re.escape(name) + r"\.r\d+", worker_id):
+                return name
+        return None
 
     # ------------------------------------------------------------------ faults
 
