@@ -246,7 +246,7 @@ def enqueue_and_claim(q: Client, n: int, lease_ms: int, batch: int = 1000) -> li
                 **q.backend.ns_keys(), "idem": keys.idem,
                 "queues": keys.queues, "counts": keys.counts, "task": tk.task, "attempts": tk.attempts,
                 "events": tk.events, "pending": tk.pending, **tk.tomb_keys(), "deadlines": tk.deadlines,
-                "caps": keys.caps,
+                "caps": keys.caps, "stats": keys.stats,
             }, {"task_id": tid, "queue": QUEUE, "handler": HANDLER, "payload": text, "payload_digest": dg,
                 "idem_key": "", "manifest": manifest, "retry_policy": policy, "budget": budget, "lease_ms": lease_ms,
                 "epoch": epoch, "actor": "bench", "delay_ms": "", "run_at_ms": "", "start_by_ms": "",

@@ -26,6 +26,7 @@
 -- KEYS[14] tombs2
 -- KEYS[15] deadlines the queue's deadline index (task id -> its next deadline, ms): only a task with one
 -- KEYS[16] caps      queue caps (queue_cap.lua): "<queue>" -> "<max depth> <source>" (backpressure: E_FULL)
+-- KEYS[17] stats     counters for metrics: a refusal (E_FULL, E_OVERLOADED) counts "enqueue_refused|<queue>|<kind>"
 -- ARGV[1] epoch           namespace epoch the client knows
 -- ARGV[2] actor
 -- ARGV[3] task_id
@@ -70,13 +71,14 @@ local ULID = string.rep('[0-9A-HJKMNP-TV-Z]', 26)
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5],
   counts = KEYS[6], task = KEYS[7], attempts = KEYS[8], events = KEYS[9], pending = KEYS[10], tomb = KEYS[11],
-  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15], caps = KEYS[16]}
+  tombs0 = KEYS[12], tombs1 = KEYS[13], tombs2 = KEYS[14], deadlines = KEYS[15], caps = KEYS[16],
+  stats = KEYS[17]}
 history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 local A, bad = args(ARGV, with(enqueue_args(), {'after_mode', 'enum', '|succeeded|ended|', false}),
   {'parent_id', 'id', 100, false})
 if bad then return bad end
-local PARENTS = each_keys(KEYS, 17, {'parent'}, #A.items)
+local PARENTS = each_keys(KEYS, 18, {'parent'}, #A.items)
 if not PARENTS then return {'E_BADARG', 'expected one key for each of the ' .. #A.items .. ' parents'} end
 if #A.items > MAX_PARENTS then
   return {'E_BADARG', 'after names ' .. #A.items .. ' tasks: at most ' .. MAX_PARENTS .. ' (wait for a task that waits for the rest)'}
@@ -127,10 +129,16 @@ for i, P in ipairs(A.items) do
     lists[i] = waiting
   end
 end
-local full = queue_room(K, A, {due = plan.due, waiting = #left > 0}, ts, 0)
-if full then return full end
+local full, kind = queue_room(K, A, {due = plan.due, waiting = #left > 0}, ts, 0)
+if full then
+  refusal_counted(K.stats, A.queue, kind)
+  return full
+end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, enqueue_cost(enqueue_bytes(A) + 100 * #A.items))
-if pressure then return {'E_OVERLOADED', pressure} end
+if pressure then
+  refusal_counted(K.stats, A.queue, 'overloaded')
+  return {'E_OVERLOADED', pressure}
+end
 
 plan.waiting = #left > 0
 enqueue_write(K, A, plan, ts, A.actor)

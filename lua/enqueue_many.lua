@@ -12,6 +12,8 @@
 -- KEYS[5] queues     set of queue names
 -- KEYS[6] counts     "<queue>|<state>" counters
 -- KEYS[7] caps       queue caps (queue_cap.lua): "<queue>" -> "<max depth> <source>" (E_FULL: none written)
+-- KEYS[8] stats      counters for metrics: a refusal (E_FULL, E_OVERLOADED) counts "enqueue_refused|<queue>|<kind>"
+--                    (the refused item's queue; E_OVERLOADED: the first item's)
 -- ITEMKEYS[1] task       each item's task hash (which holds its Attempts), then its keys as enqueue takes them
 -- ITEMKEYS[2] events
 -- ITEMKEYS[3] pending
@@ -52,10 +54,10 @@
 --@include admit
 
 local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], idem = KEYS[4], queues = KEYS[5], counts = KEYS[6],
-  caps = KEYS[7]}
+  caps = KEYS[7], stats = KEYS[8]}
 local A, bad = args(ARGV, {'epoch', 'epoch', false, false, 'actor', 'id', 200, false}, enqueue_args(), 2)
 if bad then return bad end
-local ITEMS = each_keys(KEYS, 8, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
+local ITEMS = each_keys(KEYS, 9, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
   #A.items)
 if not ITEMS then return {'E_BADARG', 'expected 8 keys for each of the ' .. #A.items .. ' items'} end
 local m = meta_read(K.meta)
@@ -90,11 +92,12 @@ for i, I in ipairs(A.items) do
   if plan then
     bytes = bytes + enqueue_cost(enqueue_bytes(I))
     -- (in K: the queue's caps, counts and pending index; the batch's earlier items of its queue count too)
-    K.caps, K.counts, K.pending = NS.caps, NS.counts, T.pending
+    K.caps, K.counts, K.pending, K.stats = NS.caps, NS.counts, T.pending, NS.stats
     local kb = '@' .. I.fair_key .. '|bytes'
-    local full = queue_room(K, I, plan, ts, added[I.queue] or 0, added['@' .. I.fair_key] or 0,
+    local full, kind = queue_room(K, I, plan, ts, added[I.queue] or 0, added['@' .. I.fair_key] or 0,
       added[I.queue .. '|bytes'] or 0, added[kb] or 0)
     if full then
+      refusal_counted(K.stats, I.queue, kind)
       full[2] = 'item ' .. i .. ': ' .. full[2]
       full[#full + 1] = i
       return full
@@ -108,7 +111,10 @@ for i, I in ipairs(A.items) do
   end
 end
 local pressure = memory_pressure(ENQUEUE_MEMORY_SHARE, m, K.meta, bytes)
-if pressure then return {'E_OVERLOADED', pressure} end
+if pressure then
+  refusal_counted(K.stats, A.items[1] and A.items[1].queue or '-', 'overloaded')
+  return {'E_OVERLOADED', pressure}
+end
 
 local tasks = {}
 for i, I in ipairs(A.items) do

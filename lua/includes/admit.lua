@@ -121,7 +121,8 @@ end
 -- tasks naming it that have not ended, in every queue ("@<key>|open" in the counts hash: common.lua move_count),
 -- and its cap by bytes ("@<key>|bytes", else the family's) their payloads' bytes. Priorities are shed alike (the
 -- lowest first). ``added``: tasks of this key an enqueue_many admitted before this one, ``added_bytes`` their
--- payloads' bytes. Returns nil (room) or {'E_FULL', why, retry_after_ms} (1 s: a key's own age is not known).
+-- payloads' bytes. Returns nil (room) or {'E_FULL', why, retry_after_ms} (1 s: a key's own age is not known) and
+-- what was full ('key_bytes' or 'key': refusal_counted's kinds).
 local function key_room(K, A, added, added_bytes)
   local fam = string.match(A.fair_key, '^([^:]+):.')
   local famk = fam and ('@' .. fam .. ':*') or '@'
@@ -129,7 +130,7 @@ local function key_room(K, A, added, added_bytes)
   local whose = c[1] and '' or (' (its family ' .. tostring(fam) .. ':*)')
   local over = bytes_over(K, A, c[3] or c[4], '@' .. A.fair_key .. '|bytes', added_bytes,
     'key ' .. A.fair_key .. (c[3] and '' or (c[4] and (' (its family ' .. fam .. ':*)') or '')))
-  if over then return {'E_FULL', over, '1000'} end
+  if over then return {'E_FULL', over, '1000'}, 'key_bytes' end
   local cap = tonumber(string.match(c[1] or c[2] or '', '^(%d+) '))
   if not cap then return nil end
   local depth = added + (tonumber(redis.call('HGET', K.counts, '@' .. A.fair_key .. '|open') or '0') or 0)
@@ -137,7 +138,14 @@ local function key_room(K, A, added, added_bytes)
   local room = shed_room(cap, p)
   if depth < room then return nil end
   return {'E_FULL', 'key ' .. A.fair_key .. ' holds ' .. depth .. ' tasks not ended, its cap is ' .. cap .. whose ..
-    (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or ''), '1000'}
+    (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or ''), '1000'}, 'key'
+end
+
+-- A refused enqueue counts what refused it, per queue ("enqueue_refused|<queue>|<kind>" in the stats hash, a
+-- counter the metrics read: mcq_enqueue_refused_total): backpressure and load shedding are seen where they
+-- happen, though the refused producer's own call writes nothing else.
+local function refusal_counted(k_stats, queue, kind)
+  redis.call('HINCRBY', k_stats, 'enqueue_refused|' .. queue .. '|' .. kind, 1)
 end
 
 -- Backpressure: a queue's cap ("<queue>" in the caps hash: "<max depth> <source>", queue_cap.lua) bounds
@@ -149,13 +157,16 @@ end
 -- added_key_bytes: of the task's fairness key). A cap by bytes ("<queue>|bytes") bounds the payloads' bytes of the
 -- tasks not ended. The task's fairness key's caps come first (key_room). Returns nil (room), or {'E_FULL', why,
 -- retry_after_ms}: retry_after is an estimate, the queue's age times the share of it that must drain first (1 s
--- to 60 s; 1 s for a cap by bytes). K: caps, counts, pending.
+-- to 60 s; 1 s for a cap by bytes), and what refused it ('queue', 'queue_bytes', 'deadline', or key_room's).
+-- K: caps, counts, pending.
 local function queue_room(K, A, plan, ts, added, added_key, added_bytes, added_key_bytes)
-  local full = A.fair_key ~= '' and key_room(K, A, added_key or 0, added_key_bytes or 0)
-  if full then return full end
+  if A.fair_key ~= '' then
+    local full, kind = key_room(K, A, added_key or 0, added_key_bytes or 0)
+    if full then return full, kind end
+  end
   local c = redis.call('HMGET', K.caps, A.queue, A.queue .. '|bytes')
   local over = bytes_over(K, A, c[2], A.queue .. '|bytes', added_bytes or 0, 'queue ' .. A.queue)
-  if over then return {'E_FULL', over, '1000'} end
+  if over then return {'E_FULL', over, '1000'}, 'queue_bytes' end
   local cap = tonumber(string.match(c[1] or '', '^(%d+) '))
   if not cap then return nil end
   local q = A.queue .. '|'
@@ -173,12 +184,13 @@ local function queue_room(K, A, plan, ts, added, added_key, added_bytes, added_k
     local over = depth - room + 1
     local why = 'queue ' .. A.queue .. ' holds ' .. depth .. ' tasks, its cap is ' .. cap ..
       (room < cap and (' (' .. room .. ' for priority ' .. p .. ': the lowest are shed first)') or '')
-    return {'E_FULL', why, fmt(math.max(1000, math.min(60000, math.floor(queue_age() * over / math.max(1, depth)))))}
+    return {'E_FULL', why, fmt(math.max(1000, math.min(60000, math.floor(queue_age() * over / math.max(1, depth)))))},
+      'queue'
   end
   local age = A.start_by_ms and not plan.waiting and plan.due <= ts and queue_age() or 0
   if A.start_by_ms and not plan.waiting and plan.due <= ts and ts + age > A.start_by_ms then
     return {'E_FULL', 'queue ' .. A.queue .. "'s oldest due task has waited " .. fmt(age) .. ' ms: one enqueued ' ..
-      'now would not start by its start_by (' .. A.raw.start_by_ms .. ' ms, Redis clock)', '0'}
+      'now would not start by its start_by (' .. A.raw.start_by_ms .. ' ms, Redis clock)', '0'}, 'deadline'
   end
   return nil
 end

@@ -130,7 +130,8 @@ class Producer(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run(script, {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
-                                      "counts": self.keys.counts, **self._item_keys(tk), "caps": self.keys.caps},
+                                      "counts": self.keys.counts, **self._item_keys(tk), "caps": self.keys.caps,
+                                      "stats": self.keys.stats},
                              {**argv, "actor": self.actor, "epoch": epoch}, items)
 
         reply = self._with_epoch(call)
@@ -166,7 +167,8 @@ class Producer(Role):
 
         def call(epoch: str) -> list[Any]:
             return self._run("enqueue_many", {**self._ns_keys(), "idem": self.keys.idem, "queues": self.keys.queues,
-                                              "counts": self.keys.counts, "caps": self.keys.caps},
+                                              "counts": self.keys.counts, "caps": self.keys.caps,
+                                              "stats": self.keys.stats},
                              {"actor": self.actor, "epoch": epoch}, items=per_item)
 
         reply = self._with_epoch(call)

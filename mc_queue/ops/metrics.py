@@ -71,6 +71,8 @@ mcq_periodic_ticks_total                   schedule, outcome (ran | failed | ski
                                            periodic schedule and what they came to
 mcq_deadlines_missed_total                 queue, deadline (start_by | finish_by): tasks the sweeper
                                            canceled for a missed deadline
+mcq_enqueue_refused_total                  queue, reason (queue | queue_bytes | key | key_bytes | deadline |
+                                           overloaded): enqueues refused, nothing written (load shed)
 mcq_dependents_total                       queue, outcome (released | canceled): tasks that waited for
                                            others (after=[...]) released, or canceled by a parent that did
                                            not succeed
@@ -145,6 +147,9 @@ log = logging.getLogger("mc_queue.metrics")
 # Upper bounds of the histogram buckets, seconds (METRIC_BUCKETS_MS in lua/includes/common.lua, in ms).
 BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
 OUTCOMES = tuple(sorted(s.value for s in TERMINAL_ATTEMPT_STATES))  # canceled, failed, succeeded
+# Why an enqueue was refused (lua/includes/admit.lua refusal_counted): a queue's cap by count or bytes, its
+# fairness key's, a start_by the queue cannot meet, Redis memory above the enqueue mark.
+REFUSED_REASONS = ("queue", "queue_bytes", "key", "key_bytes", "deadline", "overloaded")
 # Refusals the scripts count in the stats hash (refuse(K.events, K.stats, '<kind>', ...)).
 REFUSALS = ("cancel_ack_refused", "cancel_refused", "checkpoint_refused", "claim_refused", "completion_conflict",
             "effect_conflict", "effect_refused", "failure_conflict", "purge_refused", "reconcile_refused",
@@ -366,7 +371,12 @@ class NamespaceCollector(Collector):
                 dependents.add_metric([queue, outcome], stats.get(f"dependents|{queue}|{outcome}", 0))
         owed = GaugeMetricFamily("mcq_released_pending", "Parents ended whose dependents are not released yet",
                                  value=int(self.client.redis.zcard(self.client.keys.released)))
-        yield from (missed, slack, dependents, owed)
+        refused = CounterMetricFamily("mcq_enqueue_refused", "Enqueues refused by a cap, a deadline the queue "
+                                      "cannot meet, or memory pressure (nothing written)", labels=["queue", "reason"])
+        seen = {tuple(f.split("|")[1:]) for f in stats if f.startswith("enqueue_refused|") and f.count("|") == 2}
+        for queue, reason in sorted(seen | {(q, r) for q in queues for r in REFUSED_REASONS}):
+            refused.add_metric([queue, reason], stats.get(f"enqueue_refused|{queue}|{reason}", 0))
+        yield from (missed, slack, dependents, owed, refused)
 
     def _workers(self, queues: list[str]) -> Iterator[GaugeMetricFamily]:
         """Live, busy and idle workers per queue, from ``mcq workers``'s view (RQ's worker registry and

@@ -170,8 +170,18 @@ def test_the_metrics_show_each_capped_queue_its_cap_and_depth(q: mc_queue.Client
     q.producer.enqueue("jobs", "h", {"n": 4})
     with pytest.raises(QueueFull):
         q.producer.enqueue("jobs", "h", {"n": 5})
-    m, _ = scrape(NamespaceCollector(q))
+    m, types = scrape(NamespaceCollector(q))
     assert v(m, "mcq_queue_cap_depth", queue="jobs") == v(m, "mcq_queue_cap", queue="jobs") == 3  # at its cap
+    # the load shed is counted where it happened, by what refused it (zero for the rest)
+    assert types["mcq_enqueue_refused"] == "counter"
+    assert v(m, "mcq_enqueue_refused_total", queue="jobs", reason="queue") == 1
+    assert v(m, "mcq_enqueue_refused_total", queue="jobs", reason="deadline") == 0
+    assert q.caps.set_key("tenant:x", 1, reason="one task at most")
+    q.producer.enqueue("elsewhere", "h", {}, fair_key="tenant:x")
+    with pytest.raises(QueueFull):
+        q.producer.enqueue("never-accepted", "h", {"n": 6}, fair_key="tenant:x")
+    m, _ = scrape(NamespaceCollector(q))
+    assert v(m, "mcq_enqueue_refused_total", queue="never-accepted", reason="key") == 1  # a queue it never saw
 
     assert q.caps.delete("jobs", reason="the queue may grow again")
     m, _ = scrape(NamespaceCollector(q))

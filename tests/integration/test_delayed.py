@@ -121,7 +121,8 @@ def test_the_script_refuses_a_bad_delay_or_run_at_before_any_write(q: mc_queue.C
     reply = q.backend.run("enqueue", {
         "meta": q.keys.meta, "epochs": q.keys.epochs, "nslog": q.keys.nslog, "idem": q.keys.idem,
         "queues": q.keys.queues, "counts": q.keys.counts, "task": tk.task, "attempts": tk.attempts_v1,
-        "events": tk.events, "pending": tk.pending, **tk.tomb_keys(), "deadlines": tk.deadlines, "caps": q.keys.caps},
+        "events": tk.events, "pending": tk.pending, **tk.tomb_keys(), "deadlines": tk.deadlines, "caps": q.keys.caps,
+        "stats": q.keys.stats},
         {"task_id": tid, "queue": QUEUE, "handler": "h", "payload": "{}", "payload_digest": "0" * 64, "idem_key": "",
          "manifest": "{}", "retry_policy": "{}", "budget": "{}", "lease_ms": 1000, "epoch": q.backend.epoch(),
          "actor": "t", "delay_ms": delay_ms, "run_at_ms": run_at_ms, "start_by_ms": "", "finish_by_ms": "",

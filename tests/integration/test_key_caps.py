@@ -17,6 +17,7 @@ import mc_queue
 from mc_queue import Decision, FailureClass, make_failure
 from mc_queue.client.producer import NewTask
 from mc_queue.testing import RedisServer
+from tests.integration.test_caps import shed
 from tests.integration.test_caps_ops import mcq, namespace_keys, ok
 
 REASON = "a reason long enough"
@@ -42,11 +43,10 @@ def test_a_key_at_its_cap_refuses_new_work_until_one_of_its_tasks_ends(q: mc_que
     tasks = [q.producer.enqueue(queue, "h", {"i": i}, fair_key="tenant:a") for i, queue in
              enumerate(["jobs", "other", "jobs"])]
     assert open_of(q, "tenant:a") == 3  # every queue counts
-    before = snapshot(q)
-    with pytest.raises(mc_queue.QueueFull, match="key tenant:a holds 3 tasks not ended, its cap is 3") as err:
+    with shed(q, "jobs", "key"), pytest.raises(mc_queue.QueueFull,
+                                               match="key tenant:a holds 3 tasks not ended, its cap is 3") as err:
         q.producer.enqueue("jobs", "h", {"i": 3}, fair_key="tenant:a")
     assert err.value.retry_after_s == 1.0
-    assert snapshot(q) == before
     q.producer.enqueue("jobs", "h", {"i": 4}, fair_key="tenant:b")  # another key, and no key at all
     q.producer.enqueue("jobs", "h", {"i": 5})
     # A retry keeps the task open (backoff, then pending): no room.
@@ -104,11 +104,9 @@ def test_the_lowest_priorities_are_shed_first(q: mc_queue.Client) -> None:
 def test_enqueue_many_is_all_or_nothing_and_counts_the_batch_s_earlier_items(q: mc_queue.Client) -> None:
     q.caps.set_key("tenant:a", 2, reason=REASON)
     add(q)
-    before = snapshot(q)
-    with pytest.raises(mc_queue.QueueFull, match="item 2: key tenant:a holds 2"):
+    with shed(q, "jobs", "key"), pytest.raises(mc_queue.QueueFull, match="item 2: key tenant:a holds 2"):
         q.producer.enqueue_many([NewTask("jobs", "h", {"b": 1}, fair_key="tenant:a"),
                                  NewTask("jobs", "h", {"b": 2}, fair_key="tenant:a")])
-    assert snapshot(q) == before
     q.producer.enqueue_many([NewTask("jobs", "h", {"b": 3}, fair_key="tenant:a"),
                              NewTask("jobs", "h", {"b": 4}, fair_key="tenant:c")])
     assert open_of(q, "tenant:a") == 2 and open_of(q, "tenant:c") == 1
@@ -176,11 +174,10 @@ def test_a_queue_capped_by_bytes_refuses_a_payload_that_would_not_fit_until_task
     a = q.producer.enqueue("jobs", "h", {"blob": "x" * 40})  # 51 bytes of payload (its canonical JSON)
     assert q.caps.status("jobs").bytes == 51 and q.caps.status("jobs").max_bytes == 100
     q.producer.enqueue("jobs", "h", {"blob": "y" * 38})  # 49: 100 exactly, the cap
-    before = snapshot(q)
-    with pytest.raises(mc_queue.QueueFull, match=r"queue jobs holds 100 bytes of payload in tasks not ended; this one "
-                                                 r"\(7 bytes\) is over its cap of 100 bytes"):
+    with shed(q, "jobs", "queue_bytes"), pytest.raises(
+            mc_queue.QueueFull, match=r"queue jobs holds 100 bytes of payload in tasks not ended; this one "
+                                      r"\(7 bytes\) is over its cap of 100 bytes"):
         q.producer.enqueue("jobs", "h", {"n": 1})
-    assert snapshot(q) == before
     q.producer.enqueue("other", "h", {"blob": "z" * 500})  # another queue is not capped
     la = q.leases.claim_attempt(a.id, "w", 60_000)
     q.leases.complete_attempt(la.attempt_id, la.fence, {"ok": True}, worker_id="w")
@@ -193,8 +190,9 @@ def test_a_queue_capped_by_bytes_refuses_a_payload_that_would_not_fit_until_task
 def test_a_key_capped_by_bytes_counts_its_tasks_in_every_queue_and_sheds_low_priorities(q: mc_queue.Client) -> None:
     assert q.caps.set_bytes("@tenant:*", 60, reason=REASON)
     q.producer.enqueue("jobs", "h", {"blob": "x" * 19}, fair_key="tenant:a")  # 30 bytes
-    with pytest.raises(mc_queue.QueueFull, match=r"key tenant:a \(its family tenant:\*\) holds 30 bytes .* \(36 for "
-                                                 r"priority 7: the lowest are shed first\)"):
+    with shed(q, "other", "key_bytes"), pytest.raises(
+            mc_queue.QueueFull, match=r"key tenant:a \(its family tenant:\*\) holds 30 bytes .* \(36 for "
+                                      r"priority 7: the lowest are shed first\)"):
         q.producer.enqueue("other", "h", {"blob": "y"}, fair_key="tenant:a", priority=7)
     q.producer.enqueue("other", "h", {"blob": "x" * 19}, fair_key="tenant:a")  # 60: at the cap
     with pytest.raises(mc_queue.QueueFull, match="key tenant:a"):
