@@ -13,7 +13,8 @@ window (must be 0), inversions within it, and the claim order's agreement with a
 
 Then aging: one task of priority 9 waits behind a stream of priority-1 tasks that never ends; with
 ``--aging-ms`` its message moves up a level per period (a sweeper with ``priority_aging_ms``), and its
-wait is printed against the bound 8 x aging + the time to drain one level ahead of it.
+wait is printed against the bound 8 x aging + the time to drain one level ahead of it; and again with
+fairness keys on both (``laned_``: the messages wait in fair lanes, and the low one ages there).
 """
 
 from __future__ import annotations
@@ -51,6 +52,38 @@ def run_workers(server: RedisServer, n: int, extra: list[str], tmp: Path) -> Non
         log.close()
 
 
+def aging_wait(server: RedisServer, q: mc_queue.Client, app: AppClient, args: argparse.Namespace, tmp: Path,
+               low_key: str | None, flood_key: str | None) -> tuple[float, bool]:
+    """How long a priority-9 task waited behind endless priority-1 work, with aging on (and whether it ran)."""
+    low = app.enqueue("noop", {"low": True}, priority=9, fair_key=low_key)
+    stop = threading.Event()
+
+    def flood() -> None:
+        c = AppClient(basic.app, mc_queue.connect(server.url, prefix=PREFIX))
+        while not stop.is_set():
+            c.enqueue("sleepy", {"seconds": args.work_ms / 1000}, priority=1, fair_key=flood_key)
+            time.sleep(args.work_ms / 1000 / 2)
+        c.close()
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX,
+                               "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--workspace-root",
+                               str(tmp / "ws")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweeper = Sweeper(q, priority_aging_ms=args.aging_ms)
+    t1 = time.monotonic()
+    bound_s = 8 * args.aging_ms / 1000 + 5.0
+    while q.reads.get_task(low.id).state.value != "succeeded" and time.monotonic() - t1 < 3 * bound_s:
+        sweeper.run_once()
+        time.sleep(0.05)
+    waited = time.monotonic() - t1
+    stop.set()
+    flooder.join(10)
+    worker.terminate()
+    worker.wait(30)
+    return waited, q.reads.get_task(low.id).state.value == "succeeded"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=400)
@@ -82,40 +115,18 @@ def main() -> None:
         out.update(tasks=args.tasks, claimed=len(order), workers=w, drain_s=round(took, 2),
                    inversions_beyond_window=beyond, inversions_within_window=within)
 
-        # Aging: a priority-9 task behind a stream of priority-1 tasks (a producer that keeps them coming).
-        low = app.enqueue("noop", {"low": True}, priority=9)
-        stop = threading.Event()
-
-        def flood() -> None:
-            c = AppClient(basic.app, mc_queue.connect(server.url, prefix=PREFIX))
-            while not stop.is_set():
-                c.enqueue("sleepy", {"seconds": args.work_ms / 1000}, priority=1)
-                time.sleep(args.work_ms / 1000 / 2)
-            c.close()
-
-        flooder = threading.Thread(target=flood, daemon=True)
-        flooder.start()
-        worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX,
-                                   "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--workspace-root",
-                                   str(tmp / "ws")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        sweeper = Sweeper(q, priority_aging_ms=args.aging_ms)
-        t1 = time.monotonic()
-        bound_s = 8 * args.aging_ms / 1000 + 5.0
-        while q.reads.get_task(low.id).state.value != "succeeded" and time.monotonic() - t1 < 3 * bound_s:
-            sweeper.run_once()
-            time.sleep(0.05)
-        waited = time.monotonic() - t1
-        stop.set()
-        worker.terminate()
-        worker.wait(30)
-        out.update(aging_ms=args.aging_ms, low_priority_waited_s=round(waited, 2),
-                   low_priority_ran=q.reads.get_task(low.id).state.value == "succeeded",
-                   bound_s=round(8 * args.aging_ms / 1000, 2))
+        # Aging: a priority-9 task behind a stream of priority-1 tasks (a producer that keeps them coming),
+        # then the same with fairness keys (the messages wait in fair lanes, and age there).
+        out.update(aging_ms=args.aging_ms, bound_s=round(8 * args.aging_ms / 1000, 2))
+        for label, low_key, flood_key in (("", None, None), ("laned_", "tenant:low", "tenant:flood")):
+            waited, ran = aging_wait(server, q, app, args, tmp, low_key, flood_key)
+            out.update({f"{label}low_priority_waited_s": round(waited, 2), f"{label}low_priority_ran": ran})
         q.close()
     print("| figure | value |\n|---|---|")
     for k, v in out.items():
         print(f"| {k} | {v} |")
-    ok = out["inversions_beyond_window"] == 0 and out["claimed"] == args.tasks and out["low_priority_ran"]
+    ok = (out["inversions_beyond_window"] == 0 and out["claimed"] == args.tasks and out["low_priority_ran"]
+          and out["laned_low_priority_ran"])
     print(f"\npriorities: {'PASS' if ok else 'FAIL'}")
     sys.exit(0 if ok else 1)
 
