@@ -15,9 +15,14 @@
 -- ARGV[2] recheck_ms when it is due to be looked at again if nobody claimed it (reported)
 -- ARGV[3] actor
 -- ARGV[4] epoch
+-- ARGV[5] resend_ms  '' (a dispatch), or: no dispatch happened, the Attempt is to be sent again this long from now
+--                    rather than a whole recheck after its last dispatch (a worker refused its message for a
+--                    failing health probe: another worker, or this one once its probe passes, may take it).
+--                    Kept as '<n>.resend_at'; the sweeper's dispatch walk sends it once that time has come,
+--                    unless a dispatch came after it (Schedule.dispatch_walk). Nothing else is written.
 -- An Attempt not due yet (a rate limit deferred its claim meanwhile) counts the dispatch but keeps no
 -- dispatched_at: the sweeper sends it when it comes due.
--- Returns: {'OK', recheck_at} | {'NOOP', why} (claimed meanwhile, not pending any more, not due yet, or no
+-- Returns: {'OK', recheck_at (resend_ms: resend_at)} | {'NOOP', why} (claimed meanwhile, not pending any more, not due yet, or no
 --          such task)
 --          {'E_NSLOST', why} | {'E_NONS', why} | {'E_EPOCH', current} | {'E_BADARG', why}
 -- Events: orphan_index_entry (nslog, an old schedule's entry naming no task)
@@ -32,6 +37,7 @@ local A, bad = args(ARGV, {
   'recheck_ms', 'int', 1, DAY_MS,
   'actor', 'text', 200, false,
   'epoch', 'epoch', false, false,
+  'resend_ms', 'int?', 1, DAY_MS,
 })
 if bad then return bad end
 local n = string.match(A.member, '/(%d+)$')
@@ -49,6 +55,10 @@ if old then redis.call('ZREM', K.outbox, A.member) end
 local state = aget(K.attempts, n, 'state')
 if state ~= 'pending' then return {'NOOP', 'attempt is ' .. tostring(state)} end
 local ts = now_ms()
+if A.resend_ms then
+  aset(K.attempts, n, {'resend_at', ts + A.resend_ms})
+  return {'OK', fmt(ts + A.resend_ms)}
+end
 local due = tonumber(aget(K.attempts, n, 'due_at') or '0') or 0
 redis.call('HINCRBY', K.attempts, n .. '.dispatches', 1)
 -- Not due yet (a claim deferred it for a rate limit while this send was on its way): no dispatch on file,

@@ -48,8 +48,9 @@ class Schedule(Role):
         (now_s, now_us), page = pipe.execute()
         now = int(now_s) * 1000 + int(now_us) // 1000
         due = [str(tid) for tid, score in page if score <= now]
-        out = [aid for aid, state, at, _ in self._pending_attempts(due)
-               if state == "pending" and (not at or int(at) + recheck_ms <= now)]
+        out = [aid for aid, state, at, _, resend in self._pending_attempts(due)
+               if state == "pending" and (not at or int(at) + recheck_ms <= now
+                                          or (resend and int(at) < int(resend) <= now))]
         more = len(page) == limit and len(due) == limit
         return out, offset + limit if more else 0
 
@@ -99,13 +100,13 @@ class Schedule(Role):
                 nxt[queue] = (now, 0)
             else:
                 nxt[queue] = (last, 0) if last != score else (score, seen + len(page))
-        out = [aid for aid, state, at, own_due in self._pending_attempts(due)
+        out = [aid for aid, state, at, own_due, _ in self._pending_attempts(due)
                if state == "pending" and not at and (own_due or not aid.endswith("/1"))]
         return out, nxt
 
-    def _pending_attempts(self, task_ids: Sequence[str]) -> list[tuple[str, str, str, str]]:
-        """Each task's latest Attempt: (attempt id, state, dispatched_at, its own stored due_at), in two
-        round trips (none when there is nothing to read); a task that is gone or unreadable is left out."""
+    def _pending_attempts(self, task_ids: Sequence[str]) -> list[tuple[str, str, str, str, str]]:
+        """Each task's latest Attempt: (attempt id, state, dispatched_at, its own stored due_at, resend_at), in
+        two round trips (none when there is nothing to read); a task that is gone or unreadable is left out."""
         keys = [(tid, tk) for tid in task_ids if (tk := self._task_keys_or_none(tid)) is not None]
         if not keys:
             return []
@@ -115,13 +116,14 @@ class Schedule(Role):
         numbers = [str(n or "") for n in pipe.execute()]
         for (_, tk), n in zip(keys, numbers, strict=True):
             for k in (tk.task, tk.attempts_v1):  # (an Attempt written before 2026-12 is in the task's :a)
-                pipe.hmget(k, [f"{n}.state", f"{n}.dispatched_at", f"{n}.due_at"])
+                pipe.hmget(k, [f"{n}.state", f"{n}.dispatched_at", f"{n}.due_at", f"{n}.resend_at"])
         fields = pipe.execute()
         out = []
         for i, ((tid, _), n) in enumerate(zip(keys, numbers, strict=True)):
-            (state, at, due), (old_state, old_at, old_due) = fields[2 * i], fields[2 * i + 1]
+            (state, at, due, resend), (old_state, old_at, old_due, old_resend) = fields[2 * i], fields[2 * i + 1]
             if n:
-                out.append((f"{tid}/{n}", state or old_state or "", at or old_at or "", due or old_due or ""))
+                out.append((f"{tid}/{n}", state or old_state or "", at or old_at or "", due or old_due or "",
+                            resend or old_resend or ""))
         return out
 
     def deadlines_due(self, *, limit: int = 500) -> tuple[int, list[DeadlineDue]]:
@@ -156,15 +158,23 @@ class Schedule(Role):
         else:
             self.redis.zadd(key, {task_id: next_ms}, xx=True)
 
-    def mark_dispatched(self, member: str, *, recheck_ms: int) -> bool:
+    def mark_dispatched(self, member: str, *, recheck_ms: int, resend_ms: int | None = None) -> bool:
         """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""
         _, _, tk = self._attempt(member)
 
         def call(epoch: str) -> list[Any]:
             return self._run("mark_dispatched", {**self._ns_keys(), "outbox": self.keys.outbox, "task": tk.task,
                                                  "attempts": tk.attempts_v1},
-                             {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch})
+                             {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch,
+                              "resend_ms": resend_ms or ""})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="mark_dispatched", attempt_id=member)
         return bool(reply[0] == Code.OK)
+
+    def resend_soon(self, member: str, *, in_ms: int) -> bool:
+        """A worker refused the Attempt's message for a reason of its own (a failing health probe): send it
+        again ``in_ms`` from now (Redis clock) rather than a whole recheck after its dispatch. Not a dispatch;
+        a dispatch after it makes it moot. False, nothing written: no longer pending."""
+        check_int(in_ms, what="in_ms", low=1, high=86_400_000)
+        return self.mark_dispatched(member, recheck_ms=1, resend_ms=in_ms)

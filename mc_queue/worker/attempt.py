@@ -109,11 +109,13 @@ class Admission:
 class Refusal(Exception):
     """A message this worker must not act on, and why (recorded, never run)."""
 
-    def __init__(self, why: str, *, attempt: Any = None, func_name: Any = None) -> None:
+    def __init__(self, why: str, *, attempt: Any = None, func_name: Any = None,
+                 resend_in_ms: int | None = None) -> None:
         super().__init__(why)
         self.why = why
         self.attempt = attempt
         self.func_name = func_name
+        self.resend_in_ms = resend_in_ms  # a reason of this worker's own: send it again this soon
 
 
 def admit(rt: Runtime, prefix: Any, attempt_id: Any) -> Admission:
@@ -177,8 +179,8 @@ def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any
                 expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
     names = limit_names(str(limits or ""))
     blocked = rt.probes.refusal(names) if rt.probes is not None else None
-    if blocked:
-        raise Refusal(blocked, attempt=attempt_id)
+    if blocked:  # this worker's view: sent again once its probe may pass, to it or another
+        raise Refusal(blocked[0], attempt=attempt_id, resend_in_ms=max(1, round(blocked[1] * 1000)))
     return Admission(prefix=ns, attempt_id=attempt_id, task_id=task_id, number=n, queue=str(queue),
                      handler=str(handler), timeout_s=max(1, int(timeout_s)) if timeout_s else RQ_DEFAULT_TIMEOUT_S,
                      limits=names)
@@ -388,7 +390,9 @@ def record_refusal(rt: Runtime, refusal: Refusal, **fields: Any) -> dict[str, An
         record["func_name"] = str(refusal.func_name)[:300]
     try:
         rt.client.operator.audit("transport_job_refused", record)
-    except (McqError, redis.RedisError) as exc:
+        if refusal.resend_in_ms and refusal.attempt is not None:
+            rt.client.schedule.resend_soon(str(refusal.attempt), in_ms=refusal.resend_in_ms)
+    except (McqError, redis.RedisError) as exc:  # (the sweeper's recheck sends it again anyway)
         log.error("could not record a refused transport message (%s): %s", exc, record)
     log.warning("refused transport message %s: %s", record.get("job_id") or record.get("attempt"), refusal.why)
     return {"refused": refusal.why}

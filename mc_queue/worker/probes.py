@@ -49,13 +49,15 @@ class Probes:
         bad = self.failing()
         return {key: f"failing {bad[key]}" if key in bad else "ok" for key in self.specs}
 
-    def refusal(self, keys: tuple[str, ...]) -> str | None:
-        """Why this worker must not claim a task naming these keys now, or None."""
+    def refusal(self, keys: tuple[str, ...]) -> tuple[str, float] | None:
+        """Why this worker must not claim a task naming these keys now, and how soon its probe runs again
+        (seconds: the task is sent again then), or None."""
         bad = self.failing()
         for key in keys:
             if key in bad:
                 return (f"dependency {key} fails its health probe on worker {self.worker_id} ({bad[key]}): not "
-                        "claimed; the task stays pending for a worker whose probe passes")
+                        "claimed; the task stays pending for a worker whose probe passes, sent again in "
+                        f"{self.specs[key].every_s:g} s", self.specs[key].every_s)
         return None
 
     def run_once(self, now: float | None = None) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import mc_queue
 from mc_queue import Sweeper, TaskState
 from mc_queue.contracts.errors import InvalidArgument
 from mc_queue.ops.metrics import NamespaceCollector
@@ -43,8 +44,9 @@ def test_a_failing_probe_refuses_the_tasks_that_need_its_key_and_no_other() -> N
     p, seen = probes(forge=forge, model=lambda: True)
     assert p.refusal(("forge",)) is None  # never probed yet: not refused
     p.run_once()
-    why = p.refusal(("model", "forge"))
-    assert why and "dependency forge fails its health probe on worker w1 (ConnectionError: connection refused)" in why
+    got = p.refusal(("model", "forge"))
+    assert got is not None and got[1] == 0.05  # sent again after the probe's interval
+    assert "dependency forge fails its health probe on worker w1 (ConnectionError: connection refused)" in got[0]
     assert p.refusal(("model",)) is None and p.refusal(()) is None
     assert seen == [("probe_failed", {"key": "forge", "worker": "w1", "reason": "ConnectionError: connection refused"})]
     p.run_once()  # not due again yet, and no change: nothing more recorded
@@ -119,3 +121,50 @@ def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes
     wait_for(lambda: published("ok"), 10, "the passing probe to be published")
     m, _ = scrape(NamespaceCollector(h.client))
     assert v(m, "mcq_probe_failing", worker=row["worker"], key="gate") == 0
+
+
+def test_a_message_a_probe_refused_is_sent_again_after_the_probe_s_interval_not_the_recheck(
+        q: mc_queue.Client) -> None:
+    """The refusing worker asks for the Attempt to be sent again once its probe may have changed its mind
+    (``resend_soon``): the sweeper's dispatch walk sends it then, not a whole recheck (60 s) after its
+    dispatch; a dispatch after that makes the request moot. Both sides of each boundary."""
+    t = q.producer.enqueue("jobs", "h", {"n": 1})
+    aid = f"{t.id}/1"
+    assert q.schedule.mark_dispatched(aid, recheck_ms=60_000)
+    walk = lambda: q.schedule.dispatch_walk("jobs", recheck_ms=60_000)[0]  # noqa: E731
+    assert walk() == []  # dispatched just now: not before its recheck
+    before = q.redis.hget(q.keys.task(t.id).task, "1.dispatches")
+    assert q.schedule.resend_soon(aid, in_ms=300)
+    assert walk() == []  # not yet
+    time.sleep(0.35)
+    assert walk() == [aid]  # its probe's interval is over: sent again now
+    assert q.redis.hget(q.keys.task(t.id).task, "1.dispatches") == before  # a request, not a dispatch
+    assert q.schedule.mark_dispatched(aid, recheck_ms=60_000)  # sent again: the request is spent
+    assert walk() == []
+    lease = q.leases.claim_attempt(t.id, "w1", 60_000)
+    assert not q.schedule.resend_soon(aid, in_ms=300)  # claimed meanwhile: nothing to send, nothing written
+    assert lease.fence > 0
+
+
+def test_through_a_worker_a_refused_task_runs_soon_after_its_probe_passes_with_the_default_recheck(
+        controls: Harness, tmp_path: Path) -> None:
+    h = controls
+    gate = tmp_path / "gate-open"
+    h.extra_env["MCQ_TEST_GATE"] = str(gate)  # absent: the gate's probe fails
+    ac = h.app_client(controls_app.app)
+    sweeper = Sweeper(h.client)  # the default recheck: 60 s
+    h.spawn(h.worker_cmd("simple", APP, burst=False))
+    wait_for(lambda: any(r.get("type") == "probe_failed" for r in h.client.reads.refusals()), 30,
+             "the worker's first probe of the gate to fail")
+    gated = ac.enqueue("needs-gate", {"n": 1}).id
+    wait_for(lambda: [r for r in h.client.reads.refusals() if "fails its health probe" in r.get("reason", "")],
+             30, "the gated task's message to be refused")
+    gate.touch()
+    started = time.monotonic()
+
+    def done() -> bool:
+        sweeper.run_once()
+        return h.client.reads.get_task(gated).state is TaskState.SUCCEEDED
+
+    wait_for(done, 20, "the gated task to run once the probe passes", interval=0.2)
+    assert time.monotonic() - started < 15  # the probe's interval (0.2 s), not the 60 s recheck
