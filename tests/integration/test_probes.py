@@ -76,16 +76,23 @@ def test_a_probe_declaration_is_checked() -> None:
     assert app.probes == {}
 
 
-def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes(
-        controls: Harness, tmp_path: Path) -> None:
-    h = controls
+def gate_closed(h: Harness, tmp_path: Path) -> tuple[Path, Any]:
+    """A worker of the controls app whose probe of 'gate' fails (until the returned file exists), running;
+    and an App client."""
     gate = tmp_path / "gate-open"
     h.extra_env["MCQ_TEST_GATE"] = str(gate)  # absent: the gate's probe fails
     ac = h.app_client(controls_app.app)
-    sweeper = Sweeper(h.client, recheck_ms=300, claim_grace_ms=200)
     h.spawn(h.worker_cmd("simple", APP, burst=False))
     wait_for(lambda: any(r.get("type") == "probe_failed" for r in h.client.reads.refusals()), 30,
              "the worker's first probe of the gate to fail")
+    return gate, ac
+
+
+def test_a_worker_whose_probe_fails_claims_nothing_that_needs_it_until_it_passes(
+        controls: Harness, tmp_path: Path) -> None:
+    h = controls
+    sweeper = Sweeper(h.client, recheck_ms=300, claim_grace_ms=200)
+    gate, ac = gate_closed(h, tmp_path)
     gated = ac.enqueue("needs-gate", {"n": 1}).id
     free = ac.enqueue("independent", {"n": 2}).id
     wait_for(lambda: h.client.reads.get_task(free).state is TaskState.SUCCEEDED, 30, "the task that needs nothing")
@@ -149,13 +156,8 @@ def test_a_message_a_probe_refused_is_sent_again_after_the_probe_s_interval_not_
 def test_through_a_worker_a_refused_task_runs_soon_after_its_probe_passes_with_the_default_recheck(
         controls: Harness, tmp_path: Path) -> None:
     h = controls
-    gate = tmp_path / "gate-open"
-    h.extra_env["MCQ_TEST_GATE"] = str(gate)  # absent: the gate's probe fails
-    ac = h.app_client(controls_app.app)
     sweeper = Sweeper(h.client)  # the default recheck: 60 s
-    h.spawn(h.worker_cmd("simple", APP, burst=False))
-    wait_for(lambda: any(r.get("type") == "probe_failed" for r in h.client.reads.refusals()), 30,
-             "the worker's first probe of the gate to fail")
+    gate, ac = gate_closed(h, tmp_path)
     gated = ac.enqueue("needs-gate", {"n": 1}).id
     wait_for(lambda: [r for r in h.client.reads.refusals() if "fails its health probe" in r.get("reason", "")],
              30, "the gated task's message to be refused")
