@@ -170,3 +170,17 @@ def test_through_a_worker_a_refused_task_runs_soon_after_its_probe_passes_with_t
 
     wait_for(done, 20, "the gated task to run once the probe passes", interval=0.2)
     assert time.monotonic() - started < 15  # the probe's interval (0.2 s), not the 60 s recheck
+
+
+def test_mcq_health_worker_probes_is_a_readiness_check(controls: Harness, tmp_path: Path) -> None:
+    h = controls
+    gate, _ = gate_closed(h, tmp_path)
+    wait_for(lambda: [r for r in live_workers(h.client) if r["probes"].get("gate", "").startswith("failing")],
+             10, "the failing probe to be published")
+    alive = h.mcq("health", "worker")
+    assert alive.returncode == 0, alive.stderr  # alive: its probe's dependency is down, not the worker
+    ready = h.mcq("health", "worker", "--probes")
+    assert ready.returncode == 1 and "whose probes pass; probes: " in ready.stderr, ready.stderr
+    assert "gate failing ConnectionError: gate" in ready.stderr, ready.stderr
+    gate.touch()
+    wait_for(lambda: h.mcq("health", "worker", "--probes").returncode == 0, 30, "the worker to be ready")
