@@ -125,7 +125,7 @@ def test_same_host_proxy_needs_the_token(story: Story, console: Running, proxy: 
     before = q.reads.task_record(victim)
     # nginx relays as 127.0.0.1 and names 127.0.0.1 (the upstream): nothing tells the console who asked
     with httpx.Client(base_url=proxy.url, timeout=10) as anyone:
-        for path in ("/", "/tasks", f"/tasks/{victim}", "/dlq", "/attention", "/static/console.js"):
+        for path in ("/", "/tasks", f"/tasks/{victim}", "/dlq", "/attention", "/limits", "/static/console.js"):
             r = anyone.get(path)
             assert r.status_code == 401, (path, r.status_code)
             assert "needs its token" in r.text and q.keys.prefix not in r.text
@@ -148,8 +148,13 @@ def test_same_host_proxy_needs_the_token(story: Story, console: Running, proxy: 
         assert r.status_code == 200 and f"{victim}/2 created (pending)" in r.text
     assert q.reads.get_task(victim).state is TaskState.PENDING
     # and with Authorization: Bearer
+    q.caps.set_bytes("behind-nginx", 10_000, reason="the Limits page through the proxy shows it")
+    q.fairness.set_weight("tenant:nginx", 3, reason="the Limits page through the proxy shows it")
     with httpx.Client(base_url=proxy.url, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}) as script:
         assert script.get("/dlq").status_code == 200
+        limits = script.get("/limits")  # the reliability controls, as an operator reads them through the proxy
+        assert limits.status_code == 200 and "tenant:nginx" in limits.text, limits.text[:300]
+        assert "of 10,000" in limits.text.split("<b>behind-nginx</b>")[1].split("</tr>")[0]
 
 
 def test_the_console_on_loopback_needs_the_token_too(story: Story, console: Running) -> None:
