@@ -168,8 +168,9 @@ class Run:
                 continue
             payload = {"repository": "example/app", "issue": 1000 + i, "think_s": self.args.think_s,
                        "instruction": f"make test_{i} pass"}
+            fair = f"tenant:{i % self.args.fair_keys}" if self.args.fair_keys else None
             try:
-                self.keys[key] = ac.enqueue(HANDLER, payload, idempotency_key=key).id
+                self.keys[key] = ac.enqueue(HANDLER, payload, idempotency_key=key, fair_key=fair).id
             except self.transient as exc:
                 self.keys.setdefault(key, None)  # resent with the same key next tick
                 self.enqueue_errors += 1
@@ -681,7 +682,7 @@ def audit(r: Run, remote: Path, injected_s: float, settle_s: float) -> dict[str,
             not_succeeded.append(f"{t.id} {t.state.value}: " + "; ".join(why))
     return {
         "seed": r.args.seed, "minutes": r.args.minutes, "workers": r.args.workers,
-        "tasks_per_minute": r.args.tasks_per_minute, "injecting_s": round(injected_s, 1),
+        "tasks_per_minute": r.args.tasks_per_minute, "fair_keys": r.args.fair_keys, "injecting_s": round(injected_s, 1),
         "settle_s": round(settle_s, 1),
         "faults": Counter(f.kind for f in r.faults), "fault_log": [f.__dict__ for f in r.faults],
         "unexpected_exits": r.fleet.unexpected_exits, "enqueue_errors": r.enqueue_errors,
@@ -762,6 +763,7 @@ def report(a: dict[str, Any]) -> tuple[str, bool]:
         fo_rows, fo_notes, fo_ok = failover_report(a, fo)
         ok = ok and fo_ok
     mode = f", failover mode (min_replicas={fo['min_replicas']})" if fo else ""
+    mode += f", {a['fair_keys']} fairness keys (fair lanes)" if a.get("fair_keys") else ""
     out = [f"## Chaos run: seed {a['seed']}, {a['minutes']} min of faults, {a['workers']} workers, "
            f"{a['tasks_per_minute']} tasks/min{mode}", "",
            f"Injecting {a['injecting_s']} s, then settling {a['settle_s']} s. Result: **{'PASS' if ok else 'FAIL'}**.",
@@ -867,6 +869,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=2.0, help="minutes of fault injection")
     p.add_argument("--short", action="store_true", help="CI mode: 0.5 min of faults, settle timeout 50 s")
+    p.add_argument("--fair-keys", type=int, default=0, metavar="N",
+                   help="tasks name one of N fairness keys in turn (their messages wait in fair lanes, a ticket in "
+                        "RQ's list): the lanes under the same faults; 0 (default): none")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cover-kinds", action="store_true",
                    help="inject until every fault kind happened once (at most 3x --minutes); on with --short")
