@@ -34,10 +34,10 @@ from redis.exceptions import NoScriptError
 
 from ..contracts.errors import SUCCESS_CODES, OutcomeUnknown, replication_unconfirmed
 from .lineage import Replication
+from .lua_includes import shaken
 
 _HEADER_RE = re.compile(r"^--\s+(KEYS|ARGV|ITEMKEYS|ITEMARGV)\[(\d+)\]\s+(\w+)")
 _IDEMPOTENT_RE = re.compile(r"^--\s+Idempotent:\s*(\S+)", re.M)
-_INCLUDE_RE = re.compile(r"^--@include\s+(\w+)\s*$", re.M)
 RESENDS = 3  # resends of an idempotent script after a connection error or a timeout
 
 # Transitions a caller acts on once they are acknowledged (a producer forgets its work, a worker runs
@@ -138,11 +138,8 @@ def load_specs(directory: Path | None = None) -> dict[str, ScriptSpec]:
         text = path.read_text()
         keys, argv = parse_header(path.stem, text)
 
-        def include(m: re.Match[str]) -> str:
-            return includes[m.group(1)]
-
         item_keys, item_argv = parse_items(path.stem, text)
-        specs[path.stem] = ScriptSpec(path.stem, _INCLUDE_RE.sub(include, text), keys, argv,
+        specs[path.stem] = ScriptSpec(path.stem, shaken(text, includes), keys, argv,
                                       parse_idempotent(path.stem, text), item_keys, item_argv)
     return specs
 
