@@ -67,9 +67,11 @@ def aging_wait(server: RedisServer, q: mc_queue.Client, app: AppClient, args: ar
 
     flooder = threading.Thread(target=flood, daemon=True)
     flooder.start()
-    worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX,
-                               "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--workspace-root",
-                               str(tmp / "ws")], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp / f"aging-worker-{low_key or 'plain'}.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", server.url, "--prefix", PREFIX,
+                                   "worker", "--app", "tests.apps.basic:app", "--kind", "simple", "--workspace-root",
+                                   str(tmp / "ws")], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     sweeper = Sweeper(q, priority_aging_ms=args.aging_ms)
     t1 = time.monotonic()
     bound_s = 8 * args.aging_ms / 1000 + 5.0
@@ -80,7 +82,16 @@ def aging_wait(server: RedisServer, q: mc_queue.Client, app: AppClient, args: ar
     stop.set()
     flooder.join(10)
     worker.terminate()
-    worker.wait(30)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:  # a worker that does not stop on SIGTERM: say where it is, then kill it
+        spy = Path(sys.executable).parent / "py-spy"
+        if spy.exists():
+            subprocess.run([str(spy), "dump", "--pid", str(worker.pid)], check=False)
+        print(f"worker {worker.pid} did not stop within 30 s of SIGTERM; its log: {log}\n"
+              + "\n".join(log.read_text(errors="replace").splitlines()[-30:]), file=sys.stderr)
+        worker.kill()
+        raise
     return waited, q.reads.get_task(low.id).state.value == "succeeded"
 
 
