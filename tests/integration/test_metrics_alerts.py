@@ -409,6 +409,11 @@ tests:
         values: '3x20'
       - series: 'mcq_queue_cap_depth{{job="mc_queue", instance="k", queue="busy"}}'
         values: '3x4 2x15'
+      # e: enqueues to jobs refused every minute; to brief for two minutes only
+      - series: 'mcq_enqueue_refused_total{{job="mc_queue", instance="e", queue="jobs", reason="queue"}}'
+        values: '0+1x25'
+      - series: 'mcq_enqueue_refused_total{{job="mc_queue", instance="e", queue="brief", reason="key"}}'
+        values: '0 1 2 2x22'
       # s: tenant:a at its cost ceiling of 5 from minute 2 on; tenant:b reached it for 5 minutes only
       - series: 'mcq_spend_ceiling{{job="mc_queue", instance="s", key="tenant:a", kind="cost"}}'
         values: '5x20'
@@ -449,6 +454,16 @@ tests:
             exp_annotations:
               summary: "tenant:a has spent its cost ceiling for 10 minutes: its tasks wait"
               description: "{spent}"
+      - eval_time: 10m
+        alertname: McqEnqueueShedding
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: McqEnqueueShedding
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mc_queue, instance: e, queue: jobs, reason: queue}}
+            exp_annotations:
+              summary: "Enqueues to jobs have been refused (queue) for 10 minutes"
+              description: "{shedding}"
       - eval_time: 2m
         alertname: McqRedisDown
         exp_alerts: []
@@ -567,6 +582,9 @@ def test_the_alerts_fire_on_the_conditions_they_name(tmp_path: Path) -> None:
         at_cap="It holds 3 task(s) not ended, its cap: every enqueue of the queue is refused with QueueFull and "
                "a retry-after (nothing written) until tasks end. `mcq caps` shows its depth and its oldest due "
                "task's wait; `mcq caps set QUEUE N --reason ..` raises the cap, more workers serving it drain it.",
+        shedding="New work is refused with a retry-after, nothing written, so producers wait or give up. `mcq "
+                 "caps` and `mcq fair` show the caps and what fills them; raise a cap, add workers serving the "
+                 "queue, or look for a producer resending in a loop (reason overloaded: Redis memory).",
         spent="5 cost spent in the window, the ceiling: the key's Attempts are deferred (or rejected) until spend "
               "leaves the window. `mcq spend` shows spent and reserved; look for a task retrying or looping "
               "(`mcq tasks`, the attempts' cost), or raise the ceiling with `mcq spend set KEY --cost X --per "
