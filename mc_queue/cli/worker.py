@@ -115,53 +115,62 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
 
     delay, round_ = 0.5, 0
     while True:
-        # RQ's loop installs its own handlers and leaves them behind when it returns: ours are back here.
-        signal.signal(signal.SIGTERM, stop_now)
-        signal.signal(signal.SIGINT, stop_now)
-        # A reconnecting worker takes a new name: RQ may still hold the old one's registration.
-        current = base if round_ == 0 else f"{base}.r{round_}"
-        round_ += 1
-        w: McqBaseWorker | None = None
-        worked = False
         try:
-            w = make_worker(app, client, names, name=current, workspace_root=workspace_root,
-                            home=obj.home, grace_s=grace_s, worker_class=cls)
-            worked = w.work(burst=burst, logging_level=log_level.upper())
-        except (Stop, StopRequested):
-            return
-        except SystemExit:
-            if w is not None and w.forced:
-                fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                     EXIT_STOPPED_MIDWAY)
-            raise
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            if burst:
-                raise  # exit 4
-            wlog.warning("Redis unreachable (%s)", exc)
-        except ReplicationUnconfirmed as exc:
-            # Starting up while the primary has fewer replicas than min_replicas (right after a
-            # failover, before the old primary rejoins): wait for them like for Redis itself.
-            if burst:
+            # RQ's loop installs its own handlers and leaves them behind when it returns: ours are back here.
+            signal.signal(signal.SIGTERM, stop_now)
+            signal.signal(signal.SIGINT, stop_now)
+            # A reconnecting worker takes a new name: RQ may still hold the old one's registration.
+            current = base if round_ == 0 else f"{base}.r{round_}"
+            round_ += 1
+            w: McqBaseWorker | None = None
+            worked = False
+            try:
+                w = make_worker(app, client, names, name=current, workspace_root=workspace_root,
+                                home=obj.home, grace_s=grace_s, worker_class=cls)
+                worked = w.work(burst=burst, logging_level=log_level.upper())
+            except (Stop, StopRequested):
+                return
+            except SystemExit:
+                if w is not None and w.forced:
+                    fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                         EXIT_STOPPED_MIDWAY)
                 raise
-            wlog.warning("waiting for replicas: %s", exc.message)
-        if w is not None:
-            if w.forced:
-                fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                     EXIT_STOPPED_MIDWAY)
-            if w.stop_signal is not None:
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+                if burst:
+                    raise  # exit 4
+                wlog.warning("Redis unreachable (%s)", exc)
+            except ReplicationUnconfirmed as exc:
+                # Starting up while the primary has fewer replicas than min_replicas (right after a
+                # failover, before the old primary rejoins): wait for them like for Redis itself.
+                if burst:
+                    raise
+                wlog.warning("waiting for replicas: %s", exc.message)
+            finally:
+                # RQ's handlers stay installed when its loop ends: ours again at once, or a stop while this
+                # process waits to reconnect went to the loop that had ended, was noted there and lost (the
+                # next round's worker then ran on as if nothing was asked).
+                signal.signal(signal.SIGTERM, stop_now)
+                signal.signal(signal.SIGINT, stop_now)
+            if w is not None:
+                if w.forced:
+                    fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+                         EXIT_STOPPED_MIDWAY)
+                if w.stop_signal is not None:
+                    return
+                if burst and w.drained:
+                    return
+                if burst and (w.redis_error or not reachable()):
+                    fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
+            # RQ's loop also returns after a Redis error or an unexpected one: the worker comes back once
+            # Redis answers (its leases are safe meanwhile: an Attempt it held expires and is reconciled).
+            wlog.warning("worker loop ended without a stop request; reconnecting in %.1fs", delay)
+            try:
+                time.sleep(delay)
+            except (Stop, StopRequested):
                 return
-            if burst and w.drained:
-                return
-            if burst and (w.redis_error or not reachable()):
-                fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
-        # RQ's loop also returns after a Redis error or an unexpected one: the worker comes back once
-        # Redis answers (its leases are safe meanwhile: an Attempt it held expires and is reconciled).
-        wlog.warning("worker loop ended without a stop request; reconnecting in %.1fs", delay)
-        try:
-            time.sleep(delay)
-        except (Stop, StopRequested):
+            delay = min(delay * 2, 10.0) if not worked else 0.5
+        except (Stop, StopRequested):  # (between rounds: our own handlers, or RQ's that ended)
             return
-        delay = min(delay * 2, 10.0) if not worked else 0.5
 
 
 @main.command()

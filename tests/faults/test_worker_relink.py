@@ -109,3 +109,34 @@ def test_the_proxy_keeps_accepting_after_one_connection_failed_before_it_was_acc
         with contextlib.suppress(redis.RedisError):  # the one whose accept failed
             redis.Redis.from_url(proxy.url, socket_timeout=1).ping()
         assert redis.Redis.from_url(proxy.url, socket_timeout=2).ping()  # before the fix: a timeout, forever
+
+
+def test_a_stop_signal_while_the_worker_waits_to_reconnect_stops_it(own_redis: RedisServer, proxy: TcpProxy,
+                                                                     prefix: str, tmp_path: Path) -> None:
+    """RQ's loop ended (Redis away) and the worker waits to reconnect: a SIGTERM then (what `docker stop`
+    sends) stops it. Before, RQ's handler of the loop that had ended took the signal, noted it on that
+    worker and returned, and the next round built a new worker that ran on as if nothing was asked."""
+    q = mc_queue.connect(own_redis.url, prefix=prefix)
+    q.backend.open_namespace()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MCQ_")}, "MCQ_HOME": str(tmp_path / "home"),
+           "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "home").mkdir(mode=0o700)
+    path = tmp_path / "worker.log"
+    with open(path, "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "mc_queue", "--redis-url", proxy.url, "--prefix", prefix,
+                                   "worker", "--app", "tests.apps.basic:app", "--kind", "simple"],
+                                  cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: len(channels(q)) == 1, 30, "the worker's command channel")
+        proxy.cut(refuse_s=60)  # Redis unreachable for a minute: the loop ends, the worker waits to reconnect
+        wait_for(lambda: "reconnecting in" in path.read_text(errors="replace"), 60, "the worker to wait to reconnect")
+        worker.terminate()
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker ignored SIGTERM while waiting to reconnect:\n" + path.read_text(errors="replace"))
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        q.close()
