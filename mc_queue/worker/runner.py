@@ -410,6 +410,14 @@ class McqBaseWorker(BaseWorker):
             self._shutdown_requested_date = now()
             self._stop_requested = True
             return
+        if self._dequeuing and adm is None:
+            # Waiting for work, whatever state RQ recorded last: stop now. RQ decides by that state, and a
+            # worker whose state still said busy was told to stop "after its job" while it waited for one, in
+            # a wait that never looks at that request (a drained worker then ignored SIGTERM for good).
+            signal.signal(signal.SIGINT, self.request_force_stop)
+            signal.signal(signal.SIGTERM, self.request_force_stop)
+            self._shutdown_requested_date = now()
+            raise StopRequested()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # (idle: raises, stops now)
         if adm is not None and self._grace is None:
             log.warning("stop requested (%s): finishing attempt %s first, for at most %gs (--grace); a second "
