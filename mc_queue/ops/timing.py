@@ -67,24 +67,32 @@ def age_priorities(client: Client, rq: redis.Redis, *, aging_ms: int, limit: int
     moved: list[str] = []
     prefix = client.keys.prefix
     for queue in client.reads.queues():
+        laned = client.fairness.backlog(queue)  # (the priorities with fair lanes queued: one round trip)
         for level in PRIORITIES[1:]:
             q = rq_queue(rq, prefix, queue, level)
             jids = [j.decode() if isinstance(j, bytes) else str(j) for j in rq.lrange(q.key, 0, limit - 1)]
             aids = [(jid, attempt_of(q, jid)) for jid in jids]
-            pipe = client.redis.pipeline(transaction=False)
-            for _, aid in aids:
-                tid, _, n = (aid or "-:-/0").rpartition("/")
-                tk = client.keys.task(tid) if aid else client.keys.nowhere()
-                pipe.hget(tk.task, f"{n}.dispatched_at")
-            stamps = cast(list[str | None], pipe.execute()) if aids else []
+            stamps = _dispatched_at(client, [aid for _, aid in aids])
             for (jid, aid), at in zip(aids, stamps, strict=True):
                 if aid is None or not at:
                     continue
                 target = max(PRIORITIES[0], level - (now - int(at)) // aging_ms)
                 if target < level and move_message(rq, q, rq_queue(rq, prefix, queue, target), jid):
                     moved.append(f"{aid} p{level}->p{target}")
-            moved.extend(_age_lanes(client, rq, queue, level, now=now, aging_ms=aging_ms, limit=limit))
+            if level in laned:
+                moved.extend(_age_lanes(client, rq, queue, level, now=now, aging_ms=aging_ms, limit=limit))
     return moved
+
+
+def _dispatched_at(client: Client, aids: list[str | None]) -> list[str | None]:
+    """When each Attempt was last dispatched (None: never, or no Attempt), in one round trip."""
+    if not aids:
+        return []
+    pipe = client.redis.pipeline(transaction=False)
+    for aid in aids:
+        tid, _, n = (aid or "-:-/0").rpartition("/")
+        pipe.hget((client.keys.task(tid) if aid else client.keys.nowhere()).task, f"{n}.dispatched_at")
+    return cast(list[str | None], pipe.execute())
 
 
 def _age_lanes(client: Client, rq: redis.Redis, queue: str, level: int, *, now: int, aging_ms: int,
@@ -108,11 +116,7 @@ def _age_lanes(client: Client, rq: redis.Redis, queue: str, level: int, *, now: 
             pipe.hget(lanes, f"{name}|{h}")
         jids = cast(list[str | None], pipe.execute())
         aids = [attempt_of(q, jid) if jid else None for jid in jids]
-        pipe = client.redis.pipeline(transaction=False)
-        for aid in aids:
-            tid, _, n = (aid or "-:-/0").rpartition("/")
-            pipe.hget(keys.task(tid).task if aid else keys.nowhere().task, f"{n}.dispatched_at")
-        stamps = cast(list[str | None], pipe.execute())
+        stamps = _dispatched_at(client, aids)
         looked += len(names)
         again: list[str] = []
         for name, jid, aid, at in zip(names, jids, aids, stamps, strict=True):
