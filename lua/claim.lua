@@ -415,11 +415,15 @@ if finish_by and (not deadline or finish_by < deadline) then deadline = finish_b
 local deadline_s = deadline and fmt(deadline) or ''
 redis.call('SET', K.lease, n .. ':' .. fence, 'PXAT', exp_s)
 redis.call('HSET', K.task, 'state', 'running', 'updated_at', ts_s)
-aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s, 'hb_at', ts_s,
+-- (No 'hb_at' until the first renewal: until then the last heartbeat is the claim, its started_at.)
+aset(K.attempts, n, {'state', 'running', 'worker', A.worker, 'fence', fence, 'lease_exp', exp_s,
   'started_at', ts_s, 'claim_req', A.request_id, 'seq', seq, 'lease_ms', lease_s,
   unpack(deadline and {'deadline', deadline_s} or {})})
 redis.call('ZADD', K.leases, exp_s, aid)
 redis.call('ZREM', K.pending, task_id)
+-- When the outbox last handed it to the transport is said only while it waits (schedule.py's walk,
+-- priority aging): a running or ended Attempt keeps its dispatch count, not the time.
+redis.call('HDEL', K.attempts, n .. '.dispatched_at')
 local probe, slots, spend, via = {}, {}, {}, {}
 for _, st in ipairs(plan) do  -- each configured limit takes this Attempt's units; a half-open breaker a probe
   local K = st.K
@@ -456,6 +460,11 @@ move_count(K.counts, queue, state, 'running', K.task)
 if #probe > 0 then aset(K.attempts, n, {'probe', table.concat(probe, ',')}) end
 -- Compact ('~'): the worker, fence and lease_ms are the Attempt's, and the lease's first expiry its
 -- started_at plus lease_ms; readers fill them in (mc_queue.contracts.models.filled_in).
-emit(K.events, 'attempt_claimed', {'attempt', n, '~', '1'})
+-- Attempt 1's claim before any stored event stays implied by the hash (imply): no history key yet.
+if imply(K.events, K.task, K.attempts, n, '') then
+  redis.call('HSET', K.task, 'ev', 'c')
+else
+  emit(K.events, 'attempt_claimed', {'attempt', n, '~', '1'})
+end
 observe(K.stats, t[6], 'wait', queue, nil, ts - (due > 0 and due or ts))
 return with_task({'OK', tonumber(n), fence, exp_s, seq, ts_s, lease_s, m.recovered_at or '', deadline_s})

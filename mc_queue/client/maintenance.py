@@ -235,7 +235,7 @@ class Maintenance(Role):
                 self.redis.zrem(self.keys.topack, str((fields or {}).get("id")))
                 continue
             # A task gone or already packed gets a placeholder document: the script answers NOOP before reading it.
-            blob = pack(fields, att, whole_history(fields, stored), fx) if fields and not fields.get("packed") \
+            blob = pack(fields, att, whole_history(fields, stored, att), fx) if fields and not fields.get("packed") \
                 else b"mcz1-placeholder"
             if len(blob) > PACK_MAX_BYTES:
                 log.warning("task %s: its packed history would be %d bytes (above %d): left unpacked",

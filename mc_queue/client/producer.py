@@ -140,7 +140,7 @@ class Producer(Role):
         if reply[0] == "OK" and len(reply) == 5:  # a new task, as the script left it: no second read
             fields, att = split_attempts(pairs(reply[2]), pairs(reply[3]))
             return Task.from_redis(fields, att,
-                                   whole_history(fields, self._history(reply[4], tk.events)))
+                                   whole_history(fields, self._history(reply[4], tk.events), att))
         return self.reads.get_task(str(reply[1]))  # DUP: the task may have moved on since
 
     def enqueue_many(self, items: Sequence[NewTask]) -> list[Task]:
@@ -183,7 +183,7 @@ class Producer(Role):
         for code, tid, raw in zip(reply[1], reply[2], reply[3], strict=True):
             if code == "OK":
                 fields, att = split_attempts(pairs(raw), {})
-                out.append(Task.from_redis(fields, att, whole_history(fields, [])))
+                out.append(Task.from_redis(fields, att, whole_history(fields, [], att)))
             else:
                 out.append(self.reads.get_task(str(tid)))  # DUP: the task admitted before, as it is now
         return out

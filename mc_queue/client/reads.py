@@ -92,7 +92,7 @@ class Reads(Role):
             fields, att = split_attempts(fields, att)
         except ValueError as exc:
             raise McqError(f"task {task_id}: {exc}") from None
-        events = whole_history(fields, stored)
+        events = whole_history(fields, stored, att)
         fence = fields.get("fence") or fence  # the counter lives in the task hash (lua/includes/common.lua)
         if fields.get("packed"):
             return self._unpacked(task_id, fields), fence, int(pttl), version

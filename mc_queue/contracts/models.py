@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .codec import digest
 from .frozen import OMITTED, expand
 from .keys import attempt_id
 from .packing import join_long
@@ -184,7 +185,7 @@ class Attempt(_Record):
             fence=int(f["fence"]) if f.get("fence") else None,
             lease_ms=int(f["lease_ms"]) if f.get("lease_ms") else None,
             lease_expires_at=ms("lease_exp"),
-            heartbeat_at=ms("hb_at"),
+            heartbeat_at=ms("hb_at") or ms("started_at"),  # (the claim stores none: lua/claim.lua)
             created_at=ms("created_at"),
             due_at=ms("due_at"),
             started_at=ms("started_at"),
@@ -197,7 +198,7 @@ class Attempt(_Record):
             settled_by=f.get("settled_by") or None,
             cost=float(f.get("cost") or 0),
             tokens=int(f.get("tokens") or 0),
-            elapsed_ms=int(f["elapsed_ms"]) if f.get("elapsed_ms") else None,
+            elapsed_ms=int(f["elapsed_ms"]) if f.get("elapsed_ms") else _ran_ms(f),
             phase=f.get("phase") or None,
             checkpoints={k[5:]: json.loads(v) for k, v in f.items() if k.startswith("ckpt.")},
             dispatches=int(f.get("dispatches") or 0),
@@ -209,6 +210,14 @@ class Attempt(_Record):
             admitted_via=dict(i.partition(">")[::2] for i in (f.get("admitted_via") or "").split(",") if ">" in i),
             fallbacks=dict(i.partition(">")[::2] for i in (f.get("fallbacks") or "").split(",") if ">" in i),
         )
+
+
+def _ran_ms(f: Mapping[str, str]) -> int | None:
+    """How long a success the worker recorded ran (lua/complete.lua stores no elapsed_ms: its ended_at
+    less its started_at); None for any other Attempt without elapsed_ms."""
+    if f.get("state") == "succeeded" and not f.get("settled_by") and f.get("started_at") and f.get("ended_at"):
+        return int(f["ended_at"]) - int(f["started_at"])
+    return None
 
 
 class Event(_Record):
@@ -271,13 +280,16 @@ def filled_in(event: dict[str, str], task: dict[str, str],
     task_created's handler and payload digest (the task's, which never change) and Attempt 1's reason
     in attempt_created ('first dispatch'); from its Attempt's fields (``attempts``: by number, names
     without the '<n>.' prefix), what a compact attempt_claimed or attempt_succeeded (marked '~') says
-    only once: the worker, the fence, the result digest, the lease (its first expiry is the Attempt's
-    started_at plus its lease_ms). An event written before keeps its own."""
+    only once: the worker, the fence, the result digest (of the result itself when the Attempt keeps
+    none: a result of at most 64 bytes), the lease (its first expiry is the Attempt's started_at plus its
+    lease_ms). An event written before keeps its own."""
     typ = event.get("type")
     if event.get("~") == "1" and typ in SAME_AS_ATTEMPT:
         a = (attempts or {}).get(int(event.get("attempt") or 0), {})
         same = {"lease_exp": str(int(a.get("started_at") or 0) + int(a.get("lease_ms") or 0))} \
             if typ == "attempt_claimed" else {}
+        if typ == "attempt_succeeded" and not a.get("result_digest") and a.get("result") is not None:
+            same = {"result_digest": digest(a["result"])}  # a short result keeps no digest (lua/complete.lua)
         out = {k: v for k, v in event.items() if k != "~"}
         out.update({k: same.get(k, a.get(k, "")) for k in SAME_AS_ATTEMPT[typ]})
         return out

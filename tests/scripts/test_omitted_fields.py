@@ -77,3 +77,34 @@ def test_the_first_claim_of_a_task_kept_in_one_hash_looks_for_no_fence_key_of_th
     lease = q.leases.claim_attempt(t.id, "w1")
     stats = q.redis.info("commandstats")
     assert lease.fence == 1 and "cmdstat_get" not in stats, stats.get("cmdstat_get")
+
+
+def test_a_finished_attempt_stores_none_of_what_its_other_fields_say(q: mc_queue.Client) -> None:
+    """Issue 17: no heartbeat time until a renewal (the claim is the last heartbeat), no elapsed time of a
+    worker's success (ended_at less started_at), no claim request id once it stopped running, no dispatch
+    time once claimed; each read as before. Both sides: renewed / not, succeeded / failed."""
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 1})
+    q.schedule.mark_dispatched(t.id + "/1", recheck_ms=60_000)
+    assert "1.dispatched_at" in raw(q, t.id)
+    lease = q.leases.claim_attempt(t.id, "w1", request_id="req-1")
+    fields = raw(q, t.id)
+    assert "1.hb_at" not in fields and "1.dispatched_at" not in fields and fields["1.claim_req"] == "req-1"
+    running = q.reads.get_task(t.id).attempts[0]
+    assert running.heartbeat_at == running.started_at is not None and running.dispatches == 1
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    fields = raw(q, t.id)
+    assert not {"1.hb_at", "1.elapsed_ms", "1.claim_req"} & set(fields)
+    done = q.reads.get_task(t.id).attempts[0]
+    assert done.started_at and done.ended_at and done.heartbeat_at == done.started_at
+    assert done.elapsed_ms == int(fields["1.ended_at"]) - int(fields["1.started_at"])
+    # Renewed, then failed: the renewal's heartbeat and the failure's elapsed time are stored and read.
+    t2 = q.producer.enqueue(QUEUE, HANDLER, {"n": 2})
+    lease = q.leases.claim_attempt(t2.id, "w1")
+    q.leases.renew_lease(lease.attempt_id, lease.fence, worker_id="w1")
+    q.leases.fail_attempt(lease.attempt_id, lease.fence, {"type": "Boom", "failure_class": "provider", "message": "x"},
+                          worker_id="w1")
+    fields = raw(q, t2.id)
+    failed = q.reads.get_task(t2.id).attempts[0]
+    assert "1.hb_at" in fields and failed.heartbeat_at is not None
+    assert int(failed.heartbeat_at.timestamp() * 1000) == int(fields["1.hb_at"])
+    assert failed.elapsed_ms == int(fields["1.elapsed_ms"])
