@@ -77,19 +77,26 @@ err, ts = fence_check(K, A, A.worker, '', 'limit_stamp', false)
 if err then return err end
 
 local c = redis.call('HMGET', K.limits, A.key, A.key .. '|used', A.key .. '|bstate', A.key .. '|bwhy', A.key .. '|fallbacks')
--- The key's circuit breaker: no call while it is open; while half-open, only its probe Attempts call.
-local bkind, b1 = string.match(c[3] or '', '^(%a+) (%d+)')
 local probes = ',' .. (aget(K.attempts, A.raw.n, 'probe') or '') .. ','
+-- Whether a key's circuit breaker keeps this Attempt from calling it ('open' with its time to run, or
+-- 'half' since a claim admitted probes, or 'open' with its time run out before a claim turned it half-open:
+-- any breaker state is down for an Attempt that is not one of its probes; open with time to run is down
+-- for a probe too). The one answer for a direct call (E_OPEN), a skip and a fallback call. Returns down,
+-- and the open state's end when it still has time to run.
+local function breaker_down(bstate, key)
+  local kind, until_ms = string.match(bstate or '', '^(%a+) (%d+)')
+  if not kind then return false, nil end
+  local open_until = (kind == 'open' and tonumber(until_ms) > ts) and until_ms or nil
+  return open_until ~= nil or not string.find(probes, ',' .. key .. ',', 1, true), open_until
+end
+local down, open_until = breaker_down(c[3], A.key)
 if A.skip == '1' then  -- an optional step: skipped only when declared so and the key is down now
   local declared = string.match(c[5] or '', '^(%S+)') or ''
   if not string.find(',' .. declared .. ',', ',-,', 1, true) then
     return {'E_BADARG', A.key .. ' declares no skip (its fallbacks: ' .. (declared ~= '' and declared or 'none') ..
       '): declare it with App.optional'}
   end
-  local probe = string.find(probes, ',' .. A.key .. ',', 1, true)
-  if not bkind or (probe and not (bkind == 'open' and tonumber(b1) > ts)) then
-    return {'NOOP', 'the breaker of ' .. A.key .. ' is not open: call it'}
-  end
+  if not down then return {'NOOP', 'the breaker of ' .. A.key .. ' is not open: call it'} end
   local had = aget(K.attempts, A.raw.n, 'fallbacks') or ''
   if not string.find(',' .. had .. ',', ',' .. A.key .. '>-,', 1, true) then
     aset(K.attempts, A.raw.n, {'fallbacks', had == '' and (A.key .. '>-') or (had .. ',' .. A.key .. '>-')})
@@ -98,10 +105,11 @@ if A.skip == '1' then  -- an optional step: skipped only when declared so and th
   end
   return {'OK', ''}
 end
-if bkind == 'open' and tonumber(b1) > ts then
-  return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is open until ' .. b1 .. ' ms (Redis clock): ' .. (c[4] or ''), b1}
+if open_until then
+  return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is open until ' .. open_until .. ' ms (Redis clock): ' ..
+    (c[4] or ''), open_until}
 end
-if bkind and not string.find(probes, ',' .. A.key .. ',', 1, true) then
+if down then
   return {'E_OPEN', 'circuit breaker ' .. A.key .. ' is half-open: only its probe Attempts call it', fmt(ts + 250)}
 end
 local switch = nil  -- a fallback call: the key must be declared for the primary, and the primary down now
@@ -112,10 +120,9 @@ if A.fallback_for ~= '' then
     return {'E_BADARG', A.key .. ' is not a declared fallback of ' .. A.fallback_for .. ' (its fallbacks: ' ..
       (declared ~= '' and declared or 'none') .. ')'}
   end
-  local pkind, puntil = string.match(p[2] or '', '^(%a+) (%d+)')
-  local down = (pkind == 'open' and tonumber(puntil) > ts) or
-    (pkind == 'half' and not string.find(probes, ',' .. A.fallback_for .. ',', 1, true))
-  if not down then return {'NOOP', 'the breaker of ' .. A.fallback_for .. ' is not open: call it'} end
+  if not breaker_down(p[2], A.fallback_for) then
+    return {'NOOP', 'the breaker of ' .. A.fallback_for .. ' is not open: call it'}
+  end
   switch = A.fallback_for .. '>' .. A.key
 end
 -- (a fallback call goes ahead: recorded once per primary and fallback, with why the primary is down)

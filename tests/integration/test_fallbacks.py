@@ -14,7 +14,7 @@ import pytest
 
 import mc_queue
 from mc_queue import OverLimit, TaskState
-from mc_queue.contracts.errors import InvalidArgument, StaleFence
+from mc_queue.contracts.errors import BreakerOpen, InvalidArgument, StaleFence
 from mc_queue.contracts.keys import limit_names
 from mc_queue.testing import RedisServer
 from tests.apps import controls_app
@@ -70,6 +70,26 @@ def test_the_call_goes_to_the_fallback_and_the_switch_is_recorded_once(q: mc_que
     used = [e.fields for e in task.events if e.type == "fallback_used"]
     assert len(used) == 1 and (used[0]["from"], used[0]["to"]) == (BIG, SMALL)
     assert "the big model is down" in used[0]["why"]
+
+
+def test_a_breaker_whose_open_time_ran_out_is_down_for_every_call_but_a_probe(q: mc_queue.Client) -> None:
+    """An open breaker whose time has run out, before a claim turned it half-open, admits only probes:
+    a direct call of the primary is refused (E_OPEN), so a stand-in call goes ahead (it used to be told
+    "the primary is up, call it", then the primary refused: the two checks disagreed); a skip likewise."""
+    q.limits.set_fallbacks(BIG, [SMALL], reason="the small model stands in")
+    t = q.producer.enqueue("jobs", "h", {"n": 1}, limits={BIG: 0, SMALL: 0})
+    lease = claim(q, t)
+    q.limits.trip(BIG, 60, reason="the big model is down")
+    field = f"{BIG}|bstate"
+    kind, _, rest = str(q.redis.hget(q.keys.limits, field)).partition(" ")
+    until, _, tail = rest.partition(" ")
+    assert kind == "open" and int(until) > 0
+    past = q.backend.redis_time_ms() - 1_000
+    q.redis.hset(q.keys.limits, field, " ".join(x for x in ("open", str(past), tail) if x))  # its time ran out
+    with pytest.raises(BreakerOpen, match="half-open"):
+        q.leases.stamp_limit(lease.attempt_id, lease.fence, BIG, worker_id="w1")
+    assert q.leases.stamp_fallback(lease.attempt_id, lease.fence, SMALL, BIG, worker_id="w1")
+    assert q.reads.get_task(t.id).attempts[0].fallbacks == {BIG: SMALL}
 
 
 def test_a_stand_in_that_is_not_declared_or_not_named_or_stale_is_refused_and_writes_nothing(
