@@ -12,7 +12,8 @@
 -- KEYS[5] task       task hash
 -- KEYS[6] attempts   attempts hash of the task
 -- ARGV[1] member     the Attempt: "<task id>/<attempt number>"
--- ARGV[2] recheck_ms when it is due to be looked at again if nobody claimed it (reported)
+-- ARGV[2] recheck_ms a dispatch: when it is due to be looked at again if nobody claimed it (reported); '' with
+--                    resend_ms (exactly one of the two is given)
 -- ARGV[3] actor
 -- ARGV[4] epoch
 -- ARGV[5] resend_ms  '' (a dispatch), or: no dispatch happened, the Attempt is to be sent again this long from now
@@ -34,12 +35,15 @@ local K = {meta = KEYS[1], epochs = KEYS[2], nslog = KEYS[3], outbox = KEYS[4], 
 K.attempts = attempts_of(K.task, K.attempts)  -- (no history: bind_task's other half)
 local A, bad = args(ARGV, {
   'member', 'id', 200, false,
-  'recheck_ms', 'int', 1, DAY_MS,
+  'recheck_ms', 'int?', 1, DAY_MS,
   'actor', 'text', 200, false,
   'epoch', 'epoch', false, false,
   'resend_ms', 'int?', 1, DAY_MS,
 })
 if bad then return bad end
+if (A.recheck_ms == nil) == (A.resend_ms == nil) then
+  return {'E_BADARG', 'recheck_ms (a dispatch) or resend_ms (a resend), exactly one of them'}
+end
 local n = string.match(A.member, '/(%d+)$')
 if not n or #n > 7 then return {'E_BADARG', "member must be '<task id>/<attempt number>'"} end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)

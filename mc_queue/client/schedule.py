@@ -158,15 +158,19 @@ class Schedule(Role):
         else:
             self.redis.zadd(key, {task_id: next_ms}, xx=True)
 
-    def mark_dispatched(self, member: str, *, recheck_ms: int, resend_ms: int | None = None) -> bool:
+    def mark_dispatched(self, member: str, *, recheck_ms: int) -> bool:
         """The Attempt was handed to the transport; look again after ``recheck_ms`` if unclaimed."""
+        return self._mark(member, recheck_ms, "")
+
+    def _mark(self, member: str, recheck_ms: int | str, resend_ms: int | str) -> bool:
+        """mark_dispatched.lua: a dispatch (``recheck_ms``) or a resend (``resend_ms``), the other ''."""
         _, _, tk = self._attempt(member)
 
         def call(epoch: str) -> list[Any]:
             return self._run("mark_dispatched", {**self._ns_keys(), "outbox": self.keys.outbox, "task": tk.task,
                                                  "attempts": tk.attempts_v1},
                              {"member": member, "recheck_ms": recheck_ms, "actor": self.actor, "epoch": epoch,
-                              "resend_ms": resend_ms or ""})
+                              "resend_ms": resend_ms})
 
         reply = self._with_epoch(call)
         raise_for_reply(reply, script="mark_dispatched", attempt_id=member)
@@ -177,4 +181,4 @@ class Schedule(Role):
         again ``in_ms`` from now (Redis clock) rather than a whole recheck after its dispatch. Not a dispatch;
         a dispatch after it makes it moot. False, nothing written: no longer pending."""
         check_int(in_ms, what="in_ms", low=1, high=86_400_000)
-        return self.mark_dispatched(member, recheck_ms=1, resend_ms=in_ms)
+        return self._mark(member, "", in_ms)

@@ -153,6 +153,20 @@ def test_a_message_a_probe_refused_is_sent_again_after_the_probe_s_interval_not_
     assert lease.fence > 0
 
 
+def test_mark_dispatched_takes_a_dispatch_or_a_resend_never_both_nor_neither(q: mc_queue.Client) -> None:
+    """The script's two calls say which they are: a dispatch (recheck_ms) or a resend (resend_ms); both or
+    neither is refused before anything is written."""
+    t = q.producer.enqueue("jobs", "h", {"n": 1})
+    aid, tk = f"{t.id}/1", q.keys.task(t.id)
+    keys = {**q.backend.ns_keys(), "outbox": q.keys.outbox, "task": tk.task, "attempts": tk.attempts_v1}
+    before = q.redis.hgetall(tk.task)
+    for recheck, resend in ((1000, 300), ("", "")):
+        reply = q.runner.call("mark_dispatched", keys, {"member": aid, "recheck_ms": recheck, "actor": "t",
+                                                        "epoch": q.backend.ns.epoch, "resend_ms": resend})
+        assert reply[0] == "E_BADARG" and "exactly one" in reply[1]
+    assert q.redis.hgetall(tk.task) == before
+
+
 def test_through_a_worker_a_refused_task_runs_soon_after_its_probe_passes_with_the_default_recheck(
         controls: Harness, tmp_path: Path) -> None:
     h = controls
