@@ -79,7 +79,7 @@ redis.call('ZREM', K.held, t[1])
 redis.call('HDEL', K.attention, t[1])
 if t[5] and t[5] ~= '' then
   if A.tombstone_ms > 0 then
-    redis.call('HSET', K.idem, t[5], t[1] .. ' ' .. t[6] .. '|' .. t[7] .. ' purged ' .. fmt(until_ms))
+    redis.call('HSET', K.idem, t[5], t[1] .. ' ' .. task_sig(K.idem, t[5], t[1], t[6], t[7]) .. ' purged ' .. fmt(until_ms))
     redis.call('ZADD', K.idem_until, until_ms, t[5])
   else
     redis.call('HDEL', K.idem, t[5])

@@ -74,8 +74,9 @@ local fence = fence_of(K.task, K.fence)
 -- The hash is written anew (Redis never turns a hash table back into a listpack): the same state and
 -- the fields the scripts read, then the fence and the document's chunks.
 redis.call('DEL', K.task, K.attempts, K.events, K.effects, K.fence)
-redis.call('HSET', K.task, 'id', t[1], 'queue', t[2], 'handler', t[3], 'state', t[4], 'payload_digest', t[5],
+redis.call('HSET', K.task, 'id', t[1], 'queue', t[2], 'handler', t[3], 'state', t[4],
   'attempts', t[6], 'active', '', 'created_at', t[7], 'updated_at', t[8])
+if t[5] then redis.call('HSET', K.task, 'payload_digest', t[5]) end  -- (none: a short payload, in the document)
 if t[10] and t[10] ~= '' then redis.call('HSET', K.task, 'idem_key', t[10]) end
 -- The tasks waiting for it, and whether the sweeper released them (release.lua and retire read both).
 if t[11] then redis.call('HSET', K.task, 'dependents', t[11]) end

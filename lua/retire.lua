@@ -118,7 +118,8 @@ redis.call('ZREM', K.dlq, t[1])
 redis.call('HDEL', K.attention, t[1])
 if idem_key and idem_key ~= '' then
   if A.tombstone_ms > 0 then
-    redis.call('HSET', K.idem, idem_key, t[1] .. ' ' .. (t[6] or '') .. '|' .. (t[7] or '') .. ' purged ' .. fmt(until_ms))
+    redis.call('HSET', K.idem, idem_key, t[1] .. ' ' .. task_sig(K.idem, idem_key, t[1], t[6], t[7]) .. ' purged ' ..
+      fmt(until_ms))
     redis.call('ZADD', K.idem_until, until_ms, idem_key)
   else
     redis.call('HDEL', K.idem, idem_key)

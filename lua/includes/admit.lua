@@ -77,9 +77,12 @@ local function enqueue_check(K, A, ts, actor)
     end
   end
   if redis.call('EXISTS', K.task) == 1 then
-    local e = redis.call('HMGET', K.task, 'payload_digest', 'handler', 'queue')
-    if e[1] == A.payload_digest and e[2] == A.handler and e[3] == A.queue then return {'DUP', A.task_id} end
-    return refuse(K.events, nil, 'enqueue_refused', {'E_CONFLICT', A.task_id, e[1] or ''},
+    local e = redis.call('HMGET', K.task, 'payload_digest', 'handler', 'queue', 'payload')
+    -- (a payload of at most 64 bytes keeps no digest: the same payload is the same text)
+    local same = e[1] and e[1] == A.payload_digest or (not e[1] and e[4] == A.payload)
+    if same and e[2] == A.handler and e[3] == A.queue then return {'DUP', A.task_id} end
+    local recorded = e[1] or (e[4] and #e[4] <= LONG_CHUNK and sha256_hex(e[4])) or ''
+    return refuse(K.events, nil, 'enqueue_refused', {'E_CONFLICT', A.task_id, recorded},
       {'actor', actor, 'reason', 'the task id exists with another payload or handler', 'payload_digest', A.payload_digest})
   end
   local tomb = tomb_get(K.tombs0, K.tombs1, K.tombs2, K.tomb, A.task_id)
@@ -215,9 +218,14 @@ local function enqueue_write(K, A, plan, ts, actor)
   local dues = plan.due > ts and fmt(plan.due) or tss
   -- Left out until they say something (readers fill them in): updated_at while it is created_at, the
   -- fence counter while no fence was issued ('0'), a retry policy or budget that is the default ('{"$v":1}').
+  -- And the digest of a payload of at most 64 bytes, kept whole: it is the digest of the payload kept
+  -- (readers compute it, mc_queue.contracts.models.payload_digest_of; so does the DUP check below).
   local fields = {'id', A.task_id, 'queue', A.queue, 'handler', A.handler, 'payload', A.payload,
-    'payload_digest', A.payload_digest, 'state', state, 'created_at', tss, 'attempts', '1', 'active', '1',
+    'state', state, 'created_at', tss, 'attempts', '1', 'active', '1',
     'manifest', A.manifest, 'lease_ms', A.raw.lease_ms or fmt(A.lease_ms), 'actor', actor}
+  if #A.payload > LONG_CHUNK then
+    fields[#fields + 1] = 'payload_digest'; fields[#fields + 1] = A.payload_digest
+  end
   if A.retry_policy ~= DEFAULT_DOC then fields[#fields + 1] = 'retry_policy'; fields[#fields + 1] = A.retry_policy end
   if A.budget ~= DEFAULT_DOC then fields[#fields + 1] = 'budget'; fields[#fields + 1] = A.budget end
   if A.start_by_ms then fields[#fields + 1] = 'start_by'; fields[#fields + 1] = A.raw.start_by_ms end

@@ -599,6 +599,17 @@ local function sha256_hex(msg)
   return table.concat(out)
 end
 
+-- What a producer key's entry says of its task ('<payload digest>|<handler>', as enqueue wrote it): the
+-- task hash's digest, or, for a payload of at most 64 bytes that keeps none, the entry's own (written at
+-- enqueue from the digest the producer sent), so that a purge leaves the entry it always left.
+local function task_sig(k_idem, idem_key, task_id, digest, handler)
+  if not digest then
+    local owner, sent = string.match(redis.call('HGET', k_idem, idem_key) or '', '^(%S+) ([^|%s]*)|')
+    digest = owner == task_id and sent or ''
+  end
+  return digest .. '|' .. (handler or '')
+end
+
 -- ----------------------------------------------------------------------------------- attempts
 
 -- A hash stays one compact listpack while every value is at most 64 bytes (Redis's default
@@ -809,6 +820,10 @@ local function attempt_snapshot(k_att, k_task, n)
     flat[#flat + 1] = t[2] or ''
     flat[#flat + 1] = 'payload_digest'
     flat[#flat + 1] = t[3] or ''
+    if not t[3] and k_att ~= k_task then  -- a short payload keeps no digest: the client computes it from
+      flat[#flat + 1] = 'payload'          -- the payload (in the whole task hash above, when it holds them)
+      flat[#flat + 1] = redis.call('HGET', k_task, 'payload') or ''
+    end
   end
   if t[4] then  -- Attempt 1's created_at and due_at, when it keeps none of its own (enqueue.lua)
     flat[#flat + 1] = 'created_at'

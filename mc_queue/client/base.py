@@ -19,7 +19,7 @@ from ..contracts.failures import fingerprint
 from ..contracts.frozen import expand
 from ..contracts.history import WRONGTYPE, Event, decode_events
 from ..contracts.keys import TaskKeys, check_queue, parse_attempt_id, parse_task_id
-from ..contracts.models import Attempt, Failure
+from ..contracts.models import Attempt, Failure, payload_digest_of
 from ..contracts.packing import join_long
 from ..store.backend import Backend
 
@@ -170,13 +170,13 @@ def attempt_from_snapshot(task_id: str, n: int, flat: list[Any]) -> Attempt:
         name = str(flat[i])
         if name.startswith(prefix):
             fields[name[cut:]] = str(flat[i + 1])
-        elif name in ("manifest", "handler", "payload_digest", "created_at"):
-            task[name] = str(flat[i + 1])
+        elif name in ("manifest", "handler", "payload_digest", "created_at", "payload"):
+            task[name] = str(flat[i + 1])  # (the payload: in the whole hash a short one comes with)
     fields = join_long(fields)
     manifest = task.get("manifest")
     if manifest:
         manifest = expand("manifest", manifest, handler=task.get("handler") or None,
-                          payload_digest=task.get("payload_digest") or None)
+                          payload_digest=payload_digest_of(task) or None)
     return Attempt.from_fields(task_id, n, fields, manifest=manifest, task_created=task.get("created_at"))
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .codec import digest
 from .frozen import OMITTED, expand
 from .keys import attempt_id
-from .packing import join_long
+from .packing import LONG_MARK, join_long
 
 
 class TaskState(StrEnum):
@@ -269,6 +269,17 @@ def by_number(att: Mapping[str, str]) -> dict[int, dict[str, str]]:
     return by_n
 
 
+def payload_digest_of(f: Mapping[str, str]) -> str:
+    """A task's payload digest: its hash's field, or, for a payload of at most 64 bytes that keeps none
+    (lua/includes/admit.lua), the digest of the payload itself (``f``: the task's fields, long values
+    joined or the payload short and whole); '' when neither is there."""
+    stored = f.get("payload_digest")
+    if stored:
+        return stored
+    payload = f.get("payload")
+    return digest(payload) if payload is not None and payload[:1] != LONG_MARK else ""
+
+
 # The fields a compact event (marked '~': lua/claim.lua, lua/complete.lua) leaves to its Attempt's.
 SAME_AS_ATTEMPT = {"attempt_claimed": ("worker", "fence", "lease_exp", "lease_ms"),
                    "attempt_succeeded": ("worker", "fence", "result_digest")}
@@ -294,7 +305,7 @@ def filled_in(event: dict[str, str], task: dict[str, str],
         out.update({k: same.get(k, a.get(k, "")) for k in SAME_AS_ATTEMPT[typ]})
         return out
     if typ == "task_created" and "payload_digest" not in event:
-        return {**event, "handler": task.get("handler", ""), "payload_digest": task.get("payload_digest", "")}
+        return {**event, "handler": task.get("handler", ""), "payload_digest": payload_digest_of(task)}
     if typ == "attempt_created" and "reason" not in event and event.get("attempt") == "1":
         return {**event, "reason": FIRST_DISPATCH}
     return event
@@ -341,7 +352,7 @@ class Task(_Record):
         by_n = by_number(att)
         # An Attempt's frozen manifest is the task's, kept once in the task hash (an Attempt written before
         # that, or one with a manifest of its own, keeps its field).
-        manifest = expand("manifest", f["manifest"], handler=f.get("handler"), payload_digest=f.get("payload_digest")) \
+        manifest = expand("manifest", f["manifest"], handler=f.get("handler"), payload_digest=payload_digest_of(f)) \
             if f.get("manifest") else None
         attempts = [Attempt.from_fields(f["id"], n, by_n[n], manifest=manifest, task_created=f.get("created_at"))
                     for n in sorted(by_n)]
@@ -350,7 +361,7 @@ class Task(_Record):
             queue=f["queue"],
             handler=f["handler"],
             payload=json.loads(f["payload"]),
-            payload_digest=f["payload_digest"],
+            payload_digest=payload_digest_of(f),
             idempotency_key=f.get("idem_key") or None,
             state=TaskState(f["state"]),
             created_at=ms_to_dt(int(f["created_at"])),  # type: ignore[arg-type]

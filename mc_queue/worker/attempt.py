@@ -176,7 +176,8 @@ def _admission(rt: Runtime, attempt_id: str, task_id: str, n: int, own: list[Any
     if raw:
         with contextlib.suppress(ValueError, McqError):
             timeout_s = Manifest.model_validate_json(
-                expand("manifest", raw, handler=handler, payload_digest=payload_digest)).timeout_s
+                # (only its timeout is read here: a short payload keeps no digest, and none is needed)
+                expand("manifest", raw, handler=handler, payload_digest=payload_digest or "")).timeout_s
     names = limit_names(str(limits or ""))
     blocked = rt.probes.refusal(names) if rt.probes is not None else None
     if blocked:  # this worker's view: sent again once its probe may pass, to it or another

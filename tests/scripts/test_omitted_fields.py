@@ -5,6 +5,8 @@ stored, before / after the first write that changes it, a task written before (t
 
 from __future__ import annotations
 
+import pytest
+
 import mc_queue
 from mc_queue.contracts.config import Backoff, Budget, RetryPolicy
 from mc_queue.contracts.frozen import OMITTED, expand
@@ -108,3 +110,48 @@ def test_a_finished_attempt_stores_none_of_what_its_other_fields_say(q: mc_queue
     assert "1.hb_at" in fields and failed.heartbeat_at is not None
     assert int(failed.heartbeat_at.timestamp() * 1000) == int(fields["1.hb_at"])
     assert failed.elapsed_ms == int(fields["1.elapsed_ms"])
+
+
+def test_a_short_payload_keeps_no_digest_and_every_read_has_it(q: mc_queue.Client) -> None:
+    """Issue 17: a payload of at most 64 bytes (kept whole) is its own digest's source: the hash stores
+    none, every read computes it (the task, its manifest, task_created, a claim's snapshot), the same
+    payload sent again under the same task id is the same task and another one a conflict that names the
+    digest; a longer payload stores its digest as before. Both sides: 64 / 65 bytes of canonical JSON."""
+    from mc_queue.contracts.codec import canonical_json, digest
+    from mc_queue.contracts.errors import IdempotencyConflict
+    from mc_queue.contracts.keys import new_task_id
+
+    for payload, kept in (({"t": "x" * 56}, False), ({"t": "x" * 57}, True)):
+        text = canonical_json(payload)
+        tid = new_task_id(QUEUE)
+        t = q.producer.enqueue(QUEUE, HANDLER, payload, task_id=tid)
+        assert ("payload_digest" in raw(q, t.id)) is kept, len(text)
+        task = q.reads.get_task(t.id)
+        assert task.payload_digest == t.payload_digest == digest(text)
+        assert task.attempts[0].manifest is not None and task.attempts[0].manifest.payload_digest == digest(text)
+        assert task.events[0].type == "task_created" and task.events[0].fields["payload_digest"] == digest(text)
+        lease = q.leases.claim_attempt(t.id, "w1", with_task=True)
+        assert lease.task is not None and lease.task.payload_digest == digest(text)
+        again = q.producer.enqueue(QUEUE, HANDLER, payload, task_id=tid)  # the same work: the same task
+        assert again.id == t.id
+        with pytest.raises(IdempotencyConflict):
+            q.producer.enqueue(QUEUE, HANDLER, {"other": 1}, task_id=tid)
+        q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+        while q.maintenance.pack_due(limit=100, min_age_ms=0):
+            pass
+        packed = q.reads.get_task(t.id)
+        assert q.reads.is_packed(t.id) and packed.payload_digest == digest(text) == packed.events[0].fields[
+            "payload_digest"]
+
+
+def test_a_purge_leaves_the_producer_key_entry_it_always_left(q: mc_queue.Client) -> None:
+    """The retired task's producer key entry keeps the digest the producer sent, short payload or not."""
+    from mc_queue.contracts.codec import canonical_json, digest
+
+    t = q.producer.enqueue(QUEUE, HANDLER, {"n": 9}, "key-9")
+    lease = q.leases.claim_attempt(t.id, "w1")
+    q.leases.complete_attempt(lease.attempt_id, lease.fence, {"ok": True}, worker_id="w1")
+    score = int(q.redis.zscore(q.keys.done(QUEUE), t.id) or 0)
+    q.maintenance.retire_batch([(t.id, score)], states=["succeeded"], reason="the test retires it", tombstone_s=3600)
+    entry = str(q.redis.hget(q.keys.idem, "key-9"))
+    assert entry.startswith(f"{t.id} {digest(canonical_json({'n': 9}))}|{HANDLER} purged ")
