@@ -147,14 +147,21 @@ if not lease_ms then  -- the task's own, never above the ceiling
   if not lease_ms or lease_ms > m.max_lease then lease_ms, lease_s = m.max_lease, fmt(m.max_lease) end
 end
 local aid = task_id .. '/' .. n
-local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.claim_req', n .. '.fence', n .. '.lease_exp',
-  n .. '.worker', n .. '.due_at', n .. '.seq', n .. '.lease_ms', n .. '.deadline', n .. '.limited', n .. '.parked')
+-- (A hash of short fields is one listpack that every field read scans, and a field it lacks costs a
+-- whole scan: what only a resend, a refusal or a task with limits needs is read only then.)
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.due_at')
 local ts = now_ms()
-local due = tonumber(a[6] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
+local due = tonumber(a[2] or t[8] or '') or 0  -- (Attempt 1 keeps no due_at: the task's created_at)
 
-if A.request_id ~= '' and a[2] == A.request_id and a[1] == 'running' then
-  return with_task({'DUP', tonumber(n), a[3], a[4], a[7] or '0', ts, a[8] or '', m.recovered_at or '', a[9] or ''})
+if A.request_id ~= '' and a[1] == 'running' then
+  local r = redis.call('HMGET', K.attempts, n .. '.claim_req', n .. '.fence', n .. '.lease_exp', n .. '.seq',
+    n .. '.lease_ms', n .. '.deadline')
+  if r[1] == A.request_id then
+    return with_task({'DUP', tonumber(n), r[2], r[3], r[4] or '0', ts, r[5] or '', m.recovered_at or '', r[6] or ''})
+  end
 end
+-- How many times a limit deferred it, and its place in a slot's line: only a task with limits has them.
+local lp = (t[11] and t[11] ~= '') and redis.call('HMGET', K.attempts, n .. '.limited', n .. '.parked') or {}
 
 local wanted = parse_limits(t[11] or '') or {}
 local same, named = #wanted == #A.items, {}
@@ -176,8 +183,9 @@ elseif redis.call('HEXISTS', K.paused, queue) == 1 then
   why = 'queue ' .. queue .. ' is paused'
 end
 if why then
-  return refuse(K.events, K.stats, 'claim_refused', {'E_CLAIM', why, a[5] or ''},
-    {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', a[5] or ''})
+  local holder = aget(K.attempts, n, 'worker') or ''
+  return refuse(K.events, K.stats, 'claim_refused', {'E_CLAIM', why, holder},
+    {'attempt', n, 'worker', A.worker, 'reason', why, 'holder', holder})
 end
 
 -- Rate limits, read only: each limit's units in the window ending now (its running total less the entries
@@ -347,7 +355,7 @@ if full and full.on_full == 'reject' then  -- the newest is rejected: the task e
   local why = full.why .. (full.stat and ' (rejects when over)' or ' (rejects when full)')
   local ts_s = fmt(ts)
   aset(K.attempts, n, {'state', 'canceled', 'ended_at', ts_s, 'settled_by', 'cancel'})
-  if a[11] then redis.call('ZREM', K.slotwait, a[11]) ; redis.call('HDEL', K.attempts, n .. '.parked') end
+  if lp[2] then redis.call('ZREM', K.slotwait, lp[2]) ; redis.call('HDEL', K.attempts, n .. '.parked') end
   redis.call('ZREM', K.pending, task_id)
   redis.call('HSET', K.task, 'state', 'canceled', 'active', '', 'cancel_requested', why, 'cancel_at', ts_s,
     'cancel_by', A.worker, 'updated_at', ts_s)
@@ -359,9 +367,9 @@ if full and full.on_full == 'reject' then  -- the newest is rejected: the task e
 elseif full then
   -- Parked: in line for the key's next free slot (keeping its place if it was in line already), not due
   -- until then; 'supersede' also names the oldest holder, for the caller to cancel.
-  local place = string.match(a[11] or '', '^[^\n]+\n(%d+)\n') or slot_pad(redis.call('HINCRBY', K.meta, 'slot_seq', 1))
+  local place = string.match(lp[2] or '', '^[^\n]+\n(%d+)\n') or slot_pad(redis.call('HINCRBY', K.meta, 'slot_seq', 1))
   local member = full.name .. '\n' .. place .. '\n' .. queue .. '\n' .. task_id
-  if a[11] and a[11] ~= member then redis.call('ZREM', K.slotwait, a[11]) end
+  if lp[2] and lp[2] ~= member then redis.call('ZREM', K.slotwait, lp[2]) end
   redis.call('ZADD', K.slotwait, 0, member)
   local supersede = ''
   if full.on_full == 'supersede' then
@@ -369,7 +377,7 @@ elseif full then
     supersede = h and string.match(h, '\n%d+\n(.+)$') or ''
   end
   local due_s = fmt(ts + PARK_MS)
-  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', full.why,
+  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(lp[1] or '0') or 0) + 1, 'limited_by', full.why,
     'parked', member})
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
   redis.call('ZADD', K.pending, 'XX', due_s, task_id)
@@ -395,7 +403,7 @@ if over_at then
         'limited|') .. st.name, 1)
     end
   end
-  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(a[10] or '0') or 0) + 1, 'limited_by', over_why})
+  aset(K.attempts, n, {'due_at', due_s, 'limited', (tonumber(lp[1] or '0') or 0) + 1, 'limited_by', over_why})
   redis.call('HDEL', K.attempts, n .. '.dispatched_at')
   redis.call('ZADD', K.pending, 'XX', due_s, task_id)
   emit(K.events, 'claim_limited', {'attempt', n, 'worker', A.worker, 'reason', over_why, 'due_at', due_s})
@@ -452,8 +460,8 @@ if #slots > 0 then took = {'slots', table.concat(slots, ','), 'slots_at', ts_s} 
 if #spend > 0 then took[#took + 1], took[#took + 2] = 'spend', table.concat(spend, ',') end
 if #via > 0 then took[#took + 1], took[#took + 2] = 'admitted_via', table.concat(via, ',') end
 if #took > 0 then aset(K.attempts, n, took) end
-if a[11] then  -- (claimed while in line: woken, or sent again by a recheck)
-  redis.call('ZREM', K.slotwait, a[11])
+if lp[2] then  -- (claimed while in line: woken, or sent again by a recheck)
+  redis.call('ZREM', K.slotwait, lp[2])
   redis.call('HDEL', K.attempts, n .. '.parked')
 end
 move_count(K.counts, queue, state, 'running', K.task)

@@ -67,25 +67,30 @@ end
 local err = ns_check(meta_read(K.meta), K.meta, K.epochs, K.nslog, A.epoch, A.min_seq, A.worker, true)
 if err then return err end
 
-local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.result_digest', n .. '.ended_at',
-  n .. '.started_at', n .. '.worker', n .. '.slots', n .. '.slots_at', n .. '.spend', n .. '.settled_by',
-  n .. '.result')
+-- (A hash of short fields is one listpack that every field read scans: a field it lacks costs a whole
+-- scan. What only a replay or a task with limits needs is read only then.)
+local a = redis.call('HMGET', K.attempts, n .. '.state', n .. '.fence', n .. '.started_at', n .. '.worker')
 -- A replay only when the worker itself recorded this success with this fence (a reconciled one is settled
 -- by 'reconcile'). A result of at most 64 bytes keeps no digest: it is the digest of the result kept.
-if a[1] == 'succeeded' and a[2] == A.raw.fence and not a[10] and (a[3] or a[11]) then
-  local recorded = a[3] or sha256_hex(a[11])
-  if recorded == A.result_digest then return done('DUP', a[4]) end
-  return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', recorded},
-    {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.result_digest,
-     'recorded_digest', recorded})
+if a[1] == 'succeeded' and a[2] == A.raw.fence then
+  local d = redis.call('HMGET', K.attempts, n .. '.result_digest', n .. '.ended_at', n .. '.settled_by', n .. '.result')
+  if not d[3] and (d[1] or d[4]) then
+    local recorded = d[1] or sha256_hex(d[4])
+    if recorded == A.result_digest then return done('DUP', d[2]) end
+    return refuse(K.events, K.stats, 'completion_conflict', {'E_CONFLICT', recorded},
+      {'attempt', n, 'worker', A.worker, 'fence', A.raw.fence, 'payload_digest', A.result_digest,
+       'recorded_digest', recorded})
+  end
 end
 
 local ts
 err, ts = fence_check(K, A, A.worker, A.result_digest, 'complete', true)
 if err then return err end
 
-local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler', 'fair_key')
-local started = tonumber(a[5]) or ts
+local t = redis.call('HMGET', K.task, 'queue', 'id', 'handler', 'fair_key', 'limits')
+-- Slots and spend reservations come only from the task's limits (claim.lua), which never change.
+local held = t[5] and redis.call('HMGET', K.attempts, n .. '.slots', n .. '.slots_at', n .. '.spend') or {}
+local started = tonumber(a[3]) or ts
 local ts_s = fmt(ts)
 -- (The digest of a result of at most 64 bytes, kept whole, is not stored: readers compute it from the
 -- result, mc_queue.contracts.models.filled_in; about 130 bytes less per finished task.)
@@ -101,13 +106,13 @@ if A.tokens > 0 then redis.call('HINCRBY', K.attempts, n .. '.tokens', A.raw.tok
 redis.call('HSET', K.task, 'state', 'succeeded', 'active', '', 'updated_at', ts_s)
 redis.call('ZREM', K.leases, t[2] .. '/' .. n)
 redis.call('DEL', K.lease)
-slots_free(K, n, t[2] .. '/' .. n, ts, {a[7], a[8]})
-if a[9] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
+if held[1] then slots_free(K, n, t[2] .. '/' .. n, ts, held) end
+if held[3] then spend_settle(K, n, t[2] .. '/' .. n, ts) end
 move_count(K.counts, t[1], 'running', 'succeeded', K.task, t[4] or '')
 index_end(K, t[2], 'running', 'succeeded', ts)
 -- Compact ('~') when the worker and fence are the Attempt's own (the result digest always is): readers
 -- fill them in (mc_queue.contracts.models.filled_in).
-if A.worker == a[6] and A.raw.fence == a[2] then
+if A.worker == a[4] and A.raw.fence == a[2] then
   if imply(K.events, K.task, K.attempts, n, 'c') then  -- right after an implied claim: implied too
     redis.call('HSET', K.task, 'ev', 'cs')
   else

@@ -16,13 +16,20 @@
 -- A: n, fence, epoch, min_seq, proof (nil when the caller has no claim record); A.raw: the same as strings.
 local function fence_check(K, A, who, digest, op, check_cancel)
   local ts = now_ms()
-  local latest = redis.call('HGET', K.task, 'attempts')
-  if not latest then return {'E_NOTASK', 'no such task'} end
-  local cur_s = fence_of(K.task, K.fence)
   local n, presented = A.raw.n, A.fence
+  -- One read of the task hash for what the checks below need (its Attempts are fields of it, unless
+  -- it was written before 2026-12 and keeps a hash of its own).
+  -- (A field the hash lacks costs a scan of it all: what only a packed task has is read only then.)
+  local r = redis.call('HMGET', K.task, 'attempts', 'fence', n .. '.state', 'cancel_requested')
+  local latest = r[1]
+  if not latest then return {'E_NOTASK', 'no such task'} end
+  local cur_s = r[2] or redis.call('GET', K.fence) or '0'  -- (fence_of: a counter of the old kind)
   local cur = (cur_s == A.raw.fence) and presented or tonumber(cur_s)
-  local state = aget(K.attempts, n, 'state') or (redis.call('HEXISTS', K.task, 'packed') == 1 and
-    redis.call('HGET', K.task, 'state')) or nil
+  local state = K.attempts == K.task and r[3] or (K.attempts ~= K.task and aget(K.attempts, n, 'state'))
+  if not state then
+    local p = redis.call('HMGET', K.task, 'packed', 'state')
+    state = p[1] and p[2] or nil
+  end
   local refusal, code = nil, nil
   if presented > cur then
     -- A fence at or below the namespace floor was issued before the floor was raised: by an earlier
@@ -56,7 +63,7 @@ local function fence_check(K, A, who, digest, op, check_cancel)
   if check_cancel then
     -- After a cancel request the executor may renew (to hear the signal) and record receipts of effects
     -- already made, but it may not start an effect, checkpoint, complete or fail: it acknowledges.
-    local reason = redis.call('HGET', K.task, 'cancel_requested')
+    local reason = r[4]
     if reason then
       return refuse(K.events, K.stats, 'stale_write_refused', {'E_CANCELED', reason},
         {'attempt', n, 'op', op, 'refusal', 'cancel_requested', 'worker', who, 'payload_digest', digest,
