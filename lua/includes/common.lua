@@ -119,8 +119,13 @@ end
 
 -- Could v hold a number Python's json would refuse (hex, a sign, leading zeros, NaN, inf, a dot
 -- without digits, an exponent of 3 digits or more)? When not, json_numbers_ok need not look.
+-- A number stands first, or after ':', '[' or ',' (and spaces): the look is for a sign or a dot there, a leading zero
+-- or 0x, a name (NaN, inf, Infinity; null too, harmlessly), a dot without digits after it, or an exponent of
+-- 3 digits. Inside strings it may fire for nothing (then json_numbers_ok looks closer); it never misses.
 local function json_suspect(v)
-  return string.find(v, '[%+xXINin%.]') or string.find(v, '0%d') or string.find(v, '[eE]%d%d%d')
+  return string.find(v, '[:,%[]%s*%-?[%+%.IiNn]') or string.find(v, '[:,%[]%s*%-?0[%dxX]')
+    or string.find(v, '^%s*%-?[%+%.IiNn]') or string.find(v, '^%s*%-?0[%dxX]')  -- (a value that is a number)
+    or string.find(v, '%d%.[^%d]') or string.find(v, '%d%.$') or string.find(v, '[eE][%+%-]?%d%d%d')
 end
 
 -- A task's rate limits as enqueue stores them: "<key>=<cost>[,<key>=<cost>...]" (at most MAX_LIMITS, keys
@@ -324,6 +329,7 @@ local function check_arg(v, kind, p1, p2)
     if #v > p1 then return nil, 'is longer than ' .. p1 .. ' bytes' end
     if v == '' or string.find(v, '[^ -~]') then return nil, 'must be JSON in printable ASCII (escape the rest)' end
     if p2 == 'obj' and string.sub(v, 1, 1) ~= '{' then return nil, 'must be a JSON object' end
+    if v == '{"$v":1}' then return v end  -- (a record at version 1's base, as most retry policies and budgets are)
     local ok, decoded = pcall(cjson.decode, v)
     if not ok or (json_suspect(v) and not json_numbers_ok(v)) then
       return nil, 'is not valid JSON (numbers finite, as JSON writes them)'
