@@ -129,7 +129,7 @@ local function with_task(reply)
   return reply
 end
 
-local m = meta_read(K.meta)
+local m = meta_read(K.meta, true)
 if A.lease_ms and A.lease_ms > m.max_lease then
   return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
 end

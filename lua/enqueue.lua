@@ -68,7 +68,7 @@ history_of(K.events, K.task)
 K.attempts = K.task  -- a new task keeps its Attempts in its hash (attempts_of)
 local A, bad = args(ARGV, enqueue_args())
 if bad then return bad end
-local m = meta_read(K.meta)
+local m = meta_read(K.meta, true)
 bad = enqueue_shape(A, m.max_lease)
 if bad then return bad end
 local err = ns_check(m, K.meta, K.epochs, K.nslog, A.epoch, 0, A.actor, false)

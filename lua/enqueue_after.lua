@@ -83,7 +83,7 @@ if not PARENTS then return {'E_BADARG', 'expected one key for each of the ' .. #
 if #A.items > MAX_PARENTS then
   return {'E_BADARG', 'after names ' .. #A.items .. ' tasks: at most ' .. MAX_PARENTS .. ' (wait for a task that waits for the rest)'}
 end
-local m = meta_read(K.meta)
+local m = meta_read(K.meta, true)
 bad = enqueue_shape(A, m.max_lease)
 if bad then return bad end
 local named = {}

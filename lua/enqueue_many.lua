@@ -60,7 +60,7 @@ if bad then return bad end
 local ITEMS = each_keys(KEYS, 9, {'task', 'events', 'pending', 'tomb', 'tombs0', 'tombs1', 'tombs2', 'deadlines'},
   #A.items)
 if not ITEMS then return {'E_BADARG', 'expected 8 keys for each of the ' .. #A.items .. ' items'} end
-local m = meta_read(K.meta)
+local m = meta_read(K.meta, true)
 local seen = {}
 for i, I in ipairs(A.items) do
   bad = enqueue_shape(I, m.max_lease)

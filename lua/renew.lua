@@ -46,7 +46,7 @@ local A, bad = args(ARGV, with({
   'request_id', 'reqid', false, false,
 }, fenced_args()))
 if bad then return bad end
-local m = meta_read(K.meta)
+local m = meta_read(K.meta, true)
 if A.lease_ms and A.lease_ms > m.max_lease then
   return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
 end

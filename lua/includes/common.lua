@@ -1024,7 +1024,13 @@ local function epoch_time(e)
 end
 
 -- The namespace meta the checks below need (one read).
-local function meta_read(k_meta)
+local function meta_read(k_meta, more)
+  -- (each field read costs a script ~2.7k instructions: the lease ceiling and the memory reading only
+  -- for the scripts that use them, more = true; max_lease is nil otherwise)
+  if not more then
+    local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq', 'recovered_at')
+    return {state = m[1], epoch = m[2], seq = tonumber(m[3] or '0') or 0, recovered_at = m[4]}
+  end
   local m = redis.call('HMGET', k_meta, 'state', 'epoch', 'seq', 'recovered_at', 'max_lease_ms', 'mem_at', 'mem_room')
   return {state = m[1], epoch = m[2], seq = tonumber(m[3] or '0') or 0, recovered_at = m[4],
           max_lease = tonumber(m[5] or '') or DEFAULT_MAX_LEASE_MS, mem_at = m[6], mem_room = m[7]}
