@@ -51,9 +51,11 @@ if A.lease_ms and A.lease_ms > m.max_lease then
   return {'E_BADARG', 'lease_ms ' .. fmt(A.lease_ms) .. ' is above the namespace ceiling of ' .. fmt(m.max_lease) .. ' ms'}
 end
 local n = A.raw.n
-local err, ts = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_ms) or ''), 'renew', false)
+local err, ts, cancel_reason = fenced(K, A, A.worker, 'renew:' .. (A.lease_ms and fmt(A.lease_ms) or ''), 'renew',
+  false)
 if err then return err end
-local own = redis.call('HMGET', K.attempts, n .. '.lease_ms', n .. '.deadline')
+-- (one read: what decides the lease, and the charges so far, which the reply reports)
+local own = redis.call('HMGET', K.attempts, n .. '.lease_ms', n .. '.deadline', n .. '.cost', n .. '.tokens')
 local lease_ms = A.lease_ms or math.min(tonumber(own[1] or '') or m.max_lease, m.max_lease)
 local exp = ts + lease_ms
 local deadline = tonumber(own[2] or '')
@@ -70,12 +72,11 @@ end
 redis.call('PEXPIREAT', K.lease, exp)
 aset(K.attempts, n, {'lease_exp', exp, 'hb_at', ts})
 redis.call('ZADD', K.leases, exp, redis.call('HGET', K.task, 'id') .. '/' .. n)
+local total_cost, total_tokens = own[3] or '0', own[4] or '0'
 if (tonumber(A.cost) > 0 or A.tokens > 0) and (A.request_id == '' or aget(K.attempts, n, 'charge_req') ~= A.request_id) then
-  redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
-  redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens)
+  total_cost = redis.call('HINCRBYFLOAT', K.attempts, n .. '.cost', A.cost)
+  total_tokens = tostring(redis.call('HINCRBY', K.attempts, n .. '.tokens', A.tokens))
   if A.request_id ~= '' then aset(K.attempts, n, {'charge_req', A.request_id}) end
 end
-local total_cost = aget(K.attempts, n, 'cost') or '0'
-local total_tokens = aget(K.attempts, n, 'tokens') or '0'
-local cancel = redis.call('HGET', K.task, 'cancel_requested') and '1' or '0'
+local cancel = cancel_reason and '1' or '0'
 return {'OK', exp, cancel, total_cost, total_tokens}

@@ -6,7 +6,8 @@
 -- The check every fenced write (renew, complete, fail, checkpoint, effects, cancel_ack) makes before
 -- writing, after the namespace check: the fence, then the Attempt's state, then the lease; a cancel
 -- request too when check_cancel. Returns nil and Redis's time when the write may go on; otherwise it
--- records the refusal (a stale_write_refused event) and returns the error reply.
+-- records the refusal (a stale_write_refused event) and returns the error reply. A third value when it
+-- may: the task's cancel request (its reason), or nil, as read with the rest.
 -- A presented fence above the current one is evidence that Redis went back in time only when the
 -- caller holds the claim record of that fence (proof: the claim sequence it was issued at) and the fence
 -- lies above the namespace floor; without the record it is refused as stale ('fence_ahead'), at or
@@ -70,7 +71,7 @@ local function fence_check(K, A, who, digest, op, check_cancel)
          'reason', reason})
     end
   end
-  return nil, ts
+  return nil, ts, r[4]
 end
 
 -- The whole preamble of a fenced write: the namespace (a write from before a recovery goes on to the
