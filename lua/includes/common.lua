@@ -567,26 +567,26 @@ local function sha256_hex(msg)
   local B = bit
   if not B then  -- (a Lua without Redis's bit library, fakeredis's: the same operations on unsigned numbers, slowly)
     local W = 4294967296
-    local function each(a, b, f)
-      a, b = a % W, b % W
-      local r, p = 0, 1
-      for _ = 1, 32 do
-        local x, y = a % 2, b % 2
-        if f(x, y) then r = r + p end
-        a, b, p = (a - x) / 2, (b - y) / 2, p * 2
+    local function fold(f)  -- a bitwise operation of any number of arguments, bit by bit
+      return function(a, ...)
+        for _, b in ipairs({...}) do
+          local x, y, r, p = a % W, b % W, 0, 1
+          for _ = 1, 32 do
+            local u, v = x % 2, y % 2
+            if f(u, v) then r = r + p end
+            x, y, p = (x - u) / 2, (y - v) / 2, p * 2
+          end
+          a = r
+        end
+        return a
       end
-      return r
     end
     local function rsh(x, n) return math.floor((x % W) / 2 ^ n) end
     local function lsh(x, n) return ((x % W) * 2 ^ n) % W end
     B = {
-      band = function(a, b, c) local r = each(a, b, function(x, y) return x == 1 and y == 1 end)
-        return c and each(r, c, function(x, y) return x == 1 and y == 1 end) or r end,
-      bor = function(a, b, c, d) local r = each(each(a, b, function(x, y) return x == 1 or y == 1 end), c or 0,
-        function(x, y) return x == 1 or y == 1 end)
-        return each(r, d or 0, function(x, y) return x == 1 or y == 1 end) end,
-      bxor = function(a, b, c) local r = each(a, b, function(x, y) return x ~= y end)
-        return c and each(r, c, function(x, y) return x ~= y end) or r end,
+      band = fold(function(u, v) return u == 1 and v == 1 end),
+      bor = fold(function(u, v) return u == 1 or v == 1 end),
+      bxor = fold(function(u, v) return u ~= v end),
       bnot = function(x) return W - 1 - x % W end,
       rshift = rsh, lshift = lsh,
       ror = function(x, n) return (rsh(x, n) + lsh(x, 32 - n)) % W end,

@@ -113,12 +113,21 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
         except (redis_errors.ConnectionError, redis_errors.TimeoutError):
             return False
 
+    def ours() -> None:
+        # RQ's loop installs its own handlers and leaves them behind when it returns: ours again at once, or a
+        # stop while this process waits to reconnect went to the loop that had ended, was noted there and lost
+        # (the next round's worker then ran on as if nothing was asked).
+        signal.signal(signal.SIGTERM, stop_now)
+        signal.signal(signal.SIGINT, stop_now)
+
+    def stopped_midway() -> None:
+        fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
+             EXIT_STOPPED_MIDWAY)
+
+    ours()
     delay, round_ = 0.5, 0
-    while True:
-        try:
-            # RQ's loop installs its own handlers and leaves them behind when it returns: ours are back here.
-            signal.signal(signal.SIGTERM, stop_now)
-            signal.signal(signal.SIGINT, stop_now)
+    try:
+        while True:
             # A reconnecting worker takes a new name: RQ may still hold the old one's registration.
             current = base if round_ == 0 else f"{base}.r{round_}"
             round_ += 1
@@ -128,12 +137,9 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
                 w = make_worker(app, client, names, name=current, workspace_root=workspace_root,
                                 home=obj.home, grace_s=grace_s, worker_class=cls)
                 worked = w.work(burst=burst, logging_level=log_level.upper())
-            except (Stop, StopRequested):
-                return
             except SystemExit:
                 if w is not None and w.forced:
-                    fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                         EXIT_STOPPED_MIDWAY)
+                    stopped_midway()
                 raise
             except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
                 if burst:
@@ -146,31 +152,21 @@ def worker(obj: Ctx, app_spec: str, queues: tuple[str, ...], burst: bool, pool: 
                     raise
                 wlog.warning("waiting for replicas: %s", exc.message)
             finally:
-                # RQ's handlers stay installed when its loop ends: ours again at once, or a stop while this
-                # process waits to reconnect went to the loop that had ended, was noted there and lost (the
-                # next round's worker then ran on as if nothing was asked).
-                signal.signal(signal.SIGTERM, stop_now)
-                signal.signal(signal.SIGINT, stop_now)
+                ours()
             if w is not None:
                 if w.forced:
-                    fail("stopped before its Attempt finished: its lease runs out and the sweeper reconciles it",
-                         EXIT_STOPPED_MIDWAY)
-                if w.stop_signal is not None:
-                    return
-                if burst and w.drained:
+                    stopped_midway()
+                if w.stop_signal is not None or (burst and w.drained):
                     return
                 if burst and (w.redis_error or not reachable()):
                     fail(f"cannot reach Redis: {w.redis_error or 'no answer to PING'}", EXIT_UNREACHABLE)
             # RQ's loop also returns after a Redis error or an unexpected one: the worker comes back once
             # Redis answers (its leases are safe meanwhile: an Attempt it held expires and is reconciled).
             wlog.warning("worker loop ended without a stop request; reconnecting in %.1fs", delay)
-            try:
-                time.sleep(delay)
-            except (Stop, StopRequested):
-                return
+            time.sleep(delay)
             delay = min(delay * 2, 10.0) if not worked else 0.5
-        except (Stop, StopRequested):  # (between rounds: our own handlers, or RQ's that ended)
-            return
+    except (Stop, StopRequested):  # a stop from ours (between rounds) or from RQ's loop
+        return
 
 
 @main.command()
